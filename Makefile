@@ -1,0 +1,45 @@
+# The README's two commands: `make demo` and `make test`. Each creates .venv
+# when missing and installs what it needs, so a fresh machine needs only
+# Python 3.11 and make.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.stamp
+
+.PHONY: demo test stress lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# One stamp per extra set; pyproject.toml changes reinstall.
+$(STAMP)-base: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(STAMP)-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+$(STAMP)-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test,dev]'
+	touch $@
+
+demo: $(STAMP)-base
+	$(BIN)/tak demo
+
+test: $(STAMP)-test
+	$(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider
+
+stress: $(STAMP)-test
+	$(BIN)/python -m pytest -q --stress -p no:cacheprovider
+
+lint: $(STAMP)-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)-base
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

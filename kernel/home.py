@@ -1,0 +1,55 @@
+"""Where the kernel keeps its files: ``TAK_HOME`` (default ``~/.tak``).
+
+::
+
+    $TAK_HOME/config/     tak.toml
+    $TAK_HOME/data/       sessions and other state
+    $TAK_HOME/workspace/  the default workspace for tools and plugins
+
+Code never writes beside itself: everything goes under a ``TakHome``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen
+class TakHome:
+    root: Path
+
+    @classmethod
+    def locate(cls, override: str | os.PathLike[str] | None = None) -> TakHome:
+        """``override`` (``--home``), else ``$TAK_HOME``, else ``~/.tak``."""
+        if override is not None:
+            return cls(Path(override).expanduser().absolute())
+        env = os.environ.get("TAK_HOME")
+        if env:
+            return cls(Path(env).expanduser().absolute())
+        return cls(Path.home() / ".tak")
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def sessions(self) -> Path:
+        return self.data / "sessions"
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspace"
+
+    def ensure(self) -> TakHome:
+        """Create the directories (mode 0700 for the root) and return self."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for d in (self.config, self.data, self.sessions, self.workspace):
+            d.mkdir(parents=True, exist_ok=True)
+        return self

@@ -1,0 +1,1 @@
+"""Workspace confinement: confined paths, Landlock/seccomp, worker processes."""
