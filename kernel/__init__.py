@@ -1,0 +1,84 @@
+"""trio-agent-kernel: parallel tool calls that fail alone, durable sessions, confined plugins.
+
+``import kernel`` stays cheap (every sandbox worker imports it): the public
+names below load their modules on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # data
+    "ToolCall": "messages",
+    "Observation": "messages",
+    "ToolError": "messages",
+    "Message": "messages",
+    "Text": "messages",
+    "converter": "messages",
+    "ERROR_KINDS": "messages",
+    # tools
+    "Tool": "tools",
+    "tool": "tools",
+    "ToolRegistry": "tools",
+    "ToolFailure": "tools",
+    # executor
+    "run_tool_calls": "executor",
+    "CallLimits": "executor",
+    "BatchHandle": "executor",
+    "CallStarted": "executor",
+    "CallFinished": "executor",
+    "ordered_observations": "executor",
+    # errors
+    "KernelError": "errors",
+    "UsageError": "errors",
+    "StoreError": "errors",
+    "CorruptTranscript": "errors",
+    "SandboxError": "errors",
+    "ModelAPIError": "errors",
+    "ProtocolError": "errors",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from .errors import CorruptTranscript as CorruptTranscript
+    from .errors import KernelError as KernelError
+    from .errors import ModelAPIError as ModelAPIError
+    from .errors import ProtocolError as ProtocolError
+    from .errors import SandboxError as SandboxError
+    from .errors import StoreError as StoreError
+    from .errors import UsageError as UsageError
+    from .executor import BatchHandle as BatchHandle
+    from .executor import CallFinished as CallFinished
+    from .executor import CallLimits as CallLimits
+    from .executor import CallStarted as CallStarted
+    from .executor import ordered_observations as ordered_observations
+    from .executor import run_tool_calls as run_tool_calls
+    from .messages import ERROR_KINDS as ERROR_KINDS
+    from .messages import Message as Message
+    from .messages import Observation as Observation
+    from .messages import Text as Text
+    from .messages import ToolCall as ToolCall
+    from .messages import ToolError as ToolError
+    from .messages import converter as converter
+    from .tools import Tool as Tool
+    from .tools import ToolFailure as ToolFailure
+    from .tools import ToolRegistry as ToolRegistry
+    from .tools import tool as tool
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
