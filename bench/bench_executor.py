@@ -1,0 +1,110 @@
+"""Per-call overhead of run_tool_calls next to a bare Trio nursery doing the same work.
+
+Both sides run in this process, in this run, so the ratio holds on a noisy machine.
+The bare baseline: N tasks in one nursery, each awaiting the tool function inside
+try/except and writing ``results[i]``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from kernel import CallLimits, ToolCall, run_tool_calls, tool
+
+
+@tool
+async def noop() -> str:
+    """Do nothing."""
+    return ""
+
+
+async def bare_nursery(n: int) -> list[Any]:
+    results: list[Any] = [None] * n
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await noop.fn()  # type: ignore[misc]
+        except Exception as exc:
+            results[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)
+    return results
+
+
+def timed(fn: Callable[[], Awaitable[object]], repeat: int) -> float:
+    """Median seconds of ``repeat`` runs of ``fn`` inside one trio.run."""
+    samples: list[float] = []
+
+    async def main() -> None:
+        for _ in range(repeat):
+            start = time.perf_counter()
+            await fn()
+            samples.append(time.perf_counter() - start)
+
+    trio.run(main)
+    return statistics.median(samples)
+
+
+def per_call_table() -> None:
+    print("per-call overhead, no-op async tool (median of repeats)")
+    print(f"{'N':>6}  {'bare nursery':>14}  {'run_tool_calls':>15}  {'ratio':>6}  target")
+    for n in (1, 10, 100, 1000, 10000):
+        repeat = max(5, min(2000, 20000 // n))
+        calls = [ToolCall(f"c{i}", "noop", {}, i) for i in range(n)]
+        tools = [noop]
+        # interleave to share the machine's noise fairly
+        bare = timed(lambda n=n: bare_nursery(n), repeat)  # type: ignore[misc]
+        ours = timed(lambda calls=calls: run_tool_calls(calls, tools), repeat)  # type: ignore[misc]
+        bare_us, ours_us = bare / n * 1e6, ours / n * 1e6
+        if n == 1:
+            target = f"batch < 50 µs: {'met' if ours * 1e6 < 50 else 'MISSED'}"
+        elif n in (100, 1000):
+            target = f"ratio <= 3: {'met' if ours_us <= 3 * bare_us else 'MISSED'}"
+        else:
+            target = ""
+        print(f"{n:>6}  {bare_us:>11.2f} µs  {ours_us:>12.2f} µs  {ours_us / bare_us:>5.2f}x  {target}")
+
+
+@tool
+async def mixed_step(i: int) -> int:
+    """Sleep (i*37 % 50) ms; every 10th call raises."""
+    await trio.sleep((i * 37 % 50) / 1000)
+    if i % 10 == 0:
+        raise ValueError(f"call {i} fails on purpose")
+    return i
+
+
+def mixed_workload() -> None:
+    n = 100
+    calls = [ToolCall(f"m{i}", "mixed_step", {"i": i}, i) for i in range(n)]
+    wall = timed(lambda: run_tool_calls(calls, [mixed_step], limits=CallLimits()), 5)
+
+    async def bare() -> None:
+        results: list[Any] = [None] * n
+
+        async def one(i: int) -> None:
+            try:
+                results[i] = await mixed_step.fn(i)  # type: ignore[misc]
+            except Exception as exc:
+                results[i] = exc
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n):
+                nursery.start_soon(one, i)
+
+    bare_wall = timed(bare, 5)
+    print()
+    print("mixed workload: N=100, call i sleeps (i*37 % 50) ms, every 10th raises")
+    print(f"  ideal 49.0 ms   bare nursery {bare_wall * 1e3:.1f} ms   run_tool_calls {wall * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    per_call_table()
+    mixed_workload()

@@ -1,0 +1,91 @@
+"""``tak tools``, ``tak call`` and ``tak demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("tools", help="list the registered tools and their schemas")
+    p.add_argument(
+        "--format",
+        choices=["summary", "openai", "anthropic", "gemini"],
+        default="summary",
+        help="summary (default) or a provider's tool-spec JSON",
+    )
+    p.set_defaults(func=cmd_tools)
+
+    p = sub.add_parser("call", help="run one tool call and print its observation")
+    p.add_argument("tool", help="tool name")
+    p.add_argument("arguments", nargs="?", default="{}", help="arguments as a JSON object")
+    p.add_argument("--workspace", type=Path, help="workspace directory for file tools")
+    p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    p.add_argument("--json", action="store_true", help="print the observation as JSON")
+    p.set_defaults(func=cmd_call)
+
+    p = sub.add_parser("demo", help="run the scripted parallel-call demo")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from ..demo import demo_registry
+
+    registry = demo_registry()
+    specs: list[dict[str, Any]]
+    if args.format == "openai":
+        specs = registry.openai_specs()
+    elif args.format == "anthropic":
+        specs = registry.anthropic_specs()
+    elif args.format == "gemini":
+        specs = registry.gemini_specs()
+    else:
+        for t in registry:
+            flags = [f"timeout={t.timeout:g}s"] if t.timeout is not None else []
+            flags += ["exclusive"] if t.exclusive else []
+            extra = f"  [{', '.join(flags)}]" if flags else ""
+            print(f"{t.name}{extra}\n  {t.description.splitlines()[0] if t.description else ''}")
+            print("  " + json.dumps(t.parameters))
+        return 0
+    print(json.dumps(specs, indent=2))
+    return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    from ..demo import demo_registry
+    from ..executor import CallLimits, run_tool_calls
+    from ..messages import ToolCall, converter
+
+    if args.workspace is not None and not args.workspace.is_dir():
+        print(f"tak call: --workspace {args.workspace}: not a directory", file=sys.stderr)
+        return 2
+    if not args.timeout > 0:
+        print(f"tak call: --timeout must be positive, got {args.timeout:g}", file=sys.stderr)
+        return 2
+    call = ToolCall("cli-1", args.tool, args.arguments, 0)
+    observations = trio.run(
+        lambda: run_tool_calls([call], demo_registry(), limits=CallLimits(timeout=args.timeout))
+    )
+    observation = observations[0]
+    if args.json:
+        print(json.dumps(converter.unstructure(observation), ensure_ascii=False))
+    else:
+        print(observation.content)
+    return 1 if observation.is_error else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ..demo import format_table, run_demo_turn
+
+    observations, finished, wall = trio.run(run_demo_turn)
+    print("One turn, five calls declared by the model, run concurrently:\n")
+    print(format_table(observations))
+    total = sum(o.duration_s for o in observations)
+    print(f"\ncompletion order: {finished}   (results above are in declared order)")
+    print(f"wall time {wall:.3f} s   vs   sum of call durations {total:.3f} s")
+    return 0

@@ -1,0 +1,520 @@
+"""Run the tool calls of one turn concurrently, each failing alone, results in declared order.
+
+``run_tool_calls`` is the heart of the kernel (DESIGN §4):
+
+1. every call is checked before anything runs (ids, tool names, arguments);
+2. results go into ``[None] * n`` slots written by declared index;
+3. each call runs in its own task of one nursery, and any ``Exception`` it
+   raises becomes an error observation in its own slot;
+4. every call has a deadline, sync tools included (they run in threads);
+5. concurrency is bounded, ``exclusive`` tools run alone, output is capped;
+6. cancelling the batch leaves no task behind and a ``cancelled``
+   observation in every unfinished slot; one call can be cancelled by id;
+7. ``on_event`` sees calls start and finish in completion order, and
+   ``ordered_observations`` releases them in declared order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+import attrs
+import trio
+
+from .errors import UsageError
+from .messages import ErrorKind, Observation, ToolCall, ToolError, converter
+from .tools import ArgumentError, Tool, ToolFailure, ToolRegistry
+
+#: How many tool names an ``unknown_tool`` message lists before it says "and N more".
+_MAX_LISTED_NAMES = 40
+
+
+def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not value > 0:
+        raise UsageError(f"CallLimits.{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class CallLimits:
+    """Limits for one batch.
+
+    Attributes:
+        timeout: seconds each call may run, unless its tool sets its own ``timeout``.
+        max_concurrency: how many calls run at once (``None``: all of them).
+        max_output: bytes of content an observation keeps before it is cut with a
+            visible marker, unless the tool sets its own ``max_output``.
+        max_threads: worker threads for sync tools in one batch.
+    """
+
+    timeout: float = attrs.field(default=120.0, validator=_positive_or_none)
+    max_concurrency: int | None = attrs.field(default=None, validator=_positive_or_none)
+    max_output: int | None = attrs.field(default=100_000, validator=_positive_or_none)
+    max_threads: int = attrs.field(default=32, validator=_positive_or_none)
+
+
+@attrs.frozen
+class CallStarted:
+    """A call began running (after it got its concurrency slot)."""
+
+    index: int
+    call: ToolCall
+
+
+@attrs.frozen
+class CallFinished:
+    """A call has its observation; emitted once per call, in completion order."""
+
+    index: int
+    observation: Observation
+
+
+CallEvent: TypeAlias = CallStarted | CallFinished
+EventCallback: TypeAlias = Callable[[CallEvent], None]
+
+
+class BatchHandle:
+    """Cancels single calls of a running batch by id.
+
+    Pass it as ``run_tool_calls(..., handle=h)``; ``h.cancel(call_id)`` from any
+    task cancels that call alone (it gets a ``cancelled`` observation, the batch
+    goes on). A cancel that arrives before the call starts stops it from starting.
+    A handle serves one batch.
+    """
+
+    def __init__(self) -> None:
+        self._bound = False
+        self._scopes: dict[str, trio.CancelScope] = {}
+        self._requested: set[str] = set()
+        self._done: set[str] = set()
+
+    def cancel(self, call_id: str) -> bool:
+        """Cancel the call with this id; ``False`` if no such call is still unfinished."""
+        if call_id in self._done:
+            return False
+        if self._bound and call_id not in self._scopes:
+            return False
+        self._requested.add(call_id)
+        scope = self._scopes.get(call_id)
+        if scope is not None:
+            scope.cancel()
+        return True
+
+    def _bind(self, ids: Iterable[str]) -> None:
+        if self._bound:
+            raise UsageError("a BatchHandle serves one batch; create a new one for each call")
+        self._bound = True
+        for call_id in ids:
+            self._scopes[call_id] = trio.CancelScope()
+            if call_id in self._requested:
+                self._scopes[call_id].cancel()
+        # ids asked for that are not in this batch are forgotten
+        self._requested &= set(self._scopes)
+
+
+@attrs.frozen
+class _Planned:
+    """A call that passed the checks: what to run, with what."""
+
+    index: int
+    call: ToolCall
+    tool: Tool
+    arguments: dict[str, Any]
+    kwargs: dict[str, Any]
+
+
+def _tool_lookup(tools: Sequence[Tool] | ToolRegistry) -> ToolRegistry:
+    if isinstance(tools, ToolRegistry):
+        return tools
+    return ToolRegistry(tools)
+
+
+def _check(
+    calls: Sequence[ToolCall], registry: ToolRegistry
+) -> tuple[list[Observation | None], list[_Planned]]:
+    """Point 1: find every bad call before anything runs."""
+    slots: list[Observation | None] = [None] * len(calls)
+    planned: list[_Planned] = []
+    id_count: dict[str, int] = {}
+    for call in calls:
+        id_count[call.id] = id_count.get(call.id, 0) + 1
+
+    for index, call in enumerate(calls):
+        error = _call_error(index, call, id_count, registry)
+        if error is not None:
+            slots[index] = Observation.failure(call, index, error)
+            continue
+        tool = registry.get(call.name)
+        assert tool is not None  # _call_error checked it
+        try:
+            arguments = _parse_arguments(call.arguments)
+            kwargs = tool.validate(arguments)
+        except ArgumentError as exc:
+            slots[index] = Observation.failure(
+                call, index, ToolError("bad_arguments", "ArgumentError", str(exc))
+            )
+            continue
+        planned.append(_Planned(index, call, tool, arguments, kwargs))
+    return slots, planned
+
+
+def _call_error(
+    index: int, call: ToolCall, id_count: Mapping[str, int], registry: ToolRegistry
+) -> ToolError | None:
+    if not call.id or not call.id.strip():
+        return ToolError("invalid_call", "EmptyId", "the call has an empty id")
+    if id_count[call.id] > 1:
+        return ToolError(
+            "invalid_call",
+            "DuplicateId",
+            f"{id_count[call.id]} calls in this batch share the id {call.id!r}; ids must be unique",
+        )
+    if call.index is not None and call.index != index:
+        return ToolError(
+            "invalid_call",
+            "IndexMismatch",
+            f"the call declares index {call.index} but stands at position {index}",
+        )
+    if registry.get(call.name) is None:
+        names = registry.names()
+        listed = ", ".join(names[:_MAX_LISTED_NAMES]) or "(none)"
+        if len(names) > _MAX_LISTED_NAMES:
+            listed += f", and {len(names) - _MAX_LISTED_NAMES} more"
+        return ToolError(
+            "unknown_tool", "UnknownTool", f"no tool named {call.name!r}; available: {listed}"
+        )
+    return None
+
+
+def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """Models send arguments as JSON text; never trust it."""
+    if isinstance(arguments, dict):
+        return arguments
+    if not arguments.strip():
+        # Some models send "" for a call without arguments.
+        return {}
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise ArgumentError(f"$: arguments are not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ArgumentError("$: arguments are nested too deeply") from exc
+    if not isinstance(value, dict):
+        raise ArgumentError(
+            f"$: arguments must be a JSON object, got {_json_type_name(value)}"
+        )
+    return value
+
+
+def _json_type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def render_result(result: Any) -> str:
+    """The text the model sees: a ``str`` as is, anything else as JSON.
+
+    Raises:
+        TypeError, ValueError: the result cannot be turned into JSON.
+    """
+    if isinstance(result, str):
+        return result
+    if isinstance(result, bytes):
+        return result.decode("utf-8", errors="replace")
+    return json.dumps(
+        converter.unstructure(result), ensure_ascii=False, allow_nan=False, sort_keys=False
+    )
+
+
+def truncate_output(content: str, max_bytes: int | None) -> str:
+    """Cut ``content`` to ``max_bytes`` of UTF-8, with a marker saying how much was dropped."""
+    if max_bytes is None:
+        return content
+    encoded = content.encode("utf-8", errors="surrogatepass")
+    if len(encoded) <= max_bytes:
+        return content
+    kept = encoded[:max_bytes].decode("utf-8", errors="ignore")
+    kept_bytes = len(kept.encode("utf-8", errors="surrogatepass"))
+    return (
+        f"{kept}\n[output truncated: showed {kept_bytes} of {len(encoded)} bytes; "
+        f"limit {max_bytes} bytes]"
+    )
+
+
+def _groups(planned: Sequence[_Planned]) -> list[list[_Planned]]:
+    """Split into runs that may overlap; an exclusive call is a run of its own."""
+    groups: list[list[_Planned]] = []
+    current: list[_Planned] = []
+    for p in planned:
+        if p.tool.exclusive:
+            if current:
+                groups.append(current)
+                current = []
+            groups.append([p])
+        else:
+            current.append(p)
+    if current:
+        groups.append(current)
+    return groups
+
+
+class _Batch:
+    """State of one ``run_tool_calls`` invocation."""
+
+    def __init__(
+        self,
+        calls: Sequence[ToolCall],
+        slots: list[Observation | None],
+        limits: CallLimits,
+        on_event: EventCallback | None,
+        handle: BatchHandle,
+        n_sync: int,
+    ) -> None:
+        self.calls = calls
+        self.slots = slots
+        self.limits = limits
+        self.on_event = on_event
+        self.handle = handle
+        self.limiter = (
+            trio.CapacityLimiter(limits.max_concurrency) if limits.max_concurrency else None
+        )
+        self.thread_limiter = trio.CapacityLimiter(max(1, min(n_sync, limits.max_threads)))
+
+    def finish(self, index: int, observation: Observation) -> None:
+        self.slots[index] = observation
+        self.handle._done.add(self.calls[index].id)
+        if self.on_event is not None:
+            self.on_event(CallFinished(index, observation))
+
+    async def run_one(self, p: _Planned) -> None:
+        scope = self.handle._scopes[p.call.id]
+        observation: Observation | None = None
+        started_at: float | None = None
+        timeout = p.tool.timeout if p.tool.timeout is not None else self.limits.timeout
+        with scope:
+            if self.limiter is not None:
+                await self.limiter.acquire_on_behalf_of(p.call.id)
+            try:
+                started_at = trio.current_time()
+                # The deadline counts from the start, not from the wait for a slot.
+                scope.deadline = min(scope.deadline, started_at + timeout)
+                if self.on_event is not None:
+                    self.on_event(CallStarted(p.index, p.call))
+                observation = await self._invoke(p, started_at)
+            finally:
+                if self.limiter is not None:
+                    self.limiter.release_on_behalf_of(p.call.id)
+        if observation is None:
+            # Our own scope caught the cancellation: a deadline or a cancel by id.
+            elapsed = trio.current_time() - started_at if started_at is not None else 0.0
+            if p.call.id in self.handle._requested:
+                error = ToolError("cancelled", "Cancelled", "the call was cancelled by request")
+            else:
+                error = ToolError(
+                    "timeout", "Timeout", f"{p.tool.name} did not finish within {timeout:g} s"
+                )
+            observation = Observation.failure(p.call, p.index, error, duration_s=elapsed)
+        self.finish(p.index, observation)
+
+    async def _invoke(self, p: _Planned, started_at: float) -> Observation:
+        tool = p.tool
+        error: ToolError
+        try:
+            if tool.invoke is not None:
+                result = await tool.invoke(p.arguments)
+            elif tool.is_async:
+                assert tool.fn is not None
+                result = await tool.fn(**p.kwargs)
+            else:
+                assert tool.fn is not None
+                result = await trio.to_thread.run_sync(
+                    functools.partial(tool.fn, **p.kwargs),
+                    abandon_on_cancel=True,
+                    limiter=self.thread_limiter,
+                )
+        except ToolFailure as exc:
+            error = ToolError(exc.kind, exc.type, exc.message)
+        except Exception as exc:
+            error = ToolError("exception", type(exc).__name__, _describe(exc))
+        else:
+            elapsed = trio.current_time() - started_at
+            try:
+                content = render_result(result)
+            except (TypeError, ValueError, RecursionError) as exc:
+                error = ToolError(
+                    "exception",
+                    type(exc).__name__,
+                    f"{tool.name} returned a {type(result).__name__} that cannot be "
+                    f"serialized to JSON: {exc}",
+                )
+            else:
+                max_output = tool.max_output if tool.max_output is not None else (
+                    self.limits.max_output
+                )
+                return Observation(
+                    call_id=p.call.id,
+                    name=p.call.name,
+                    index=p.index,
+                    content=truncate_output(content, max_output),
+                    duration_s=elapsed,
+                )
+        elapsed = trio.current_time() - started_at
+        return Observation.failure(p.call, p.index, error, duration_s=elapsed)
+
+    def cancel_unfinished(self) -> None:
+        for index, slot in enumerate(self.slots):
+            if slot is None:
+                call = self.calls[index]
+                self.finish(
+                    index,
+                    Observation.failure(
+                        call,
+                        index,
+                        ToolError("cancelled", "Cancelled", "the turn was cancelled before this call finished"),
+                    ),
+                )
+
+
+def _describe(exc: BaseException) -> str:
+    """One line per leaf exception, so an ExceptionGroup is one readable observation."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [f"{type(e).__name__}: {_describe(e)}" for e in exc.exceptions]
+        return f"{exc.message} ({len(exc.exceptions)} sub-exceptions): " + "; ".join(leaves)
+    text = str(exc)
+    return text if text else type(exc).__name__
+
+
+async def run_tool_calls(
+    calls: Sequence[ToolCall],
+    tools: Sequence[Tool] | ToolRegistry,
+    *,
+    limits: CallLimits = CallLimits(),
+    on_event: EventCallback | None = None,
+    handle: BatchHandle | None = None,
+) -> list[Observation]:
+    """Run ``calls`` concurrently and return one observation per call, in declared order.
+
+    A failing call (bad id, unknown tool, bad arguments, exception, timeout)
+    gets an error observation in its own slot; the others are not disturbed.
+
+    Args:
+        calls: the calls of one turn, in the order the model declared them.
+        tools: the available tools, as a sequence or a ``ToolRegistry``.
+        limits: deadline, concurrency and output limits for the batch.
+        on_event: called synchronously (it must not block) with ``CallStarted``
+            and ``CallFinished`` events in completion order. On cancellation
+            every unfinished call's ``cancelled`` observation is delivered here
+            before ``trio.Cancelled`` propagates.
+        handle: a ``BatchHandle`` to cancel single calls by id.
+
+    Raises:
+        trio.Cancelled: the batch was cancelled from outside (every slot still
+            got an observation through ``on_event``).
+        KeyboardInterrupt, SystemExit: raised by a tool; never swallowed.
+    """
+    registry = _tool_lookup(tools)
+    slots, planned = _check(calls, registry)
+    handle = handle if handle is not None else BatchHandle()
+    handle._bind(p.call.id for p in planned)
+    n_sync = sum(1 for p in planned if p.tool.invoke is None and not p.tool.is_async)
+    batch = _Batch(calls, slots, limits, on_event, handle, n_sync)
+    for index, slot in enumerate(slots):
+        if slot is not None:
+            batch.finish(index, slot)
+
+    try:
+        for group in _groups(planned):
+            async with trio.open_nursery() as nursery:
+                for p in group:
+                    nursery.start_soon(batch.run_one, p, name=f"tool:{p.call.name}#{p.index}")
+    except BaseException as exc:
+        batch.cancel_unfinished()
+        _reraise_unwrapped(exc)
+        if _only_cancelled(exc):
+            # The children's Cancelled came from a scope around us, which is still
+            # cancelled: this checkpoint raises the caller's own Cancelled, bare,
+            # instead of a group of the children's.
+            await trio.lowlevel.checkpoint()
+        raise
+
+    result: list[Observation] = []
+    for slot in slots:
+        assert slot is not None, "every slot is written before the nursery closes"
+        result.append(slot)
+    return result
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    return all(isinstance(e, trio.Cancelled) for e in _leaves(exc))
+
+
+def _reraise_unwrapped(exc: BaseException) -> None:
+    """KeyboardInterrupt or SystemExit from a tool propagates as itself, not inside a group."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return
+    for leaf in _leaves(exc):
+        if isinstance(leaf, KeyboardInterrupt | SystemExit):
+            raise leaf
+
+
+@contextlib.asynccontextmanager
+async def ordered_observations(
+    calls: Sequence[ToolCall],
+    tools: Sequence[Tool] | ToolRegistry,
+    *,
+    limits: CallLimits = CallLimits(),
+    on_event: EventCallback | None = None,
+    handle: BatchHandle | None = None,
+) -> AsyncIterator[trio.MemoryReceiveChannel[Observation]]:
+    """Run a batch and receive its observations in declared order as they become ready.
+
+    Observation ``i`` is released as soon as it and every observation before it
+    are done::
+
+        async with ordered_observations(calls, tools) as stream:
+            async for observation in stream:
+                ...
+
+    The batch runs in a nursery owned by this context manager; leaving the block
+    early cancels it.
+    """
+    send, receive = trio.open_memory_channel[Observation](math.inf)
+    pending: dict[int, Observation] = {}
+    next_index = 0
+
+    def release(event: CallEvent) -> None:
+        nonlocal next_index
+        if on_event is not None:
+            on_event(event)
+        if isinstance(event, CallFinished):
+            pending[event.index] = event.observation
+            while next_index in pending:
+                observation = pending.pop(next_index)
+                next_index += 1
+                # A consumer that left early closed the stream; the batch is being
+                # cancelled, and that must not turn into another error.
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    send.send_nowait(observation)
+
+    async def run() -> None:
+        async with send:
+            await run_tool_calls(calls, tools, limits=limits, on_event=release, handle=handle)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        async with receive:
+            yield receive
+        nursery.cancel_scope.cancel()

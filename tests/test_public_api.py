@@ -1,0 +1,42 @@
+"""The public surface is what was meant, and `import kernel` stays cheap."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import kernel
+
+EXPECTED = {
+    "ToolCall", "Observation", "ToolError", "Message", "Text", "converter", "ERROR_KINDS",
+    "Tool", "tool", "ToolRegistry", "ToolFailure",
+    "run_tool_calls", "CallLimits", "BatchHandle", "CallStarted", "CallFinished",
+    "ordered_observations",
+    "KernelError", "UsageError", "StoreError", "CorruptTranscript", "SandboxError",
+    "ModelAPIError", "ProtocolError",
+    "__version__",
+}  # fmt: skip
+
+
+def test_public_names() -> None:
+    assert set(kernel.__all__) == EXPECTED
+    for name in EXPECTED:
+        assert getattr(kernel, name) is not None
+
+
+def test_error_kinds_are_exactly_the_designed_ones() -> None:
+    assert set(kernel.ERROR_KINDS) == {
+        "invalid_call", "unknown_tool", "bad_arguments", "exception", "timeout",
+        "cancelled", "crashed", "denied", "output_too_large",
+    }  # fmt: skip
+
+
+def test_import_kernel_is_cheap() -> None:
+    code = "import sys, kernel; print(sorted(m for m in ('httpx', 'trio_websocket', 'cattrs', 'trio') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_documented_one_liner_imports() -> None:
+    code = "from kernel import run_tool_calls, tool, ToolCall, Observation, CallLimits"
+    subprocess.run([sys.executable, "-c", code], check=True)
