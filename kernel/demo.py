@@ -104,6 +104,8 @@ def format_table(observations: list[Observation]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
+        lines.append(
+            "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        )
     lines.insert(1, "-" * max(len(line) for line in lines))
     return "\n".join(lines)

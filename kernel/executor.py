@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from .errors import UsageError
-from .messages import ErrorKind, Observation, ToolCall, ToolError, converter
+from .messages import Observation, ToolCall, ToolError, converter
 from .tools import ArgumentError, Tool, ToolFailure, ToolRegistry
 
 #: How many tool names an ``unknown_tool`` message lists before it says "and N more".
@@ -88,15 +88,14 @@ class BatchHandle:
 
     def __init__(self) -> None:
         self._bound = False
-        self._scopes: dict[str, trio.CancelScope] = {}
+        # id -> the scope of the call while it waits or runs (None before and after)
+        self._scopes: dict[str, trio.CancelScope | None] = {}
         self._requested: set[str] = set()
         self._done: set[str] = set()
 
     def cancel(self, call_id: str) -> bool:
         """Cancel the call with this id; ``False`` if no such call is still unfinished."""
-        if call_id in self._done:
-            return False
-        if self._bound and call_id not in self._scopes:
+        if call_id in self._done or (self._bound and call_id not in self._scopes):
             return False
         self._requested.add(call_id)
         scope = self._scopes.get(call_id)
@@ -108,12 +107,9 @@ class BatchHandle:
         if self._bound:
             raise UsageError("a BatchHandle serves one batch; create a new one for each call")
         self._bound = True
-        for call_id in ids:
-            self._scopes[call_id] = trio.CancelScope()
-            if call_id in self._requested:
-                self._scopes[call_id].cancel()
+        self._scopes = dict.fromkeys(ids)
         # ids asked for that are not in this batch are forgotten
-        self._requested &= set(self._scopes)
+        self._requested &= self._scopes.keys()
 
 
 @attrs.frozen
@@ -152,7 +148,11 @@ def _check(
         assert tool is not None  # _call_error checked it
         try:
             arguments = _parse_arguments(call.arguments)
-            kwargs = tool.validate(arguments)
+            if tool.invoke is not None:
+                # It runs in another process: send JSON, defaults filled in.
+                arguments = kwargs = tool.validate_json(arguments)
+            else:
+                kwargs = tool.validate(arguments)
         except ArgumentError as exc:
             slots[index] = Observation.failure(
                 call, index, ToolError("bad_arguments", "ArgumentError", str(exc))
@@ -204,9 +204,7 @@ def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
     except RecursionError as exc:
         raise ArgumentError("$: arguments are nested too deeply") from exc
     if not isinstance(value, dict):
-        raise ArgumentError(
-            f"$: arguments must be a JSON object, got {_json_type_name(value)}"
-        )
+        raise ArgumentError(f"$: arguments must be a JSON object, got {_json_type_name(value)}")
     return value
 
 
@@ -235,7 +233,8 @@ def render_result(result: Any) -> str:
 
 def truncate_output(content: str, max_bytes: int | None) -> str:
     """Cut ``content`` to ``max_bytes`` of UTF-8, with a marker saying how much was dropped."""
-    if max_bytes is None:
+    if max_bytes is None or len(content) * 4 <= max_bytes:
+        # UTF-8 takes at most 4 bytes a character: no need to encode to know it fits.
         return content
     encoded = content.encode("utf-8", errors="surrogatepass")
     if len(encoded) <= max_bytes:
@@ -285,7 +284,10 @@ class _Batch:
         self.limiter = (
             trio.CapacityLimiter(limits.max_concurrency) if limits.max_concurrency else None
         )
-        self.thread_limiter = trio.CapacityLimiter(max(1, min(n_sync, limits.max_threads)))
+        self.thread_limiter = (
+            trio.CapacityLimiter(min(n_sync, limits.max_threads)) if n_sync else None
+        )
+        self.started_at: dict[int, float] = {}
 
     def finish(self, index: int, observation: Observation) -> None:
         self.slots[index] = observation
@@ -294,34 +296,48 @@ class _Batch:
             self.on_event(CallFinished(index, observation))
 
     async def run_one(self, p: _Planned) -> None:
-        scope = self.handle._scopes[p.call.id]
-        observation: Observation | None = None
-        started_at: float | None = None
-        timeout = p.tool.timeout if p.tool.timeout is not None else self.limits.timeout
-        with scope:
-            if self.limiter is not None:
-                await self.limiter.acquire_on_behalf_of(p.call.id)
-            try:
-                started_at = trio.current_time()
-                # The deadline counts from the start, not from the wait for a slot.
-                scope.deadline = min(scope.deadline, started_at + timeout)
+        handle = self.handle
+        call_id = p.call.id
+        if self.limiter is not None:
+            # Waiting for a slot can be cancelled by id too.
+            with trio.CancelScope() as wait_scope:
+                handle._scopes[call_id] = wait_scope
+                if call_id in handle._requested:
+                    wait_scope.cancel()
+                await self.limiter.acquire_on_behalf_of(call_id)
+            if wait_scope.cancelled_caught:
+                self._finish_cancelled_by_request(p, 0.0)
+                return
+        try:
+            timeout = p.tool.timeout if p.tool.timeout is not None else self.limits.timeout
+            # The deadline counts from the start, not from the wait for a slot.
+            started_at = self.started_at[p.index] = trio.current_time()
+            observation: Observation | None = None
+            with trio.CancelScope(deadline=started_at + timeout) as scope:
+                handle._scopes[call_id] = scope
+                if call_id in handle._requested:
+                    scope.cancel()
                 if self.on_event is not None:
                     self.on_event(CallStarted(p.index, p.call))
                 observation = await self._invoke(p, started_at)
-            finally:
-                if self.limiter is not None:
-                    self.limiter.release_on_behalf_of(p.call.id)
+        finally:
+            if self.limiter is not None:
+                self.limiter.release_on_behalf_of(call_id)
         if observation is None:
-            # Our own scope caught the cancellation: a deadline or a cancel by id.
-            elapsed = trio.current_time() - started_at if started_at is not None else 0.0
-            if p.call.id in self.handle._requested:
-                error = ToolError("cancelled", "Cancelled", "the call was cancelled by request")
-            else:
-                error = ToolError(
-                    "timeout", "Timeout", f"{p.tool.name} did not finish within {timeout:g} s"
-                )
+            # Our own scope caught the cancellation: a cancel by id, or the deadline.
+            elapsed = trio.current_time() - started_at
+            if call_id in handle._requested:
+                self._finish_cancelled_by_request(p, elapsed)
+                return
+            error = ToolError(
+                "timeout", "Timeout", f"{p.tool.name} did not finish within {timeout:g} s"
+            )
             observation = Observation.failure(p.call, p.index, error, duration_s=elapsed)
         self.finish(p.index, observation)
+
+    def _finish_cancelled_by_request(self, p: _Planned, elapsed: float) -> None:
+        error = ToolError("cancelled", "Cancelled", "the call was cancelled by request")
+        self.finish(p.index, Observation.failure(p.call, p.index, error, duration_s=elapsed))
 
     async def _invoke(self, p: _Planned, started_at: float) -> Observation:
         tool = p.tool
@@ -355,8 +371,8 @@ class _Batch:
                     f"serialized to JSON: {exc}",
                 )
             else:
-                max_output = tool.max_output if tool.max_output is not None else (
-                    self.limits.max_output
+                max_output = (
+                    tool.max_output if tool.max_output is not None else (self.limits.max_output)
                 )
                 return Observation(
                     call_id=p.call.id,
@@ -369,15 +385,17 @@ class _Batch:
         return Observation.failure(p.call, p.index, error, duration_s=elapsed)
 
     def cancel_unfinished(self) -> None:
+        now = trio.current_time()
+        error = ToolError(
+            "cancelled", "Cancelled", "the turn was cancelled before this call finished"
+        )
         for index, slot in enumerate(self.slots):
             if slot is None:
-                call = self.calls[index]
+                started_at = self.started_at.get(index, now)
                 self.finish(
                     index,
                     Observation.failure(
-                        call,
-                        index,
-                        ToolError("cancelled", "Cancelled", "the turn was cancelled before this call finished"),
+                        self.calls[index], index, error, duration_s=now - started_at
                     ),
                 )
 
@@ -422,7 +440,7 @@ async def run_tool_calls(
     registry = _tool_lookup(tools)
     slots, planned = _check(calls, registry)
     handle = handle if handle is not None else BatchHandle()
-    handle._bind(p.call.id for p in planned)
+    handle._bind([p.call.id for p in planned])
     n_sync = sum(1 for p in planned if p.tool.invoke is None and not p.tool.is_async)
     batch = _Batch(calls, slots, limits, on_event, handle, n_sync)
     for index, slot in enumerate(slots):

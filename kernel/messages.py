@@ -8,7 +8,7 @@ JSON-ready dicts and back; unknown keys are rejected, and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, TypeAlias, get_args
+from typing import Any, Literal, TypeAlias, cast, get_args
 
 import attrs
 import cattrs
@@ -127,9 +127,7 @@ _PART_TAGS: dict[type, str] = {Text: "text", ToolCall: "tool_call", Observation:
 
 
 def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(
-        forbid_extra_keys=True, unstruct_collection_overrides={Sequence: list}
-    )
+    conv = cattrs.Converter(forbid_extra_keys=True, unstruct_collection_overrides={Sequence: list})
 
     def structure_arguments(value: Any, _: Any) -> dict[str, Any] | str:
         if isinstance(value, str):
@@ -145,15 +143,13 @@ def _make_converter() -> cattrs.Converter:
             # bool is an int in Python, and cattrs would turn "3" into 3: refuse both.
             if type(value) is not expected and not (expected is float and type(value) is int):
                 raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
-            return expected(value)
+            return cast(Any, expected)(value)
 
         return hook
 
     for t in (str, int, float, bool):
         conv.register_structure_hook(t, structure_strict(t))
-    configure_tagged_union(
-        Part, conv, tag_name="type", tag_generator=lambda cl: _PART_TAGS[cl]
-    )
+    configure_tagged_union(Part, conv, tag_name="type", tag_generator=lambda cl: _PART_TAGS[cl])
     return conv
 
 

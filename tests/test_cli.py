@@ -83,5 +83,8 @@ def test_demo_prints_the_table_in_declared_order() -> None:
     rows = [line for line in lines if line[:1].isdigit()]
     assert [r.split()[0] for r in rows] == ["0", "1", "2", "3", "4"]
     assert [r.split()[3] for r in rows] == ["ok", "ok", "exception", "bad_arguments", "timeout"]
-    assert "completion order: [3, 1, 2, 0, 4]" in result.stdout
+    order_line = next(line for line in lines if line.startswith("completion order: "))
+    order = json.loads(order_line.split(": ", 1)[1].split("]")[0] + "]")
+    # bad arguments finish before anything runs; the two thread tools race; then slow, hang
+    assert order[0] == 3 and set(order[1:3]) == {1, 2} and order[3:] == [0, 4]
     assert "wall time" in result.stdout

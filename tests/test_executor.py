@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,7 +102,9 @@ async def short_fuse() -> str:
 TOOLS = [echo, nap, sync_add, boom, group_boom, unserializable, denied, dict_result, chatty]
 
 
-def call(i: int, name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> ToolCall:
+def call(
+    i: int, name: str, arguments: dict[str, Any] | str, call_id: str | None = None
+) -> ToolCall:
     return ToolCall(call_id if call_id is not None else f"c{i}", name, arguments, i)
 
 
@@ -109,7 +112,7 @@ def kinds(observations: list[Observation]) -> list[str | None]:
     return [o.error.kind if o.error else None for o in observations]
 
 
-async def test_fault_matrix_good_calls_are_untouched(autojump_clock: trio.abc.Clock) -> None:
+async def test_fault_matrix_good_calls_are_untouched(thread_clock: trio.abc.Clock) -> None:
     bad: list[tuple[str, dict[str, Any] | str, str, str | None]] = [
         # (tool, arguments, expected kind, forced id)
         ("echo", {"text": "x"}, "invalid_call", ""),
@@ -151,7 +154,7 @@ async def test_fault_matrix_good_calls_are_untouched(autojump_clock: trio.abc.Cl
             assert o.content.startswith(f"Error ({kind}): ")
 
 
-async def test_error_messages_say_what_was_wrong(autojump_clock: trio.abc.Clock) -> None:
+async def test_error_messages_say_what_was_wrong(thread_clock: trio.abc.Clock) -> None:
     calls = [
         call(0, "nowhere", {}),
         call(1, "echo", '{"text": '),
@@ -227,7 +230,7 @@ async def test_tool_timeout_overrides_the_batch(autojump_clock: trio.abc.Clock) 
     assert obs[0].duration_s == pytest.approx(2)
 
 
-async def test_sync_tool_that_blocks_still_times_out(autojump_clock: trio.abc.Clock) -> None:
+async def test_sync_tool_that_blocks_still_times_out(thread_clock: trio.abc.Clock) -> None:
     release = threading.Event()
 
     @tool
@@ -255,7 +258,7 @@ async def test_keyboard_interrupt_and_system_exit_propagate(exc_type: type[BaseE
     @tool
     async def interrupt() -> str:
         """Raise a BaseException."""
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         raise exc_type()
 
     finished: list[CallEvent] = []
@@ -328,7 +331,12 @@ async def test_batch_cancellation_leaves_no_task_and_no_slot_empty(
     assert _running_tool_tasks() == []
     finished = {e.index: e.observation for e in events if isinstance(e, CallFinished)}
     assert sorted(finished) == [0, 1, 2, 3]
-    assert kinds([finished[i] for i in range(4)]) == [None, "cancelled", "bad_arguments", "cancelled"]
+    assert kinds([finished[i] for i in range(4)]) == [
+        None,
+        "cancelled",
+        "bad_arguments",
+        "cancelled",
+    ]
     started = [e.index for e in events if isinstance(e, CallStarted)]
     assert sorted(started) == [0, 1, 3]
 
