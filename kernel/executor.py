@@ -21,7 +21,7 @@ import functools
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import attrs
 import trio
@@ -112,11 +112,10 @@ class BatchHandle:
         self._requested &= self._scopes.keys()
 
 
-@attrs.frozen
-class _Planned:
+class _Planned(NamedTuple):
     """A call that passed the checks: what to run, with what."""
 
-    index: int
+    slot: int
     call: ToolCall
     tool: Tool
     arguments: dict[str, Any]
@@ -275,6 +274,7 @@ class _Batch:
         on_event: EventCallback | None,
         handle: BatchHandle,
         n_sync: int,
+        handle_given: bool,
     ) -> None:
         self.calls = calls
         self.slots = slots
@@ -288,6 +288,9 @@ class _Batch:
             trio.CapacityLimiter(min(n_sync, limits.max_threads)) if n_sync else None
         )
         self.started_at: dict[int, float] = {}
+        # Only a handle can cancel one call, and only a concurrency limit makes calls
+        # of a group start at different times: otherwise calls share deadline scopes.
+        self.own_scopes = handle_given or self.limiter is not None
 
     def finish(self, index: int, observation: Observation) -> None:
         self.slots[index] = observation
@@ -295,7 +298,64 @@ class _Batch:
         if self.on_event is not None:
             self.on_event(CallFinished(index, observation))
 
-    async def run_one(self, p: _Planned) -> None:
+    def timeout_of(self, tool: Tool) -> float:
+        return tool.timeout if tool.timeout is not None else self.limits.timeout
+
+    async def run_group(self, group: list[_Planned]) -> None:
+        """Run calls that may overlap; return when every one has its observation."""
+        if len(group) == 1:
+            # Nothing to overlap with: run it in this task, without a nursery.
+            await self.run_in_own_scope(group[0])
+            return
+        if self.own_scopes:
+            async with trio.open_nursery() as nursery:
+                for p in group:
+                    nursery.start_soon(
+                        self.run_in_own_scope, p, name=f"tool:{p.call.name}#{p.slot}"
+                    )
+            return
+        by_timeout: dict[float, list[_Planned]] = {}
+        for p in group:
+            by_timeout.setdefault(self.timeout_of(p.tool), []).append(p)
+        if len(by_timeout) == 1:
+            [(timeout, calls)] = by_timeout.items()
+            await self.run_sharing_deadline(timeout, calls)
+            return
+        async with trio.open_nursery() as nursery:
+            for timeout, calls in by_timeout.items():
+                nursery.start_soon(self.run_sharing_deadline, timeout, calls)
+
+    async def run_sharing_deadline(self, timeout: float, group: list[_Planned]) -> None:
+        """Calls that start together with one timeout share one deadline scope.
+
+        A cancel scope per call costs more than the task itself; without a
+        concurrency limit or a handle, calls of a group start in the same
+        scheduler pass, so one scope gives each the same deadline.
+        """
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                for p in group:
+                    nursery.start_soon(
+                        self.run_in_shared_scope, p, name=f"tool:{p.call.name}#{p.slot}"
+                    )
+                # The tasks first run after this (the parent has not checkpointed yet).
+                started_at = trio.current_time()
+                scope.deadline = started_at + timeout
+                for p in group:
+                    self.started_at[p.slot] = started_at
+        if scope.cancelled_caught:
+            for p in group:
+                if self.slots[p.slot] is None:
+                    self.finish(p.slot, self._timed_out(p, timeout, started_at))
+
+    async def run_in_shared_scope(self, p: _Planned) -> None:
+        if self.on_event is not None:
+            self.on_event(CallStarted(p.slot, p.call))
+        observation = await self.call_tool(p, self.started_at[p.slot])
+        self.finish(p.slot, observation)
+
+    async def run_in_own_scope(self, p: _Planned) -> None:
+        """One call with its own cancel scope: cancellable by id, deadline from its own start."""
         handle = self.handle
         call_id = p.call.id
         if self.limiter is not None:
@@ -308,40 +368,32 @@ class _Batch:
             if wait_scope.cancelled_caught:
                 self._finish_cancelled_by_request(p, 0.0)
                 return
+        timeout = self.timeout_of(p.tool)
+        observation: Observation | None = None
         try:
-            timeout = p.tool.timeout if p.tool.timeout is not None else self.limits.timeout
             # The deadline counts from the start, not from the wait for a slot.
-            started_at = self.started_at[p.index] = trio.current_time()
-            observation: Observation | None = None
+            started_at = self.started_at[p.slot] = trio.current_time()
             with trio.CancelScope(deadline=started_at + timeout) as scope:
                 handle._scopes[call_id] = scope
                 if call_id in handle._requested:
                     scope.cancel()
                 if self.on_event is not None:
-                    self.on_event(CallStarted(p.index, p.call))
-                observation = await self._invoke(p, started_at)
+                    self.on_event(CallStarted(p.slot, p.call))
+                observation = await self.call_tool(p, started_at)
         finally:
             if self.limiter is not None:
                 self.limiter.release_on_behalf_of(call_id)
         if observation is None:
             # Our own scope caught the cancellation: a cancel by id, or the deadline.
-            elapsed = trio.current_time() - started_at
             if call_id in handle._requested:
-                self._finish_cancelled_by_request(p, elapsed)
+                self._finish_cancelled_by_request(p, trio.current_time() - started_at)
                 return
-            error = ToolError(
-                "timeout", "Timeout", f"{p.tool.name} did not finish within {timeout:g} s"
-            )
-            observation = Observation.failure(p.call, p.index, error, duration_s=elapsed)
-        self.finish(p.index, observation)
+            observation = self._timed_out(p, timeout, started_at)
+        self.finish(p.slot, observation)
 
-    def _finish_cancelled_by_request(self, p: _Planned, elapsed: float) -> None:
-        error = ToolError("cancelled", "Cancelled", "the call was cancelled by request")
-        self.finish(p.index, Observation.failure(p.call, p.index, error, duration_s=elapsed))
-
-    async def _invoke(self, p: _Planned, started_at: float) -> Observation:
+    async def call_tool(self, p: _Planned, started_at: float) -> Observation:
+        """Run the tool; any ``Exception`` becomes the observation. Cancellation propagates."""
         tool = p.tool
-        error: ToolError
         try:
             if tool.invoke is not None:
                 result = await tool.invoke(p.arguments)
@@ -356,33 +408,47 @@ class _Batch:
                     limiter=self.thread_limiter,
                 )
         except ToolFailure as exc:
-            error = ToolError(exc.kind, exc.type, exc.message)
+            return self._failure(p, ToolError(exc.kind, exc.type, exc.message), started_at)
         except Exception as exc:
             error = ToolError("exception", type(exc).__name__, _describe(exc))
-        else:
-            elapsed = trio.current_time() - started_at
-            try:
-                content = render_result(result)
-            except (TypeError, ValueError, RecursionError) as exc:
-                error = ToolError(
-                    "exception",
-                    type(exc).__name__,
-                    f"{tool.name} returned a {type(result).__name__} that cannot be "
-                    f"serialized to JSON: {exc}",
-                )
-            else:
-                max_output = (
-                    tool.max_output if tool.max_output is not None else (self.limits.max_output)
-                )
-                return Observation(
-                    call_id=p.call.id,
-                    name=p.call.name,
-                    index=p.index,
-                    content=truncate_output(content, max_output),
-                    duration_s=elapsed,
-                )
+            return self._failure(p, error, started_at)
+        return self._success(p, result, started_at)
+
+    def _timed_out(self, p: _Planned, timeout: float, started_at: float) -> Observation:
+        error = ToolError(
+            "timeout", "Timeout", f"{p.tool.name} did not finish within {timeout:g} s"
+        )
+        return self._failure(p, error, started_at)
+
+    def _finish_cancelled_by_request(self, p: _Planned, elapsed: float) -> None:
+        error = ToolError("cancelled", "Cancelled", "the call was cancelled by request")
+        self.finish(p.slot, Observation.failure(p.call, p.slot, error, duration_s=elapsed))
+
+    def _failure(self, p: _Planned, error: ToolError, started_at: float) -> Observation:
         elapsed = trio.current_time() - started_at
-        return Observation.failure(p.call, p.index, error, duration_s=elapsed)
+        return Observation.failure(p.call, p.slot, error, duration_s=elapsed)
+
+    def _success(self, p: _Planned, result: Any, started_at: float) -> Observation:
+        elapsed = trio.current_time() - started_at
+        tool = p.tool
+        try:
+            content = render_result(result)
+        except (TypeError, ValueError, RecursionError) as exc:
+            error = ToolError(
+                "exception",
+                type(exc).__name__,
+                f"{tool.name} returned a {type(result).__name__} that cannot be "
+                f"serialized to JSON: {exc}",
+            )
+            return Observation.failure(p.call, p.slot, error, duration_s=elapsed)
+        max_output = tool.max_output if tool.max_output is not None else self.limits.max_output
+        return Observation(
+            call_id=p.call.id,
+            name=p.call.name,
+            index=p.slot,
+            content=truncate_output(content, max_output),
+            duration_s=elapsed,
+        )
 
     def cancel_unfinished(self) -> None:
         now = trio.current_time()
@@ -439,23 +505,22 @@ async def run_tool_calls(
     """
     registry = _tool_lookup(tools)
     slots, planned = _check(calls, registry)
+    handle_given = handle is not None
     handle = handle if handle is not None else BatchHandle()
     handle._bind([p.call.id for p in planned])
     n_sync = sum(1 for p in planned if p.tool.invoke is None and not p.tool.is_async)
-    batch = _Batch(calls, slots, limits, on_event, handle, n_sync)
+    batch = _Batch(calls, slots, limits, on_event, handle, n_sync, handle_given)
     for index, slot in enumerate(slots):
         if slot is not None:
             batch.finish(index, slot)
 
     try:
         for group in _groups(planned):
-            async with trio.open_nursery() as nursery:
-                for p in group:
-                    nursery.start_soon(batch.run_one, p, name=f"tool:{p.call.name}#{p.index}")
+            await batch.run_group(group)
     except BaseException as exc:
         batch.cancel_unfinished()
         _reraise_unwrapped(exc)
-        if _only_cancelled(exc):
+        if isinstance(exc, BaseExceptionGroup) and _only_cancelled(exc):
             # The children's Cancelled came from a scope around us, which is still
             # cancelled: this checkpoint raises the caller's own Cancelled, bare,
             # instead of a group of the children's.

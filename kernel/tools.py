@@ -647,10 +647,21 @@ class Tool:
         alias="arguments_class",
     )
 
+    # Looked up once: validation runs for every call, on the executor's hot path.
+    _structure_hook: Callable[[Any, Any], Any] = attrs.field(
+        init=False, eq=False, repr=False, default=None
+    )
+    _field_names: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False, default=())
+
     def __attrs_post_init__(self) -> None:
         # cattrs generates the structuring code on first use; do it now so
         # that a definition it cannot handle fails here, not at the first call.
-        _converter.get_structure_hook(self._arguments_class)
+        hook = _converter.get_structure_hook(self._arguments_class)
+        object.__setattr__(self, "_structure_hook", hook)
+        if not issubclass(self._arguments_class, _SchemaObject):
+            cls: Any = self._arguments_class
+            names = tuple(f.name for f in attrs.fields(cls))
+            object.__setattr__(self, "_field_names", names)
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check JSON arguments and return the keyword arguments for ``fn(**kwargs)``.
@@ -663,15 +674,13 @@ class Tool:
             ArgumentError: the message names each failing path and why.
         """
         try:
-            structured: Any = _converter.structure(arguments, self._arguments_class)
+            structured: Any = self._structure_hook(arguments, self._arguments_class)
         except _STRUCTURE_ERRORS as exc:
             raise ArgumentError(_describe_argument_error(exc)) from exc
         if isinstance(structured, _SchemaObject):
             result: dict[str, Any] = _schema_object_to_json(structured)
             return result
-        return {
-            field.name: getattr(structured, field.name) for field in attrs.fields(type(structured))
-        }
+        return {name: getattr(structured, name) for name in self._field_names}
 
     def validate_json(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check JSON arguments and return them as JSON, defaults filled in.

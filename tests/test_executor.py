@@ -108,11 +108,32 @@ def call(
     return ToolCall(call_id if call_id is not None else f"c{i}", name, arguments, i)
 
 
+@pytest.fixture(params=["shared-deadline", "handle", "limited"])
+def mode(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The executor's scheduling paths: calls sharing a group deadline scope, calls with
+    their own scopes (a handle was given), and calls behind a concurrency limit."""
+    if request.param == "handle":
+        return {"handle": BatchHandle()}
+    if request.param == "limited":
+        return {"max_concurrency": 1000}
+    return {}
+
+
+def run_kwargs(mode: dict[str, Any], **limits: Any) -> dict[str, Any]:
+    kwargs = {k: v for k, v in mode.items() if k == "handle"}
+    if "max_concurrency" in mode:
+        limits.setdefault("max_concurrency", mode["max_concurrency"])
+    kwargs["limits"] = CallLimits(**limits)
+    return kwargs
+
+
 def kinds(observations: list[Observation]) -> list[str | None]:
     return [o.error.kind if o.error else None for o in observations]
 
 
-async def test_fault_matrix_good_calls_are_untouched(thread_clock: trio.abc.Clock) -> None:
+async def test_fault_matrix_good_calls_are_untouched(
+    thread_clock: trio.abc.Clock, mode: dict[str, Any]
+) -> None:
     bad: list[tuple[str, dict[str, Any] | str, str, str | None]] = [
         # (tool, arguments, expected kind, forced id)
         ("echo", {"text": "x"}, "invalid_call", ""),
@@ -140,7 +161,7 @@ async def test_fault_matrix_good_calls_are_untouched(thread_clock: trio.abc.Cloc
     calls.append(call(i, "sync_add", '{"a": 40, "b": 2}'))
     expected.append((None, "42"))
 
-    observations = await run_tool_calls(calls, TOOLS, limits=CallLimits(timeout=30))
+    observations = await run_tool_calls(calls, TOOLS, **run_kwargs(mode, timeout=30))
 
     assert [o.index for o in observations] == list(range(len(calls)))
     assert [o.call_id for o in observations] == [c.id for c in calls]
@@ -154,7 +175,9 @@ async def test_fault_matrix_good_calls_are_untouched(thread_clock: trio.abc.Cloc
             assert o.content.startswith(f"Error ({kind}): ")
 
 
-async def test_error_messages_say_what_was_wrong(thread_clock: trio.abc.Clock) -> None:
+async def test_error_messages_say_what_was_wrong(
+    thread_clock: trio.abc.Clock, mode: dict[str, Any]
+) -> None:
     calls = [
         call(0, "nowhere", {}),
         call(1, "echo", '{"text": '),
@@ -164,7 +187,7 @@ async def test_error_messages_say_what_was_wrong(thread_clock: trio.abc.Clock) -
         call(5, "nap", {"seconds": 99}),
         call(6, "unserializable", {}),
     ]
-    obs = await run_tool_calls(calls, TOOLS, limits=CallLimits(timeout=3))
+    obs = await run_tool_calls(calls, TOOLS, **run_kwargs(mode, timeout=3))
     errors = [o.error for o in obs]
     assert all(e is not None for e in errors)
     assert "nowhere" in errors[0].message and "echo, nap, sync_add" in errors[0].message  # type: ignore[union-attr]
@@ -220,17 +243,21 @@ async def test_truncation_never_splits_a_character() -> None:
     assert obs[0].content.startswith("éé\n[output truncated: showed 4 of 20 bytes")
 
 
-async def test_tool_timeout_overrides_the_batch(autojump_clock: trio.abc.Clock) -> None:
+async def test_tool_timeout_overrides_the_batch(
+    autojump_clock: trio.abc.Clock, mode: dict[str, Any]
+) -> None:
     obs = await run_tool_calls(
         [call(0, "short_fuse", {}), call(1, "nap", {"seconds": 5})],
         [short_fuse, nap],
-        limits=CallLimits(timeout=100),
+        **run_kwargs(mode, timeout=100),
     )
     assert kinds(obs) == ["timeout", None]
     assert obs[0].duration_s == pytest.approx(2)
 
 
-async def test_sync_tool_that_blocks_still_times_out(thread_clock: trio.abc.Clock) -> None:
+async def test_sync_tool_that_blocks_still_times_out(
+    thread_clock: trio.abc.Clock, mode: dict[str, Any]
+) -> None:
     release = threading.Event()
 
     @tool
@@ -244,7 +271,7 @@ async def test_sync_tool_that_blocks_still_times_out(thread_clock: trio.abc.Cloc
         obs = await run_tool_calls(
             [call(0, "stuck", {}), call(1, "sync_add", {"a": 1, "b": 1})],
             [stuck, sync_add],
-            limits=CallLimits(timeout=5),
+            **run_kwargs(mode, timeout=5),
         )
         assert trio.current_time() - start == pytest.approx(5)
         assert kinds(obs) == ["timeout", None]
@@ -254,7 +281,9 @@ async def test_sync_tool_that_blocks_still_times_out(thread_clock: trio.abc.Cloc
 
 
 @pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
-async def test_keyboard_interrupt_and_system_exit_propagate(exc_type: type[BaseException]) -> None:
+async def test_keyboard_interrupt_and_system_exit_propagate(
+    exc_type: type[BaseException], mode: dict[str, Any]
+) -> None:
     @tool
     async def interrupt() -> str:
         """Raise a BaseException."""
@@ -267,6 +296,7 @@ async def test_keyboard_interrupt_and_system_exit_propagate(exc_type: type[BaseE
             [call(0, "nap", {"seconds": 100}), call(1, "interrupt", {})],
             [nap, interrupt],
             on_event=finished.append,
+            **run_kwargs(mode),
         )
     # the sibling was cancelled and still got its observation
     done = {e.index: e.observation for e in finished if isinstance(e, CallFinished)}
@@ -299,7 +329,7 @@ def _running_tool_tasks() -> list[trio.lowlevel.Task]:
 
 
 async def test_batch_cancellation_leaves_no_task_and_no_slot_empty(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: trio.abc.Clock, mode: dict[str, Any]
 ) -> None:
     events: list[CallEvent] = []
     calls = [
@@ -320,7 +350,7 @@ async def test_batch_cancellation_leaves_no_task_and_no_slot_empty(
             nursery.start_soon(watch)
             scope.deadline = trio.current_time() + 20
             try:
-                await run_tool_calls(calls, TOOLS, on_event=events.append)
+                await run_tool_calls(calls, TOOLS, on_event=events.append, **run_kwargs(mode))
             except BaseException as exc:
                 caught.append(type(exc))
                 raise
@@ -465,7 +495,9 @@ async def test_exclusive_tool_is_a_barrier(autojump_clock: trio.abc.Clock) -> No
     assert max(spans["c"][1], spans["d"][1]) <= spans["Y"][0]
 
 
-async def test_events_in_completion_order_once_each(autojump_clock: trio.abc.Clock) -> None:
+async def test_events_in_completion_order_once_each(
+    autojump_clock: trio.abc.Clock, mode: dict[str, Any]
+) -> None:
     events: list[CallEvent] = []
     calls = [
         call(0, "nap", {"seconds": 3}),
@@ -473,7 +505,7 @@ async def test_events_in_completion_order_once_each(autojump_clock: trio.abc.Clo
         call(2, "nowhere", {}),
         call(3, "nap", {"seconds": 2}),
     ]
-    await run_tool_calls(calls, TOOLS, on_event=events.append)
+    await run_tool_calls(calls, TOOLS, on_event=events.append, **run_kwargs(mode))
     finished = [e.index for e in events if isinstance(e, CallFinished)]
     assert finished == [2, 1, 3, 0]
     started = [e.index for e in events if isinstance(e, CallStarted)]
@@ -586,3 +618,27 @@ def test_any_completion_order_gives_declared_order(delays: list[int], failing: s
             assert o.content == str(i)
     # completion order follows the delays (ties broken arbitrarily)
     assert [delays[i] for i in completion] == sorted(delays)
+
+
+async def test_a_batch_of_one_is_cancelled_with_the_callers_own_cancelled(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    events: list[CallEvent] = []
+    with trio.move_on_after(3) as scope:
+        try:
+            await run_tool_calls([call(0, "nap", {"seconds": 10})], TOOLS, on_event=events.append)
+        except trio.Cancelled as exc:
+            assert exc.source == "deadline"
+            raise
+    assert scope.cancelled_caught
+    finished = [e.observation for e in events if isinstance(e, CallFinished)]
+    assert kinds(finished) == ["cancelled"]
+    assert finished[0].duration_s == pytest.approx(3)
+
+
+async def test_a_batch_of_one_times_out(autojump_clock: trio.abc.Clock) -> None:
+    obs = await run_tool_calls(
+        [call(0, "nap", {"seconds": 10})], TOOLS, limits=CallLimits(timeout=4)
+    )
+    assert kinds(obs) == ["timeout"]
+    assert obs[0].duration_s == pytest.approx(4)
