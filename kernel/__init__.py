@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "BatchHandle": "executor",
     "CallStarted": "executor",
     "CallFinished": "executor",
+    "CallEvent": "executor",
     "ordered_observations": "executor",
     # errors
     "KernelError": "errors",
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from .errors import StoreError as StoreError
     from .errors import UsageError as UsageError
     from .executor import BatchHandle as BatchHandle
+    from .executor import CallEvent as CallEvent
     from .executor import CallFinished as CallFinished
     from .executor import CallLimits as CallLimits
     from .executor import CallStarted as CallStarted

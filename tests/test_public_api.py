@@ -10,7 +10,7 @@ import kernel
 EXPECTED = {
     "ToolCall", "Observation", "ToolError", "Message", "Text", "converter", "ERROR_KINDS",
     "Tool", "tool", "ToolRegistry", "ToolFailure",
-    "run_tool_calls", "CallLimits", "BatchHandle", "CallStarted", "CallFinished",
+    "run_tool_calls", "CallLimits", "BatchHandle", "CallStarted", "CallFinished", "CallEvent",
     "ordered_observations",
     "KernelError", "UsageError", "StoreError", "CorruptTranscript", "SandboxError",
     "ModelAPIError", "ProtocolError",
