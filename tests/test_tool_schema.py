@@ -2,39 +2,14 @@
 
 from __future__ import annotations
 
-import enum
 import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Optional
 
-import attrs
 import pytest
+from tool_types import Color, Item, Level, Order
 
 from kernel.tools import Tool, ToolRegistry, tool
-
-
-class Color(enum.Enum):
-    RED = "red"
-    GREEN = "green"
-
-
-class Level(enum.IntEnum):
-    LOW = 1
-    HIGH = 2
-
-
-@attrs.frozen
-class Item:
-    name: str
-    qty: int = 1
-
-
-@attrs.frozen
-class Order:
-    items: list[Item]
-    note: str | None = None
-    tags: list[str] = attrs.field(factory=list)
-
 
 ITEM_SCHEMA = {
     "type": "object",

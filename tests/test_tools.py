@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import enum
 import subprocess
 import sys
 from pathlib import Path
@@ -13,32 +12,11 @@ import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tool_types import Color, Item, Level, Order
 
 from kernel.errors import UsageError
 from kernel.messages import converter
 from kernel.tools import ArgumentError, Tool, ToolFailure, ToolRegistry, tool
-
-
-class Color(enum.Enum):
-    RED = "red"
-    GREEN = "green"
-
-
-class Level(enum.IntEnum):
-    LOW = 1
-    HIGH = 2
-
-
-@attrs.frozen
-class Item:
-    name: str
-    qty: int = 1
-
-
-@attrs.frozen
-class Order:
-    items: list[Item]
-    note: str | None = None
 
 
 @tool
@@ -511,6 +489,7 @@ def _filled(arguments: dict[str, Any]) -> dict[str, Any]:
     if out["order"] is not None:
         out["order"] = {
             "note": None,
+            "tags": [],
             **out["order"],
             "items": [{"qty": 1, **i} for i in out["order"]["items"]],
         }
