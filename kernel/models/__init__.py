@@ -1,0 +1,60 @@
+"""Language models: one protocol, adapters for OpenAI, Anthropic and Gemini, and a scripted model.
+
+``resolve_model("openai:gpt-4.1-mini", client=client)`` gives a ``Model``;
+``async with model.stream(request) as events`` streams its answer and
+``await model.complete(request)`` waits for it. See docs/models.md.
+
+This package imports httpx: ``import kernel`` does not import it.
+"""
+
+from ._anthropic import AnthropicModel as AnthropicModel
+from ._base import STOP_REASONS as STOP_REASONS
+from ._base import Model as Model
+from ._base import ModelEvent as ModelEvent
+from ._base import ModelRequest as ModelRequest
+from ._base import ModelResponse as ModelResponse
+from ._base import ProviderError as ProviderError
+from ._base import ResponseComplete as ResponseComplete
+from ._base import StopReason as StopReason
+from ._base import TextDelta as TextDelta
+from ._base import ToolCallDelta as ToolCallDelta
+from ._base import Usage as Usage
+from ._fallback import FallbackModel as FallbackModel
+from ._gemini import GeminiModel as GeminiModel
+from ._http import open_http_client as open_http_client
+from ._openai import OpenAIModel as OpenAIModel
+from ._prices import PRICES as PRICES
+from ._prices import Price as Price
+from ._prices import find_price as find_price
+from ._resolve import PROVIDERS as PROVIDERS
+from ._resolve import resolve_model as resolve_model
+from ._retry import RetryPolicy as RetryPolicy
+from ._scripted import ScriptedModel as ScriptedModel
+from ._scripted import register_scripted_model as register_scripted_model
+
+__all__ = [
+    "PRICES",
+    "PROVIDERS",
+    "STOP_REASONS",
+    "AnthropicModel",
+    "FallbackModel",
+    "GeminiModel",
+    "Model",
+    "ModelEvent",
+    "ModelRequest",
+    "ModelResponse",
+    "OpenAIModel",
+    "Price",
+    "ProviderError",
+    "ResponseComplete",
+    "RetryPolicy",
+    "ScriptedModel",
+    "StopReason",
+    "TextDelta",
+    "ToolCallDelta",
+    "Usage",
+    "find_price",
+    "open_http_client",
+    "register_scripted_model",
+    "resolve_model",
+]

@@ -1,0 +1,235 @@
+"""Anthropic Messages API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from ..messages import Message
+from ..tools import ToolRegistry
+from ._assemble import ResponseBuilder
+from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
+from ._http import HTTPModel, load_json
+from ._prices import Price
+from ._retry import RetryPolicy
+from ._sse import SSEEvent
+from ._wire import ToolNameMap, arguments_object, system_text
+
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 8192
+"""Sent when the request sets no ``max_tokens``: the Messages API requires one."""
+
+_STOP_REASONS: Mapping[str, StopReason] = {
+    "end_turn": "end_turn",
+    "tool_use": "tool_use",
+    "max_tokens": "max_tokens",
+    "model_context_window_exceeded": "max_tokens",
+    "stop_sequence": "stop_sequence",
+    "refusal": "content_filter",
+}
+# Error events in a stream that a retry may cure (before anything was yielded).
+_RETRYABLE_ERRORS = frozenset(
+    {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
+)
+
+
+class AnthropicModel(HTTPModel):
+    """A model behind ``{base_url}/v1/messages``.
+
+    Tool results go back as ``tool_result`` blocks, all of them first in the
+    next user message, in declared order, with ``is_error: true`` for error
+    observations. The system prompt is the top-level ``system``.
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: httpx.AsyncClient,
+        api_key: str | None = None,
+        base_url: str = ANTHROPIC_BASE_URL,
+        retry: RetryPolicy | None = None,
+        prices: Mapping[str, Price] | None = None,
+    ) -> None:
+        super().__init__(
+            model, client=client, api_key=api_key, base_url=base_url, retry=retry, prices=prices
+        )
+
+    def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
+        names = ToolNameMap(t.name for t in request.tools)
+        messages: list[dict[str, Any]] = []
+        for message in request.messages:
+            role, blocks = _blocks(message, names)
+            if not blocks:
+                continue
+            if messages and messages[-1]["role"] == role:
+                # Roles must alternate; and in a user message every
+                # tool_result block comes before any other block.
+                merged = messages[-1]["content"] + blocks
+                results = [b for b in merged if b["type"] == "tool_result"]
+                messages[-1]["content"] = results + [
+                    b for b in merged if b["type"] != "tool_result"
+                ]
+            else:
+                messages.append({"role": role, "content": blocks})
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
+            "messages": messages,
+        }
+        system = system_text(request)
+        if system:
+            body["system"] = system
+        if request.tools:
+            specs = ToolRegistry(request.tools).anthropic_specs()
+            for spec in specs:
+                spec["name"] = names.to_wire(spec["name"])
+            body["tools"] = specs
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if stream:
+            body["stream"] = True
+        headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}
+        if stream:
+            headers["accept"] = "text/event-stream"
+        if self.api_key:
+            headers["x-api-key"] = self.api_key
+        return f"{self.base_url}/v1/messages", headers, body
+
+    def decoder(self, request: ModelRequest, id_prefix: str) -> _Decoder:
+        return _Decoder(self._builder(id_prefix), ToolNameMap(t.name for t in request.tools))
+
+    def parse(self, request: ModelRequest, body: Any, id_prefix: str) -> ModelResponse:
+        builder = self._builder(id_prefix)
+        names = ToolNameMap(t.name for t in request.tools)
+        for block in body["content"]:
+            if block["type"] == "text":
+                builder.text(block["text"])
+            elif block["type"] == "tool_use":
+                index, _ = builder.start_call(block["id"], names.to_kernel(block["name"]))
+                builder.arguments_object(index, block.get("input") or {})
+        builder.raw_stop_reason = body.get("stop_reason")
+        builder.model = body.get("model") or builder.model
+        builder.usage = _usage(Usage(), body.get("usage") or {})
+        return builder.response()
+
+    def error_details(self, body: Any) -> tuple[str | None, str | None, float | None]:
+        error = body.get("error") if isinstance(body, Mapping) else None
+        if isinstance(error, Mapping):
+            return error.get("type"), error.get("message"), None
+        return None, None, None
+
+    def _builder(self, id_prefix: str) -> ResponseBuilder:
+        return ResponseBuilder(
+            model=self.model, stop_reasons=_STOP_REASONS, id_prefix=id_prefix, prices=self.prices
+        )
+
+
+def _blocks(message: Message, names: ToolNameMap) -> tuple[str, list[dict[str, Any]]]:
+    if message.role == "system":
+        return "system", []  # sent as the top-level system prompt
+    blocks: list[dict[str, Any]] = []
+    if message.role == "tool":
+        for o in message.observations:
+            result: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": o.call_id,
+                "content": o.content,
+            }
+            if o.is_error:
+                result["is_error"] = True
+            blocks.append(result)
+    if message.text:
+        blocks.append({"type": "text", "text": message.text})
+    if message.role == "assistant":
+        blocks += [
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": names.to_wire(call.name),
+                "input": arguments_object(call.arguments),
+            }
+            for call in message.tool_calls
+        ]
+        return "assistant", blocks
+    return "user", blocks
+
+
+def _usage(usage: Usage, fields: Mapping[str, Any]) -> Usage:
+    """``usage`` updated with the counts ``fields`` has (message_delta repeats only some)."""
+
+    def count(key: str, default: int) -> int:
+        value = fields.get(key)
+        return value if isinstance(value, int) else default
+
+    return Usage(
+        input_tokens=count("input_tokens", usage.input_tokens),
+        output_tokens=count("output_tokens", usage.output_tokens),
+        cache_read_tokens=count("cache_read_input_tokens", usage.cache_read_tokens),
+        cache_write_tokens=count("cache_creation_input_tokens", usage.cache_write_tokens),
+    )
+
+
+class _Decoder:
+    """Message stream events: text and ``tool_use`` content blocks, by block index.
+
+    A ``tool_use`` block's id and name come in ``content_block_start``; its
+    input as ``input_json_delta`` fragments. Complete at ``message_stop``.
+    """
+
+    def __init__(self, builder: ResponseBuilder, names: ToolNameMap) -> None:
+        self.done = False
+        self._builder = builder
+        self._names = names
+        self._calls: dict[int, int] = {}  # content block index -> call index
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        data = load_json("anthropic", event.data)
+        kind = data.get("type", event.event)
+        builder = self._builder
+        if kind == "message_start":
+            message = data["message"]
+            builder.model = message.get("model") or builder.model
+            builder.usage = _usage(builder.usage, message.get("usage") or {})
+        elif kind == "content_block_start":
+            block = data["content_block"]
+            if block["type"] == "text":
+                return builder.text(block.get("text") or "")
+            if block["type"] == "tool_use":
+                index, started = builder.start_call(
+                    block["id"], self._names.to_kernel(block["name"])
+                )
+                self._calls[data["index"]] = index
+                return [started]
+        elif kind == "content_block_delta":
+            delta = data["delta"]
+            if delta["type"] == "text_delta":
+                return builder.text(delta["text"])
+            if delta["type"] == "input_json_delta" and data["index"] in self._calls:
+                return builder.arguments(self._calls[data["index"]], delta["partial_json"])
+        elif kind == "message_delta":
+            stop = (data.get("delta") or {}).get("stop_reason")
+            if stop:
+                builder.raw_stop_reason = stop
+            builder.usage = _usage(builder.usage, data.get("usage") or {})
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            error = data.get("error") or {}
+            error_type = error.get("type")
+            raise ProviderError(
+                "anthropic",
+                error.get("message") or "error event in the stream",
+                error_type=error_type,
+                retryable=error_type in _RETRYABLE_ERRORS,
+            )
+        # ping, content_block_stop, thinking blocks and new event types: nothing to do.
+        return []
+
+    def response(self) -> ModelResponse:
+        return self._builder.response()

@@ -1,0 +1,86 @@
+"""Several models tried in order, for when one provider is down or rate-limited."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+
+from ..errors import UsageError
+from ._base import Model, ModelEvent, ModelRequest, ModelResponse, ProviderError
+
+
+class FallbackModel:
+    """Try ``models`` in order; move to the next on a retryable failure.
+
+    Each model has already retried as its own policy says before it counts
+    as failed. A non-retryable error (a bad request, a bad key) is raised at
+    once: another model would not fix the request. A stream falls back only
+    before its first event; after that the caller has seen part of an
+    answer, and a failure is raised. When every model fails, the last error
+    is raised with a note for each earlier one. ``name`` is the first
+    model's; ``ModelResponse.model`` says which one answered.
+
+    Raises:
+        UsageError: no models.
+    """
+
+    def __init__(self, models: Sequence[Model]) -> None:
+        if not models:
+            raise UsageError("FallbackModel needs at least one model")
+        self.models: tuple[Model, ...] = tuple(models)
+
+    @property
+    def name(self) -> str:
+        return self.models[0].name
+
+    def __repr__(self) -> str:
+        return f"FallbackModel([{', '.join(m.name for m in self.models)}])"
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        failures: list[str] = []
+        for position, model in enumerate(self.models):
+            try:
+                return await model.complete(request)
+            except ProviderError as exc:
+                self._give_up_unless_next(position, exc, failures)
+                failures.append(f"{model.name} failed first: {exc}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        failures: list[str] = []
+        for position, model in enumerate(self.models):
+            stack = contextlib.AsyncExitStack()
+            try:
+                events = await stack.enter_async_context(model.stream(request))
+                first = await anext(aiter(events))
+            except ProviderError as exc:
+                await stack.aclose()
+                self._give_up_unless_next(position, exc, failures)
+                failures.append(f"{model.name} failed first: {exc}")
+                continue
+            except BaseException:
+                await stack.aclose()
+                raise
+            break
+        chained = _chain(first, events)
+        try:
+            yield chained
+        finally:
+            await chained.aclose()
+            await stack.aclose()
+
+    def _give_up_unless_next(self, position: int, exc: ProviderError, failures: list[str]) -> None:
+        if exc.retryable and position + 1 < len(self.models):
+            return
+        for failure in failures:
+            exc.add_note(failure)
+        raise exc
+
+
+async def _chain(
+    first: ModelEvent, rest: AsyncIterator[ModelEvent]
+) -> AsyncGenerator[ModelEvent, None]:
+    yield first
+    async for event in rest:
+        yield event

@@ -1,0 +1,264 @@
+"""Gemini API: ``generateContent`` and ``streamGenerateContent?alt=sse``."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from ..messages import Message
+from ..tools import ToolRegistry
+from ._assemble import ResponseBuilder
+from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
+from ._http import HTTPModel, load_json
+from ._prices import Price
+from ._retry import RetryPolicy
+from ._sse import SSEEvent
+from ._wire import arguments_object, system_text
+
+GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
+
+# Google's documented stand-in for a thought signature the client does not
+# have (history from another model, or from before a restart). Gemini 3
+# refuses a function call turn whose first call carries no signature.
+DUMMY_THOUGHT_SIGNATURE = "skip_thought_signature_validator"
+_MAX_SIGNATURES = 10_000
+
+_STOP_REASONS: Mapping[str, StopReason] = {
+    "STOP": "end_turn",
+    "MAX_TOKENS": "max_tokens",
+    "SAFETY": "content_filter",
+    "RECITATION": "content_filter",
+    "BLOCKLIST": "content_filter",
+    "PROHIBITED_CONTENT": "content_filter",
+    "SPII": "content_filter",
+    "IMAGE_SAFETY": "content_filter",
+}
+_RETRYABLE_STATUSES = frozenset(
+    {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "INTERNAL", "DEADLINE_EXCEEDED"}
+)
+
+
+class GeminiModel(HTTPModel):
+    """A model behind ``{base_url}/models/{model}:generateContent``.
+
+    Gemini names function calls only sometimes: a call without an ``id``
+    gets ``gemini-<hash>-<index>``, where ``<hash>`` is the first 10 hex
+    digits of the SHA-256 of the request body (the same request gives the
+    same ids; two turns never share them). Such ids stay on our side; an id
+    Gemini sent goes back with the call and its ``functionResponse``.
+    ``functionResponse`` parts return in declared order, named after the
+    function, with ``{"result": content}`` or, for an error observation,
+    ``{"error": content}``.
+
+    Thought signatures (Gemini 2.5 and 3 sign their function calls, and
+    Gemini 3 refuses a history without them) are kept in memory by call id
+    and sent back with their calls; a turn whose signature is not known gets
+    Google's documented placeholder, so a transcript reloaded after a
+    restart still works.
+    """
+
+    provider = "gemini"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: httpx.AsyncClient,
+        api_key: str | None = None,
+        base_url: str = GEMINI_BASE_URL,
+        retry: RetryPolicy | None = None,
+        prices: Mapping[str, Price] | None = None,
+    ) -> None:
+        super().__init__(
+            model.removeprefix("models/"),
+            client=client,
+            api_key=api_key,
+            base_url=base_url,
+            retry=retry,
+            prices=prices,
+        )
+        self._signatures: OrderedDict[str, str] = OrderedDict()
+
+    def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
+        contents: list[dict[str, Any]] = []
+        for message in request.messages:
+            role, parts = self._parts(message)
+            if not parts:
+                continue
+            if contents and contents[-1]["role"] == role:
+                contents[-1]["parts"] += parts  # roles alternate
+            else:
+                contents.append({"role": role, "parts": parts})
+        body: dict[str, Any] = {"contents": contents}
+        system = system_text(request)
+        if system:
+            body["systemInstruction"] = {"parts": [{"text": system}]}
+        if request.tools:
+            body["tools"] = ToolRegistry(request.tools).gemini_specs()
+        config: dict[str, Any] = {}
+        if request.max_tokens is not None:
+            config["maxOutputTokens"] = request.max_tokens
+        if request.temperature is not None:
+            config["temperature"] = request.temperature
+        if config:
+            body["generationConfig"] = config
+        headers = {"content-type": "application/json"}
+        if self.api_key:
+            headers["x-goog-api-key"] = self.api_key
+        if stream:
+            headers["accept"] = "text/event-stream"
+            url = f"{self.base_url}/models/{self.model}:streamGenerateContent?alt=sse"
+        else:
+            url = f"{self.base_url}/models/{self.model}:generateContent"
+        return url, headers, body
+
+    def decoder(self, request: ModelRequest, id_prefix: str) -> _Decoder:
+        return _Decoder(self, self._builder(id_prefix))
+
+    def parse(self, request: ModelRequest, body: Any, id_prefix: str) -> ModelResponse:
+        decoder = _Decoder(self, self._builder(id_prefix))
+        decoder.feed_chunk(body)
+        return decoder.response()
+
+    def error_details(self, body: Any) -> tuple[str | None, str | None, float | None]:
+        if isinstance(body, list) and body:
+            body = body[0]
+        error = body.get("error") if isinstance(body, Mapping) else None
+        if not isinstance(error, Mapping):
+            return None, None, None
+        return error.get("status"), error.get("message"), _retry_delay(error)
+
+    def remember_signature(self, call_id: str, signature: str) -> None:
+        self._signatures[call_id] = signature
+        self._signatures.move_to_end(call_id)
+        while len(self._signatures) > _MAX_SIGNATURES:
+            self._signatures.popitem(last=False)
+
+    def _builder(self, id_prefix: str) -> ResponseBuilder:
+        return ResponseBuilder(
+            model=self.model, stop_reasons=_STOP_REASONS, id_prefix=id_prefix, prices=self.prices
+        )
+
+    def _own_id(self, call_id: str) -> bool:
+        return call_id.startswith(f"{self.provider}-")
+
+    def _parts(self, message: Message) -> tuple[str, list[dict[str, Any]]]:
+        parts: list[dict[str, Any]] = []
+        if message.role == "system":
+            return "user", []  # sent as systemInstruction
+        if message.role == "tool":
+            for o in message.observations:
+                response = {"error": o.content} if o.is_error else {"result": o.content}
+                function_response: dict[str, Any] = {"name": o.name, "response": response}
+                if not self._own_id(o.call_id):
+                    function_response["id"] = o.call_id
+                parts.append({"functionResponse": function_response})
+        if message.text:
+            parts.append({"text": message.text})
+        if message.role != "assistant":
+            return "user", parts
+        signed = False
+        first_call: dict[str, Any] | None = None
+        for call in message.tool_calls:
+            function_call: dict[str, Any] = {
+                "name": call.name,
+                "args": arguments_object(call.arguments),
+            }
+            if not self._own_id(call.id):
+                function_call["id"] = call.id
+            part: dict[str, Any] = {"functionCall": function_call}
+            signature = self._signatures.get(call.id)
+            if signature is not None:
+                part["thoughtSignature"] = signature
+                signed = True
+            first_call = first_call or part
+            parts.append(part)
+        if first_call is not None and not signed:
+            first_call["thoughtSignature"] = DUMMY_THOUGHT_SIGNATURE
+        return "model", parts
+
+
+def _retry_delay(error: Mapping[str, Any]) -> float | None:
+    """The ``RetryInfo.retryDelay`` ("37s") of a Google error, if there is one."""
+    for detail in error.get("details") or []:
+        if isinstance(detail, Mapping) and str(detail.get("@type", "")).endswith("RetryInfo"):
+            delay = str(detail.get("retryDelay", ""))
+            try:
+                return float(delay.removesuffix("s"))
+            except ValueError:
+                return None
+    return None
+
+
+def _usage(metadata: Mapping[str, Any]) -> Usage:
+    prompt = metadata.get("promptTokenCount") or 0
+    cached = metadata.get("cachedContentTokenCount") or 0
+    return Usage(
+        input_tokens=prompt - cached,
+        # Thinking tokens are billed as output.
+        output_tokens=(metadata.get("candidatesTokenCount") or 0)
+        + (metadata.get("thoughtsTokenCount") or 0),
+        cache_read_tokens=cached,
+    )
+
+
+class _Decoder:
+    """``GenerateContentResponse`` chunks; each ``functionCall`` part arrives whole.
+
+    Complete at the chunk with a ``finishReason`` (or a blocked prompt).
+    """
+
+    def __init__(self, model: GeminiModel, builder: ResponseBuilder) -> None:
+        self.done = False
+        self._model = model
+        self._builder = builder
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        return self.feed_chunk(load_json("gemini", event.data))
+
+    def feed_chunk(self, chunk: Any) -> list[ModelEvent]:
+        builder = self._builder
+        error = chunk.get("error")
+        if error:
+            status, message, delay = self._model.error_details(chunk)
+            raise ProviderError(
+                "gemini",
+                message or str(error),
+                error_type=status,
+                retryable=status in _RETRYABLE_STATUSES,
+                retry_after=delay,
+            )
+        if chunk.get("modelVersion"):
+            builder.model = chunk["modelVersion"]
+        if chunk.get("usageMetadata"):
+            # Each chunk repeats the running totals: the last one counts.
+            builder.usage = _usage(chunk["usageMetadata"])
+        events: list[ModelEvent] = []
+        candidates = chunk.get("candidates") or []
+        if not candidates:
+            blocked = (chunk.get("promptFeedback") or {}).get("blockReason")
+            if blocked:
+                builder.raw_stop_reason = blocked
+                self.done = True
+            return events
+        candidate = candidates[0]
+        for part in (candidate.get("content") or {}).get("parts") or []:
+            if "functionCall" in part:
+                call = part["functionCall"]
+                index, started = builder.start_call(call.get("id"), call["name"])
+                events.append(started)
+                events += builder.arguments_object(index, call.get("args") or {})
+                if part.get("thoughtSignature"):
+                    self._model.remember_signature(builder.call_id(index), part["thoughtSignature"])
+            elif "text" in part and not part.get("thought"):
+                events += builder.text(part["text"])
+        if candidate.get("finishReason"):
+            builder.raw_stop_reason = candidate["finishReason"]
+            self.done = True
+        return events
+
+    def response(self) -> ModelResponse:
+        return self._builder.response()

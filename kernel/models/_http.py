@@ -1,0 +1,346 @@
+"""What the three HTTP adapters share: sending, errors, retries, and the stream's life.
+
+A stream is opened inside the retry loop and read there until its first
+event: a refused request, a dropped connection or an error event before
+that point is retried like any other failure. From the first event on, the
+caller owns what it has seen, so a failure is raised, never retried (a
+retry would repeat text the caller already showed). Leaving the ``stream``
+block, normally or by cancellation, closes the HTTP response at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from typing import Any, ClassVar, Protocol
+
+import httpx
+import trio
+
+from ._assemble import events_of
+from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, ResponseComplete
+from ._prices import Price
+from ._retry import RETRYABLE_STATUSES, RetryPolicy, parse_retry_after
+from ._sse import SSEDecoder, SSEEvent
+
+# Closing a response must finish even when the caller was cancelled; this
+# bounds how long a dead connection can hold the shielded close.
+_CLOSE_TIMEOUT = 5.0
+# After the final event a server ends the body at once; reading to its end
+# lets httpx keep the connection for the next request.
+_DRAIN_TIMEOUT = 1.0
+_MAX_ERROR_TEXT = 2000
+
+
+@contextlib.asynccontextmanager
+async def open_http_client() -> AsyncIterator[httpx.AsyncClient]:
+    """One ``httpx.AsyncClient`` for every model of a program, with timeouts fit for them.
+
+    The read timeout is generous (a model may think for minutes before its
+    first byte); deadlines for a whole turn belong in the caller's cancel
+    scopes.
+    """
+    timeout = httpx.Timeout(connect=15.0, read=300.0, write=60.0, pool=60.0)
+    async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+        yield client
+
+
+class StreamDecoder(Protocol):
+    """Turns one provider's server-sent events into ``ModelEvent``s."""
+
+    done: bool
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        """Events for one SSE event. Raises ``ProviderError`` for an error event."""
+        ...
+
+    def response(self) -> ModelResponse: ...
+
+
+def load_json(provider: str, text: str | bytes) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        shown = text if isinstance(text, str) else text.decode("utf-8", "replace")
+        raise ProviderError(
+            provider, f"not JSON: {shown[:200]!r}", error_type="bad_response"
+        ) from exc
+
+
+@contextlib.contextmanager
+def response_shape(provider: str) -> Iterator[None]:
+    """Turn a provider's answer of an unexpected shape into a ``ProviderError``."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise ProviderError(
+            provider,
+            f"unexpected response: {type(exc).__name__}: {exc}",
+            error_type="bad_response",
+        ) from exc
+
+
+class HTTPModel:
+    """Base of the provider adapters. Subclasses say how requests and answers look."""
+
+    provider: ClassVar[str]
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: httpx.AsyncClient,
+        api_key: str | None,
+        base_url: str,
+        retry: RetryPolicy | None = None,
+        prices: Mapping[str, Price] | None = None,
+    ) -> None:
+        self.model = model
+        self.api_key = api_key
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.prices = prices
+        self._client = client
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model!r}, base_url={self.base_url!r})"
+
+    # --- what subclasses provide ----------------------------------------------------
+
+    def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
+        """The URL, headers and JSON body of ``request``."""
+        raise NotImplementedError
+
+    def decoder(self, request: ModelRequest, id_prefix: str) -> StreamDecoder:
+        raise NotImplementedError
+
+    def parse(self, request: ModelRequest, body: Any, id_prefix: str) -> ModelResponse:
+        """A whole (non-streamed) response."""
+        raise NotImplementedError
+
+    def error_details(self, body: Any) -> tuple[str | None, str | None, float | None]:
+        """The provider's error type, message and retry hint from an error body."""
+        return None, None, None
+
+    # --- the public methods ---------------------------------------------------------
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The whole response, retried as the retry policy says.
+
+        Raises:
+            ProviderError: the provider refused, or retrying did not help.
+        """
+        url, headers, body = self.build(request, stream=False)
+        content = json.dumps(body, ensure_ascii=False).encode()
+        id_prefix = self._id_prefix(content)
+
+        async def attempt() -> ModelResponse:
+            response = await self._send(url, headers, content, stream=False)
+            body = load_json(self.provider, response.content)
+            with response_shape(self.provider):
+                return self.parse(request, body, id_prefix)
+
+        return await self.retry.run(attempt)
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        """The response's events as they arrive; ``ResponseComplete`` last.
+
+        Raises:
+            ProviderError: on entering, when the provider refused and retrying
+                did not help; while iterating, when the stream breaks or
+                carries an error (never retried once an event was yielded).
+        """
+        url, headers, body = self.build(request, stream=True)
+        content = json.dumps(body, ensure_ascii=False).encode()
+        id_prefix = self._id_prefix(content)
+
+        async def attempt() -> _OpenStream:
+            response = await self._send(url, headers, content, stream=True)
+            opened = _OpenStream(self, request, response, id_prefix)
+            try:
+                await opened.prefetch()
+            except BaseException:
+                await opened.aclose()
+                raise
+            return opened
+
+        opened = await self.retry.run(attempt)
+        try:
+            yield opened.events()
+        finally:
+            await opened.aclose()
+
+    # --- plumbing -------------------------------------------------------------------
+
+    def _id_prefix(self, content: bytes) -> str:
+        # Ids for calls the provider did not name: the same request gives the
+        # same ids, and no two turns of a conversation share them (each turn's
+        # request holds the one before).
+        return f"{self.provider}-{hashlib.sha256(content).hexdigest()[:10]}"
+
+    async def _send(
+        self, url: str, headers: dict[str, str], content: bytes, *, stream: bool
+    ) -> httpx.Response:
+        request = self._client.build_request("POST", url, headers=headers, content=content)
+        try:
+            response = await self._client.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise self.connection_error(exc) from exc
+        if not response.is_success:
+            try:
+                await response.aread()
+            except httpx.TransportError:
+                pass  # the status says enough
+            finally:
+                await response.aclose()
+            raise self._status_error(response)
+        return response
+
+    def connection_error(self, exc: httpx.TransportError) -> ProviderError:
+        detail = str(exc) or type(exc).__name__
+        return ProviderError(
+            self.provider,
+            f"{type(exc).__name__}: {detail}",
+            error_type="connection_error",
+            retryable=True,
+        )
+
+    def _status_error(self, response: httpx.Response) -> ProviderError:
+        error_type = message = None
+        hint: float | None = None
+        try:
+            error_type, message, hint = self.error_details(json.loads(response.content))
+        except (ValueError, TypeError, AttributeError, KeyError, httpx.ResponseNotRead):
+            pass
+        if message is None:
+            try:
+                text = response.text.strip()
+            except httpx.ResponseNotRead:
+                text = ""
+            message = text[:_MAX_ERROR_TEXT] or response.reason_phrase or "no message"
+        retryable = response.status_code in RETRYABLE_STATUSES
+        # OpenAI and Anthropic say outright when a retry is (not) worth it.
+        should_retry = response.headers.get("x-should-retry")
+        if should_retry in ("true", "false"):
+            retryable = should_retry == "true"
+        retry_after = parse_retry_after(response.headers)
+        return ProviderError(
+            self.provider,
+            message,
+            status=response.status_code,
+            error_type=error_type,
+            retryable=retryable,
+            retry_after=retry_after if retry_after is not None else hint,
+        )
+
+
+class _OpenStream:
+    """One streamed HTTP response being decoded."""
+
+    def __init__(
+        self, model: HTTPModel, request: ModelRequest, response: httpx.Response, id_prefix: str
+    ) -> None:
+        self._model = model
+        self._provider = model.provider
+        self._request = request
+        self._response = response
+        self._decoder = model.decoder(request, id_prefix)
+        self._id_prefix = id_prefix
+        self._sse = SSEDecoder()
+        self._lines: AsyncIterator[str] = response.aiter_lines()
+        self._pending: deque[ModelEvent] = deque()
+        self._complete: ModelResponse | None = None
+        self._generator: AsyncGenerator[ModelEvent, None] | None = None
+        self._closed = False
+        self._drained = False
+
+    async def prefetch(self) -> None:
+        """Read until the first event (or the end), still inside the retry loop."""
+        content_type = self._response.headers.get("content-type", "")
+        if content_type.startswith("application/json"):
+            # Some OpenAI-compatible servers ignore "stream": true.
+            body = load_json(self._provider, await self._read_all())
+            with response_shape(self._provider):
+                response = self._model.parse(self._request, body, self._id_prefix)
+            self._pending.extend(events_of(response)[:-1])
+            self._complete = response
+            self._drained = True
+            return
+        await self._read_more()
+
+    async def _read_all(self) -> bytes:
+        try:
+            return await self._response.aread()
+        except httpx.TransportError as exc:
+            raise self._model.connection_error(exc) from exc
+
+    async def _read_more(self) -> None:
+        """Decode lines until there are events to hand out or the response is complete."""
+        try:
+            while not self._pending and self._complete is None:
+                line = await anext(self._lines, None)
+                if line is None:
+                    raise ProviderError(
+                        self._provider,
+                        "the stream ended early, before the response was complete",
+                        error_type="incomplete_stream",
+                        retryable=True,
+                    )
+                event = self._sse.feed(line)
+                if event is None:
+                    continue
+                with response_shape(self._provider):
+                    self._pending.extend(self._decoder.feed(event))
+                    if self._decoder.done:
+                        self._complete = self._decoder.response()
+        except httpx.TransportError as exc:
+            raise ProviderError(
+                self._provider,
+                f"the stream ended early: {type(exc).__name__}: {exc or 'connection lost'}",
+                error_type="incomplete_stream",
+                retryable=True,
+            ) from exc
+
+    def events(self) -> AsyncGenerator[ModelEvent, None]:
+        self._generator = self._events()
+        return self._generator
+
+    async def _events(self) -> AsyncGenerator[ModelEvent, None]:
+        while True:
+            while self._pending:
+                # Events already read are still a cancel point each, as Trio expects.
+                await trio.lowlevel.checkpoint()
+                yield self._pending.popleft()
+            if self._complete is not None:
+                break
+            await self._read_more()
+        await self._drain()
+        yield ResponseComplete(self._complete)
+
+    async def _drain(self) -> None:
+        if self._drained:
+            return
+        self._drained = True
+        with trio.move_on_after(_DRAIN_TIMEOUT), contextlib.suppress(httpx.TransportError):
+            while await anext(self._lines, None) is not None:
+                pass
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_TIMEOUT):
+            if self._generator is not None:
+                await self._generator.aclose()
+            lines = self._lines
+            if isinstance(lines, AsyncGenerator):
+                await lines.aclose()
+            await self._response.aclose()

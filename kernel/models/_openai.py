@@ -1,0 +1,244 @@
+"""OpenAI Chat Completions, and every server that speaks it (vLLM, Ollama, llama.cpp, OpenRouter)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from ..messages import Message
+from ..tools import ToolRegistry
+from ._assemble import ResponseBuilder
+from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
+from ._http import HTTPModel, load_json
+from ._prices import Price
+from ._retry import RetryPolicy
+from ._sse import SSEEvent
+from ._wire import ToolNameMap, arguments_text, system_text
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+_STOP_REASONS: Mapping[str, StopReason] = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "length": "max_tokens",
+    "content_filter": "content_filter",
+}
+
+
+class OpenAIModel(HTTPModel):
+    """A model behind ``{base_url}/chat/completions``.
+
+    Tool results go back as one ``role: tool`` message per observation, in
+    declared order. Against api.openai.com the output limit is sent as
+    ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``);
+    against other servers as ``max_tokens``, which they all know.
+    """
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: httpx.AsyncClient,
+        api_key: str | None = None,
+        base_url: str = OPENAI_BASE_URL,
+        retry: RetryPolicy | None = None,
+        prices: Mapping[str, Price] | None = None,
+    ) -> None:
+        super().__init__(
+            model, client=client, api_key=api_key, base_url=base_url, retry=retry, prices=prices
+        )
+
+    def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
+        names = ToolNameMap(t.name for t in request.tools)
+        messages: list[dict[str, Any]] = []
+        system = system_text(request)
+        if system:
+            messages.append({"role": "system", "content": system})
+        for message in request.messages:
+            messages.extend(_messages(message, names))
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if request.tools:
+            specs = ToolRegistry(request.tools).openai_specs()
+            for spec in specs:
+                spec["function"]["name"] = names.to_wire(spec["function"]["name"])
+            body["tools"] = specs
+        if request.max_tokens is not None:
+            official = urlsplit(self.base_url).hostname == "api.openai.com"
+            body["max_completion_tokens" if official else "max_tokens"] = request.max_tokens
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        headers = {"content-type": "application/json"}
+        if stream:
+            headers["accept"] = "text/event-stream"
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
+        return f"{self.base_url}/chat/completions", headers, body
+
+    def decoder(self, request: ModelRequest, id_prefix: str) -> _Decoder:
+        return _Decoder(self._builder(id_prefix), ToolNameMap(t.name for t in request.tools))
+
+    def parse(self, request: ModelRequest, body: Any, id_prefix: str) -> ModelResponse:
+        builder = self._builder(id_prefix)
+        names = ToolNameMap(t.name for t in request.tools)
+        _check_error(body)
+        choice = body["choices"][0]
+        message = choice["message"]
+        builder.text(message.get("content") or "")
+        builder.text(message.get("refusal") or "")
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            index, _ = builder.start_call(call.get("id"), names.to_kernel(function["name"]))
+            _add_arguments(builder, index, function.get("arguments"))
+        builder.raw_stop_reason = choice.get("finish_reason")
+        _update(builder, body)
+        return builder.response()
+
+    def error_details(self, body: Any) -> tuple[str | None, str | None, float | None]:
+        return _error_details(body)
+
+    def _builder(self, id_prefix: str) -> ResponseBuilder:
+        return ResponseBuilder(
+            model=self.model, stop_reasons=_STOP_REASONS, id_prefix=id_prefix, prices=self.prices
+        )
+
+
+def _messages(message: Message, names: ToolNameMap) -> list[dict[str, Any]]:
+    if message.role == "system":
+        return []  # folded into the leading system message
+    if message.role == "user":
+        return [{"role": "user", "content": message.text}]
+    if message.role == "assistant":
+        entry: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+        calls = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": names.to_wire(call.name),
+                    "arguments": arguments_text(call.arguments),
+                },
+            }
+            for call in message.tool_calls
+        ]
+        if calls:
+            entry["tool_calls"] = calls
+        elif entry["content"] is None:
+            entry["content"] = ""
+        return [entry]
+    out: list[dict[str, Any]] = [
+        {"role": "tool", "tool_call_id": o.call_id, "content": o.content}
+        for o in message.observations
+    ]
+    if message.text:
+        out.append({"role": "user", "content": message.text})
+    return out
+
+
+def _add_arguments(builder: ResponseBuilder, index: int, arguments: Any) -> list[ModelEvent]:
+    if isinstance(arguments, dict):
+        # Not OpenAI's format, but some compatible servers send an object.
+        return builder.arguments_object(index, arguments)
+    return builder.arguments(index, arguments or "")
+
+
+def _update(builder: ResponseBuilder, chunk: Mapping[str, Any]) -> None:
+    if chunk.get("model"):
+        builder.model = chunk["model"]
+    usage = chunk.get("usage")
+    if usage:
+        prompt = usage.get("prompt_tokens") or 0
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        builder.usage = Usage(
+            input_tokens=prompt - cached,
+            output_tokens=usage.get("completion_tokens") or 0,
+            cache_read_tokens=cached,
+        )
+
+
+def _error_details(body: Any) -> tuple[str | None, str | None, float | None]:
+    error = body.get("error") if isinstance(body, Mapping) else None
+    if isinstance(error, Mapping):
+        kind = error.get("type") or error.get("code")
+        return (str(kind) if kind else None), error.get("message"), None
+    if isinstance(error, str):
+        return None, error, None
+    return None, None, None
+
+
+def _check_error(chunk: Any) -> None:
+    """An error sent as the body of a 200 response, or in the middle of a stream."""
+    if isinstance(chunk, Mapping) and chunk.get("error"):
+        error_type, message, _ = _error_details(chunk)
+        raise ProviderError(
+            "openai",
+            message or str(chunk["error"]),
+            error_type=error_type,
+            retryable=error_type in ("server_error", "rate_limit_exceeded"),
+        )
+
+
+class _Decoder:
+    """Chat completion chunks: text deltas, and tool calls assembled by their ``index``.
+
+    A call's id and name come once, in its first delta; argument fragments
+    of parallel calls interleave. Complete at ``data: [DONE]``.
+    """
+
+    def __init__(self, builder: ResponseBuilder, names: ToolNameMap) -> None:
+        self.done = False
+        self._builder = builder
+        self._names = names
+        # The provider's call index -> ours (its position in the response).
+        self._indexes: dict[Any, int] = {}
+
+    def feed(self, event: SSEEvent) -> list[ModelEvent]:
+        if event.data.strip() == "[DONE]":
+            self.done = True
+            return []
+        chunk = load_json("openai", event.data)
+        _check_error(chunk)
+        _update(self._builder, chunk)
+        events: list[ModelEvent] = []
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            events += self._builder.text(delta.get("content") or "")
+            events += self._builder.text(delta.get("refusal") or "")
+            for call in delta.get("tool_calls") or []:
+                events += self._call_delta(call)
+            if choice.get("finish_reason"):
+                self._builder.raw_stop_reason = choice["finish_reason"]
+        return events
+
+    def _call_delta(self, call: Mapping[str, Any]) -> list[ModelEvent]:
+        key = call.get("index")
+        if key is None:
+            # Some servers leave out the index: a new id starts a new call.
+            count = self._builder.call_count
+            is_new = count == 0 or (
+                call.get("id") and call["id"] != self._builder.call_id(count - 1)
+            )
+            key = f"#{count}" if is_new else f"#{count - 1}"
+        function = call.get("function") or {}
+        events: list[ModelEvent] = []
+        index = self._indexes.get(key)
+        if index is None:
+            name = self._names.to_kernel(function.get("name") or "")
+            index, started = self._builder.start_call(call.get("id"), name)
+            self._indexes[key] = index
+            events.append(started)
+        events += _add_arguments(self._builder, index, function.get("arguments"))
+        return events
+
+    def response(self) -> ModelResponse:
+        return self._builder.response()

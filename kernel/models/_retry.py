@@ -1,0 +1,117 @@
+"""Retries with jittered exponential backoff, honouring ``Retry-After``."""
+
+from __future__ import annotations
+
+import email.utils
+import itertools
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from ..errors import UsageError
+from ._base import ProviderError
+
+T = TypeVar("T")
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
+"""Statuses worth trying again: timeouts, rate limits, server errors and Anthropic's "overloaded"."""
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value >= 0:
+        raise UsageError(f"RetryPolicy.{attribute.name} must be >= 0, got {value!r}")
+
+
+def _at_least_one(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not value >= 1:
+        raise UsageError(f"RetryPolicy.{attribute.name} must be >= 1, got {value!r}")
+
+
+def _fraction(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not 0 <= value <= 1:
+        raise UsageError(f"RetryPolicy.{attribute.name} must be between 0 and 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RetryPolicy:
+    """When to try a failed request again.
+
+    Retried: HTTP 408, 429, 500, 502, 503, 504, 529, connection errors, and a
+    stream that fails before its first event reaches the caller. The wait
+    before retry ``n`` (1, 2, ...) is ``Retry-After`` when the provider sent
+    one, else ``base_delay * 2**(n-1)``; either way at most ``max_delay``.
+    ``jitter`` is the fraction of a backoff wait drawn at random, so clients
+    that failed together do not come back together (a ``Retry-After`` is
+    kept as given). Retrying stops after ``max_attempts`` attempts, or when
+    the next wait would end more than ``max_total`` seconds after the first
+    attempt began; the last error is raised, with ``attempts`` set.
+
+    ``RetryPolicy(max_attempts=1)`` never retries.
+    """
+
+    max_attempts: int = attrs.field(default=5, validator=_at_least_one)
+    base_delay: float = attrs.field(default=0.5, validator=_non_negative)
+    max_delay: float = attrs.field(default=20.0, validator=_non_negative)
+    max_total: float = attrs.field(default=60.0, validator=_non_negative)
+    jitter: float = attrs.field(default=0.25, validator=_fraction)
+
+    def delay(self, retry: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before retry number ``retry`` (1 for the first)."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_delay)
+        backoff = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
+        return backoff * (1 - self.jitter * random.random())
+
+    async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Await ``attempt()`` until it succeeds or retrying is over.
+
+        Raises:
+            ProviderError: the last failure, with ``attempts`` set.
+        """
+        started = trio.current_time()
+        for number in itertools.count(1):
+            try:
+                return await attempt()
+            except ProviderError as exc:
+                exc.attempts = number
+                if not exc.retryable or number >= self.max_attempts:
+                    raise
+                wait = self.delay(number, exc.retry_after)
+                if trio.current_time() + wait - started > self.max_total:
+                    raise
+            await trio.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds the server asked us to wait, from ``retry-after-ms`` or ``Retry-After``.
+
+    ``Retry-After`` is seconds or an HTTP date; ``now`` (epoch seconds, the
+    wall clock by default) is what a date is measured from. Anything else is
+    ignored.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    milliseconds = lowered.get("retry-after-ms")
+    if milliseconds is not None:
+        try:
+            return max(float(milliseconds) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
