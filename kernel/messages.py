@@ -7,7 +7,7 @@ JSON-ready dicts and back; unknown keys are rejected, and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, TypeAlias, cast, get_args
 
 import attrs
@@ -104,10 +104,14 @@ class Text:
 Part: TypeAlias = Text | ToolCall | Observation
 
 
+def _parts(parts: Iterable[Part]) -> tuple[Part, ...]:
+    return tuple(parts)
+
+
 @attrs.frozen
 class Message:
     role: Role
-    parts: tuple[Part, ...] = attrs.field(converter=tuple)
+    parts: tuple[Part, ...] = attrs.field(converter=_parts)
 
     @property
     def text(self) -> str:
