@@ -18,9 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tak {__version__}")
     parser.add_argument("--home", help="TAK_HOME directory (default: $TAK_HOME or ~/.tak)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import tools as tools_commands
+    from . import run, sessions, tools
 
-    tools_commands.add_commands(sub)
+    for group in (tools, run, sessions):
+        group.add_commands(sub)
     return parser
 
 

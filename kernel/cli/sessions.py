@@ -1,0 +1,207 @@
+"""``tak sessions``: list, show, remove and repair stored sessions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import CorruptTranscript, KernelError, UsageError
+from ..home import TakHome
+
+if TYPE_CHECKING:
+    from ..store import FileStore, SessionKey
+
+DEFAULT_PROJECT = "default"
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("sessions", help="list, show, remove and repair stored sessions")
+    p.set_defaults(func=lambda args: _help(p))
+    cmds = p.add_subparsers(dest="sessions_command", metavar="COMMAND")
+
+    def project_option(q: argparse.ArgumentParser) -> None:
+        q.add_argument(
+            "--project", default=DEFAULT_PROJECT, help=f"project (default: {DEFAULT_PROJECT})"
+        )
+
+    q = cmds.add_parser("ls", help="list sessions, newest first")
+    project_option(q)
+    q.set_defaults(func=cmd_ls)
+
+    q = cmds.add_parser("show", help="print a session's transcript")
+    q.add_argument("id", help="session id")
+    q.add_argument("--sub", metavar="SUBPATH", help="show a child transcript (a subagent)")
+    project_option(q)
+    q.set_defaults(func=cmd_show)
+
+    q = cmds.add_parser("rm", help="remove a session and its child transcripts")
+    q.add_argument("id", help="session id")
+    project_option(q)
+    q.set_defaults(func=cmd_rm)
+
+    q = cmds.add_parser(
+        "repair", help="set damaged transcripts aside under quarantine/, keeping the good lines"
+    )
+    q.add_argument("id", help="session id")
+    project_option(q)
+    q.set_defaults(func=cmd_repair)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _run(args: argparse.Namespace, body: Callable[[FileStore], Awaitable[int]]) -> int:
+    """Run ``body`` with the home's store, turning kernel errors into exit codes."""
+    from ..store import FileStore
+
+    async def main() -> int:
+        async with FileStore(TakHome.locate(args.home).sessions) as store:
+            return await body(store)
+
+    try:
+        return trio.run(main)
+    except UsageError as exc:
+        print(f"tak: error: {exc}", file=sys.stderr)
+        return 2
+    except CorruptTranscript as exc:
+        print(f"tak: error: {exc}", file=sys.stderr)
+        print(
+            f"  run `tak sessions repair {getattr(args, 'id', 'ID')}` to set it aside",
+            file=sys.stderr,
+        )
+        return 1
+    except KernelError as exc:
+        print(f"tak: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _key(args: argparse.Namespace, subpath: str | None = None) -> SessionKey:
+    from ..store import SessionKey
+
+    return SessionKey(args.project, args.id, subpath)
+
+
+def _local_time(mtime_ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime_ms / 1000))
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    async def body(store: FileStore) -> int:
+        summaries = await store.list_session_summaries(args.project)
+        if not summaries:
+            print(f"no sessions in project {args.project!r}")
+            return 0
+        summaries.sort(key=lambda s: (-s.mtime_ms, s.session_id))
+        width = max(len("ID"), *(len(s.session_id) for s in summaries))
+        print(f"{'ID':<{width}}  {'MODIFIED':<19}  {'ENTRIES':>7}  TITLE")
+        for s in summaries:
+            title = s.data.title or ""
+            print(
+                f"{s.session_id:<{width}}  {_local_time(s.mtime_ms)}  "
+                f"{s.data.entry_count:>7}  {title}"
+            )
+        return 0
+
+    return _run(args, body)
+
+
+def _indent(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in text.splitlines() or [""])
+
+
+def format_entry(entry: dict[str, Any]) -> str:
+    """One transcript entry as people read it."""
+    from ..messages import Observation, Text, ToolCall
+    from ..session import message_from_entry
+
+    stamp = str(entry.get("timestamp", ""))
+    head = f"[{stamp}] " if stamp else ""
+    try:
+        message = message_from_entry(entry)
+    except KernelError:
+        message = None
+    if message is None:
+        rest = {k: v for k, v in entry.items() if k not in ("type", "uuid", "timestamp")}
+        return f"{head}{entry.get('type')}: {json.dumps(rest, ensure_ascii=False)}"
+    lines = [f"{head}{message.role}:"]
+    for part in message.parts:
+        if isinstance(part, Text):
+            lines.append(_indent(part.text, "  "))
+        elif isinstance(part, ToolCall):
+            arguments = (
+                part.arguments
+                if isinstance(part.arguments, str)
+                else json.dumps(part.arguments, ensure_ascii=False)
+            )
+            lines.append(f"  -> {part.name}({arguments})  [call {part.id}]")
+        elif isinstance(part, Observation):
+            mark = " (error)" if part.is_error else ""
+            lines.append(f"  <- {part.name}{mark}  [call {part.call_id}]")
+            lines.append(_indent(part.content, "     "))
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    async def body(store: FileStore) -> int:
+        key = _key(args, args.sub)
+        count = 0
+        async for entry in store.iter_entries(key):
+            print(format_entry(entry))
+            count += 1
+        if count == 0:
+            print(f"tak: error: no session {key}", file=sys.stderr)
+            return 1
+        if key.subpath is None:
+            subs = await store.list_subkeys(key)
+            if subs:
+                print(f"\nchild transcripts (show with --sub): {', '.join(subs)}")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    async def body(store: FileStore) -> int:
+        key = _key(args)
+        if not await store.delete(key):
+            print(f"tak: error: no session {key}", file=sys.stderr)
+            return 1
+        print(f"removed {key}")
+        return 0
+
+    return _run(args, body)
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    async def body(store: FileStore) -> int:
+        key = _key(args)
+        keys = [key] + [key.child(s) for s in await store.list_subkeys(key)]
+        found = False
+        for k in keys:
+            report = await store.repair(k)
+            if report is None:
+                continue
+            found = True
+            if report.quarantined is not None:
+                print(
+                    f"{k}: damaged from line {report.first_bad_line}; kept {report.kept} "
+                    f"entries, damaged file moved to {report.quarantined}"
+                )
+            elif report.torn_bytes:
+                print(f"{k}: cut {report.torn_bytes} bytes of an unfinished last line")
+            else:
+                print(f"{k}: ok ({report.kept} entries)")
+        if not found:
+            print(f"tak: error: no session {key}", file=sys.stderr)
+            return 1
+        return 0
+
+    return _run(args, body)

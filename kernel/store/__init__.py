@@ -1,0 +1,29 @@
+"""Durable sessions: transcripts of JSON entries, their summaries, and the stores.
+
+``SessionStore`` is the protocol; ``MemoryStore`` and ``FileStore`` implement
+it. See docs/store.md.
+"""
+
+from ._disk import RepairReport as RepairReport
+from ._file import Durability as Durability
+from ._file import FileStore as FileStore
+from ._key import SessionKey as SessionKey
+from ._memory import MemoryStore as MemoryStore
+from ._protocol import SessionStore as SessionStore
+from ._summary import SessionInfo as SessionInfo
+from ._summary import SessionSummary as SessionSummary
+from ._summary import SummaryData as SummaryData
+from ._summary import fold_session_summary as fold_session_summary
+
+__all__ = [
+    "Durability",
+    "FileStore",
+    "MemoryStore",
+    "RepairReport",
+    "SessionInfo",
+    "SessionKey",
+    "SessionStore",
+    "SessionSummary",
+    "SummaryData",
+    "fold_session_summary",
+]

@@ -1,0 +1,150 @@
+"""What every backend shares: the append path, the key locks, the mtime clock."""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import trio
+
+from ..errors import StoreError
+from ._entries import EncodedEntry, encode_entries
+from ._key import SessionKey
+from ._locks import KeyedLocks
+from ._summary import SessionInfo, SessionSummary, SummaryBuilder
+
+# Longest stretch of back-to-back appends before one of them yields to the
+# scheduler. Every append is a cancel point; making each one a schedule point
+# too would cost more than the write itself (see bench/bench_store.py).
+_YIELD_INTERVAL_S = 0.001
+
+
+def epoch_ms() -> int:
+    """The default store clock: wall-clock time in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+class TranscriptState:
+    """What a store keeps in memory about one transcript it is writing."""
+
+    __slots__ = ("mtime_ms", "summary", "uuids")
+
+    def __init__(self, *, summary: SummaryBuilder | None, uuids: set[str], mtime_ms: int) -> None:
+        self.summary = summary  # main transcripts only
+        self.uuids = uuids
+        self.mtime_ms = mtime_ms
+
+    def fresh(self, batch: list[EncodedEntry]) -> list[EncodedEntry]:
+        """The entries of ``batch`` whose uuid is not stored yet."""
+        uuids = self.uuids
+        for e in batch:
+            if e[1] is not None and e[1] in uuids:
+                return [e for e in batch if e[1] is None or e[1] not in uuids]
+        return batch
+
+    def commit(self, fresh: list[EncodedEntry], mtime_ms: int) -> None:
+        """Record that ``fresh`` is stored, stamped ``mtime_ms``."""
+        summary = self.summary
+        uuids = self.uuids
+        for entry, uuid, _ in fresh:
+            if uuid is not None:
+                uuids.add(uuid)
+            if summary is not None:
+                summary.add(entry)
+        self.mtime_ms = mtime_ms
+
+
+class BaseStore(abc.ABC):
+    """The append algorithm and locking, over a backend's ``_state_for_append``/``_write``."""
+
+    def __init__(self, *, clock: Callable[[], int] | None = None) -> None:
+        self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
+        self._clock = clock if clock is not None else epoch_ms
+        self._next_yield = 0.0
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+    async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
+        """See ``SessionStore.append``."""
+        batch = encode_entries(entries)
+        # Always a cancel point; a schedule point at least once per
+        # _YIELD_INTERVAL_S of back-to-back calls.
+        now = time.perf_counter()
+        if now >= self._next_yield:
+            self._next_yield = now + _YIELD_INTERVAL_S
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise StoreError("the store is closed")
+        if not batch:
+            return
+        # locks.hold(name) spelled out: this is the hot path.
+        locks = self._locks
+        name = key.name
+        lock = locks.acquire_nowait(name) or await locks.acquire(name)
+        try:
+            state = self._cached_state(name)
+            if state is None:
+                state = await self._state_for_append(key)
+            fresh = state.fresh(batch)
+            if fresh:
+                mtime_ms = max(self._clock(), state.mtime_ms + 1)
+                # Nothing between here and the state's commit inside _write
+                # may be a checkpoint that can raise Cancelled before the
+                # bytes are written: that is what makes append all-or-nothing.
+                await self._write(key, state, fresh, mtime_ms)
+        finally:
+            locks.release(name, lock)
+
+    def _cached_state(self, name: str) -> TranscriptState | None:
+        """The state of the transcript named ``name`` if it is at hand without waiting."""
+        return None
+
+    @abc.abstractmethod
+    async def _state_for_append(self, key: SessionKey) -> TranscriptState:
+        """The state of ``key``'s transcript, opening (or creating) it if needed."""
+
+    @abc.abstractmethod
+    async def _write(
+        self, key: SessionKey, state: TranscriptState, fresh: list[EncodedEntry], mtime_ms: int
+    ) -> None:
+        """Store ``fresh`` after ``state``'s entries, then ``state.commit`` it."""
+
+    @abc.abstractmethod
+    async def load(self, key: SessionKey) -> list[dict[str, Any]] | None: ...
+
+    @abc.abstractmethod
+    def iter_entries(self, key: SessionKey) -> AsyncIterator[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    async def list_sessions(self, project: str) -> list[SessionInfo]: ...
+
+    @abc.abstractmethod
+    async def list_session_summaries(self, project: str) -> list[SessionSummary]: ...
+
+    @abc.abstractmethod
+    async def delete(self, key: SessionKey) -> bool: ...
+
+    @abc.abstractmethod
+    async def list_subkeys(self, key: SessionKey) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def aclose(self) -> None: ...

@@ -1,0 +1,598 @@
+"""FileStore's blocking file operations; the store runs them in worker threads.
+
+Layout under the store root::
+
+    <project>/<session_id>/transcript.jsonl     the main transcript
+    <project>/<session_id>/summary.json         its summary (derived, rebuildable)
+    <project>/<session_id>/sub/<subpath>.jsonl  child transcripts
+    <project>/<session_id>/quarantine/...       damaged files set aside by repair
+
+Names the store makes for itself (temporary files, directories being
+deleted) contain ``#``, which no valid id does, so they never collide with a
+session and listing skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+
+import attrs
+
+from ..errors import CorruptTranscript, StoreError
+from ..messages import converter
+from ._entries import Entry, decode_line
+from ._key import _NAME, SessionKey
+from ._summary import SessionInfo, SessionSummary, SummaryBuilder, SummaryData
+
+TRANSCRIPT = "transcript.jsonl"
+SUMMARY = "summary.json"
+SUB = "sub"
+QUARANTINE = "quarantine"
+SUMMARY_VERSION = 1
+
+_CHUNK = 1 << 20
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def is_session_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
+def session_dir(root: str, key: SessionKey) -> str:
+    return os.path.join(root, key.project, key.session_id)
+
+
+def transcript_path(root: str, key: SessionKey) -> str:
+    sdir = session_dir(root, key)
+    if key.subpath is None:
+        return os.path.join(sdir, TRANSCRIPT)
+    return os.path.join(sdir, SUB, *key.subpath.split("/")) + ".jsonl"
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path: str, *, durable: bool) -> None:
+    """``mkdir -p``; with ``durable``, each new directory's entry is fsynced."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    make_dirs(parent, durable=durable)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    if durable:
+        fsync_dir(parent)
+
+
+# -- reading -----------------------------------------------------------------
+
+
+class LineReader:
+    """Reads a transcript's whole appends from an fd, up to ``limit`` bytes.
+
+    An append of several entries is written as lines that all but the last
+    begin with a space (JSON ignores it), so an append cut short by a crash
+    is recognisable even when some of its lines are complete. What follows
+    the last finished append (a torn line, or the lines of an unfinished
+    append) is never returned, and ``good_end`` stops before it.
+    """
+
+    def __init__(self, fd: int, path: str, limit: int | None = None) -> None:
+        self.fd = fd
+        self.path = path
+        self.limit = limit
+        self.offset = 0  # next byte to read
+        self.good_end = 0  # end of the last finished append
+        self.lineno = 0
+        self.eof = False
+        self._carry = b""
+        self._unfinished: list[tuple[int, bytes]] = []  # lines of an append under way
+
+    def read(self, max_bytes: int = _CHUNK) -> Iterator[tuple[int, bytes]]:
+        """Lines (``lineno``, ``line``) of the finished appends in the next ``max_bytes`` or so."""
+        budget = max_bytes
+        unfinished = self._unfinished
+        while not self.eof and budget > 0:
+            want = _CHUNK if self.limit is None else min(_CHUNK, self.limit - self.offset)
+            chunk = os.pread(self.fd, want, self.offset) if want > 0 else b""
+            if not chunk:
+                self.eof = True
+                break
+            line_end = self.offset - len(self._carry)  # file offset of data[0]
+            self.offset += len(chunk)
+            budget -= len(chunk)
+            data = self._carry + chunk if self._carry else chunk
+            start = 0
+            end = data.find(b"\n")
+            while end >= 0:
+                self.lineno += 1
+                line = data[start : end + 1]
+                start = end + 1
+                if line[:1] == b" ":
+                    unfinished.append((self.lineno, line))
+                else:
+                    if unfinished:
+                        yield from unfinished
+                        unfinished.clear()
+                    yield self.lineno, line
+                    self.good_end = line_end + start
+                end = data.find(b"\n", start)
+            self._carry = data[start:]
+
+    @property
+    def torn_bytes(self) -> int:
+        """Bytes after the last finished append (meaningful once ``eof``)."""
+        return self.offset - self.good_end
+
+    def entries(self, max_bytes: int = _CHUNK) -> list[Entry]:
+        return [decode_line(line, self.path, n) for n, line in self.read(max_bytes)]
+
+
+def batch_bytes(lines: list[bytes]) -> bytes:
+    """The bytes of one append: see ``LineReader`` for the leading spaces."""
+    if len(lines) == 1:
+        return lines[0]
+    return b" " + b" ".join(lines[:-1]) + lines[-1]
+
+
+def open_for_read(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+class FdOwner:
+    """An fd handed to a worker thread: closed exactly once, by whoever holds it last."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def take(self) -> int:
+        fd = self._fd
+        if fd is None:
+            raise StoreError("file already closed")
+        return fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+def read_all(owner: FdOwner, path: str, limit: int | None) -> list[Entry] | None:
+    """Every complete line's entry, or ``None`` when there is none."""
+    try:
+        reader = LineReader(owner.take(), path, limit)
+        entries = reader.entries(max_bytes=1 << 62)
+    finally:
+        owner.close()
+    return entries if entries else None
+
+
+# -- opening for append ------------------------------------------------------
+
+
+@attrs.define
+class StoredSummary:
+    """summary.json: a summary and the transcript state it was folded from."""
+
+    version: int
+    session_id: str
+    transcript_size: int
+    mtime_ms: int
+    data: SummaryData
+
+
+def read_summary(path: str) -> StoredSummary | None:
+    """The summary stored at ``path``; ``None`` when missing or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            raw = json.loads(f.read())
+        stored = converter.structure(raw, StoredSummary)
+    except Exception:  # missing, torn, hand-edited: all mean "rebuild it"
+        return None
+    return stored if stored.version == SUMMARY_VERSION else None
+
+
+def write_summary(sdir: str, stored: StoredSummary, *, durable: bool) -> None:
+    """Replace ``<sdir>/summary.json`` atomically: temp file, fsync, rename."""
+    tmp = os.path.join(sdir, f"#summary-{secrets.token_hex(6)}.tmp")
+    data = json.dumps(converter.unstructure(stored), separators=(",", ":")).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(sdir, SUMMARY))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(sdir)
+
+
+@attrs.define
+class Opened:
+    """A transcript opened for appending, as the scan on open found it."""
+
+    fd: int
+    dev: int
+    size: int
+    uuids: set[str]
+    summary: SummaryBuilder | None
+    mtime_ms: int
+    summary_dirty: bool
+
+
+def _scan(
+    fd: int, path: str, *, main: bool, truncate: bool, durable: bool
+) -> tuple[int, set[str], SummaryBuilder | None]:
+    """Check every line, collect uuids, fold the summary, and (with ``truncate``)
+    cut off what follows the last finished append.
+
+    Raises:
+        CorruptTranscript: a complete line is not a JSON object with a ``type``.
+    """
+    reader = LineReader(fd, path)
+    uuids: set[str] = set()
+    summary = SummaryBuilder() if main else None
+    while not reader.eof:
+        for entry in reader.entries():
+            uuid = entry.get("uuid")
+            if isinstance(uuid, str):
+                uuids.add(uuid)
+            if summary is not None:
+                summary.add(entry)
+    if reader.torn_bytes and truncate:
+        os.ftruncate(fd, reader.good_end)
+        if durable:
+            os.fsync(fd)
+    return reader.good_end, uuids, summary
+
+
+def open_transcript(root: str, key: SessionKey, *, durable: bool, create: bool = True) -> Opened:
+    """Open (with ``create``, creating if needed) ``key``'s transcript for appending.
+
+    What follows the last finished append (a torn line, an unfinished
+    append) is truncated away; the summary is rebuilt from the transcript,
+    and marked dirty when the stored one does not match.
+
+    Raises:
+        CorruptTranscript: damage before the last line.
+        FileNotFoundError: there is no transcript and not ``create``.
+        OSError: the file system refused.
+    """
+    path = transcript_path(root, key)
+    flags = os.O_RDWR | os.O_APPEND | _O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+        created = False
+    except FileNotFoundError:
+        if not create:
+            raise
+        make_dirs(os.path.dirname(path), durable=durable)
+        fd = os.open(path, flags | os.O_CREAT, 0o600)
+        created = True
+        if durable:
+            fsync_dir(os.path.dirname(path))
+    try:
+        size = 0
+        uuids: set[str] = set()
+        summary = SummaryBuilder() if key.is_main else None
+        if not created:
+            size, uuids, summary = _scan(fd, path, main=key.is_main, truncate=True, durable=durable)
+        st = os.fstat(fd)
+        mtime_ms = st.st_mtime_ns // 1_000_000 if size else 0
+        dirty = False
+        if summary is not None:
+            stored = read_summary(os.path.join(session_dir(root, key), SUMMARY))
+            if stored is not None:
+                mtime_ms = max(mtime_ms, stored.mtime_ms)
+            dirty = size > 0 and (
+                stored is None
+                or stored.transcript_size != size
+                or stored.mtime_ms != mtime_ms
+                or stored.data != summary.data()
+            )
+        return Opened(fd, st.st_dev, size, uuids, summary, mtime_ms, dirty)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_all(fd: int, data: bytes, size_before: int, *, written: bool = False) -> None:
+    """Append ``data`` with as few ``write()`` calls as the OS allows; all or nothing.
+
+    With ``written``, some prefix of ``data`` is already in the file (a short
+    write): the file's size says how much.
+
+    Raises:
+        StoreError: the write failed; the file was cut back to ``size_before``.
+    """
+    try:
+        done = os.fstat(fd).st_size - size_before if written else os.write(fd, data)
+        view = memoryview(data)[done:]
+        while view:  # a short write happens only on a full disk or a signal
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        cut_back(fd, size_before)
+        raise StoreError(f"append failed: {exc}") from exc
+
+
+def cut_back(fd: int, size: int) -> None:
+    """Truncate a failed append away; if even that fails, the next open will."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
+
+
+def close_transcript(
+    root: str,
+    key: SessionKey,
+    fd: int,
+    *,
+    size: int,
+    summary: SummaryBuilder | None,
+    mtime_ms: int,
+    dirty: bool,
+    durable: bool,
+) -> None:
+    """Stamp the file's mtime, store the summary, close. Best effort: the
+    summary and mtime are derived data, rebuilt on the next open if lost."""
+    try:
+        if dirty and size:
+            ns = mtime_ms * 1_000_000
+            os.utime(fd, ns=(ns, ns))
+            if summary is not None:
+                stored = StoredSummary(
+                    SUMMARY_VERSION, key.session_id, size, mtime_ms, summary.data()
+                )
+                write_summary(session_dir(root, key), stored, durable=durable)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- listing -----------------------------------------------------------------
+
+
+def _stat_transcripts(project_dir: str) -> Iterator[tuple[str, os.stat_result]]:
+    try:
+        names = os.listdir(project_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    dfd = os.open(project_dir, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    try:
+        for name in names:
+            if not is_session_name(name):
+                continue
+            try:
+                st = os.stat(f"{name}/{TRANSCRIPT}", dir_fd=dfd)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if st.st_size and stat.S_ISREG(st.st_mode):
+                yield name, st
+    finally:
+        os.close(dfd)
+
+
+def list_sessions(project_dir: str) -> list[SessionInfo]:
+    """Sessions with a non-empty transcript, from directory metadata only."""
+    return [
+        SessionInfo(name, st.st_mtime_ns // 1_000_000)
+        for name, st in _stat_transcripts(project_dir)
+    ]
+
+
+def list_summaries(project_dir: str) -> tuple[list[SessionSummary], list[str]]:
+    """Stored summaries that match their transcript, and the ids whose do not."""
+    good: list[SessionSummary] = []
+    stale: list[str] = []
+    for name, st in _stat_transcripts(project_dir):
+        stored = read_summary(os.path.join(project_dir, name, SUMMARY))
+        if (
+            stored is None
+            or stored.session_id != name
+            or stored.transcript_size != st.st_size
+            or stored.mtime_ms < st.st_mtime_ns // 1_000_000
+        ):
+            stale.append(name)
+        else:
+            good.append(SessionSummary(name, stored.mtime_ms, stored.data))
+    return good, stale
+
+
+def rebuild_summary(root: str, key: SessionKey, *, durable: bool) -> SessionSummary | None:
+    """Fold ``key``'s transcript into a new summary.json (the caller holds the key).
+
+    Raises:
+        CorruptTranscript: damage before the last line.
+    """
+    try:
+        opened = open_transcript(root, key, durable=durable, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    summary = opened.summary
+    assert summary is not None
+    close_transcript(
+        root,
+        key,
+        opened.fd,
+        size=opened.size,
+        summary=summary,
+        mtime_ms=opened.mtime_ms,
+        dirty=True,
+        durable=durable,
+    )
+    if not opened.size:
+        return None
+    return SessionSummary(key.session_id, opened.mtime_ms, summary.data())
+
+
+def list_subkeys(root: str, key: SessionKey) -> list[str]:
+    base = os.path.join(session_dir(root, key), SUB)
+    out: list[str] = []
+
+    def walk(directory: str, prefix: str) -> None:
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            name = entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if is_session_name(name):
+                    walk(entry.path, f"{prefix}{name}/")
+            elif name.endswith(".jsonl") and is_session_name(name[: -len(".jsonl")]):
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_size:
+                    out.append(prefix + name[: -len(".jsonl")])
+
+    walk(base, "")
+    below = "" if key.subpath is None else key.subpath + "/"
+    return sorted(s for s in out if s.startswith(below))
+
+
+# -- deleting and repairing --------------------------------------------------
+
+
+def delete_session(root: str, key: SessionKey, *, durable: bool) -> bool:
+    """Remove a session directory: renamed aside first, so a crash never leaves half."""
+    sdir = session_dir(root, key)
+    project_dir = os.path.dirname(sdir)
+    doomed = os.path.join(project_dir, f"#deleted-{secrets.token_hex(8)}")
+    try:
+        os.rename(sdir, doomed)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if durable:
+        fsync_dir(project_dir)
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True
+
+
+def delete_subkey(root: str, key: SessionKey, *, durable: bool) -> bool:
+    path = transcript_path(root, key)
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    stop = os.path.join(session_dir(root, key), SUB)
+    parent = os.path.dirname(path)
+    if durable:
+        fsync_dir(parent)
+    while len(parent) >= len(stop):  # tidy directories left empty, up to sub/
+        try:
+            os.rmdir(parent)
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+    return True
+
+
+@attrs.frozen
+class RepairReport:
+    """What ``FileStore.repair`` did to one transcript.
+
+    ``quarantined`` is where the damaged file now is (``None`` when nothing
+    was damaged mid-file); ``kept`` is the number of entries left in place;
+    ``first_bad_line`` the line where the damage starts; ``torn_bytes`` what
+    was cut from an unfinished last line.
+    """
+
+    path: str
+    kept: int
+    first_bad_line: int | None = None
+    quarantined: str | None = None
+    torn_bytes: int = 0
+
+
+def repair_transcript(root: str, key: SessionKey, *, durable: bool) -> RepairReport | None:
+    """Set a damaged transcript aside and keep its good prefix in its place.
+
+    The damaged file stays whole under ``quarantine/``: nothing is deleted.
+    Returns ``None`` when the transcript does not exist.
+    """
+    path = transcript_path(root, key)
+    try:
+        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        reader = LineReader(fd, path)
+        kept = good_end = 0  # entries and bytes up to the last good append
+        count = pos = 0
+        bad_line = None
+        try:
+            while not reader.eof:
+                for lineno, line in reader.read():
+                    decode_line(line, path, lineno)
+                    count += 1
+                    pos += len(line)
+                    if line[:1] != b" ":
+                        kept, good_end = count, pos
+        except CorruptTranscript as exc:
+            bad_line = exc.line
+        if bad_line is None:
+            torn = reader.torn_bytes
+            if torn:
+                os.ftruncate(fd, reader.good_end)
+                if durable:
+                    os.fsync(fd)
+            return RepairReport(path, kept, torn_bytes=torn)
+        sdir = session_dir(root, key)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        rel = os.path.relpath(path, sdir)
+        dest_dir = os.path.join(sdir, QUARANTINE, stamp)
+        n = 1
+        while os.path.exists(os.path.join(dest_dir, rel)):
+            n += 1
+            dest_dir = os.path.join(sdir, QUARANTINE, f"{stamp}-{n}")
+        dest = os.path.join(dest_dir, rel)
+        make_dirs(os.path.dirname(dest), durable=durable)
+        tmp = os.path.join(os.path.dirname(path), f"#repair-{secrets.token_hex(6)}.tmp")
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+        try:
+            copied = 0
+            while copied < good_end:
+                chunk = os.pread(fd, min(_CHUNK, good_end - copied), copied)
+                os.write(out, chunk)
+                copied += len(chunk)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        # A second name for the damaged file first, then swap the good prefix
+        # in: at every moment every byte is reachable under some name.
+        os.link(path, dest)
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(os.path.dirname(dest))
+            fsync_dir(os.path.dirname(path))
+        if key.is_main:
+            try:
+                os.unlink(os.path.join(sdir, SUMMARY))
+            except FileNotFoundError:
+                pass
+        return RepairReport(path, kept, first_bad_line=bad_line, quarantined=dest)
+    finally:
+        os.close(fd)

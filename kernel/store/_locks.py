@@ -1,0 +1,194 @@
+"""Per-key locks whose table empties itself, and the per-session delete gate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from types import TracebackType
+from typing import Generic, TypeVar
+
+import trio
+
+K = TypeVar("K", bound=Hashable)
+
+
+class _Entry:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = trio.Lock()
+        self.users = 0  # tasks holding or waiting for ``lock``
+
+
+# Entries that left a table are kept for reuse (a free lock with no waiters
+# is as good as new): creating a trio.Lock costs as much as an append.
+_SPARE_MAX = 64
+
+
+class KeyedLocks(Generic[K]):
+    """One ``trio.Lock`` per key, created on first use.
+
+    A key's entry leaves the table as soon as no task holds or waits for its
+    lock, so the table's size is bounded by the number of tasks using it,
+    whatever the number of keys ever seen. Different keys never wait on each
+    other. ``on_idle(key)`` is called each time a key leaves the table.
+    """
+
+    __slots__ = ("_on_idle", "_spare", "_table")
+
+    def __init__(self, on_idle: Callable[[K], None] | None = None) -> None:
+        self._table: dict[K, _Entry] = {}
+        self._spare: list[_Entry] = []
+        self._on_idle = on_idle
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, key: K) -> bool:
+        """True while some task holds or waits for ``key``'s lock."""
+        return key in self._table
+
+    def acquire_nowait(self, key: K) -> _Entry | None:
+        """Take ``key``'s lock if nobody holds or waits for it, else ``None``."""
+        if key in self._table:
+            return None
+        entry = self._spare.pop() if self._spare else _Entry()
+        entry.lock.acquire_nowait()
+        entry.users = 1
+        self._table[key] = entry
+        return entry
+
+    async def acquire(self, key: K) -> _Entry:
+        """Take ``key``'s lock, waiting if another task holds it; give the
+        result to ``release``.
+
+        Taking a free lock does not yield to the scheduler; callers that must
+        be schedule points arrange that themselves.
+        """
+        entry = self._table.get(key)
+        if entry is None:
+            entry = self._spare.pop() if self._spare else _Entry()
+            self._table[key] = entry
+        entry.users += 1
+        try:
+            entry.lock.acquire_nowait()
+        except trio.WouldBlock:
+            try:
+                await entry.lock.acquire()
+            except BaseException:
+                self._leave(key, entry)
+                raise
+        return entry
+
+    def release(self, key: K, entry: _Entry) -> None:
+        """Give back ``key``'s lock, taken by this task with ``acquire``."""
+        entry.lock.release()
+        self._leave(key, entry)
+
+    def _leave(self, key: K, entry: _Entry) -> None:
+        entry.users -= 1
+        if entry.users == 0:
+            del self._table[key]
+            if len(self._spare) < _SPARE_MAX:
+                self._spare.append(entry)
+            if self._on_idle is not None:
+                self._on_idle(key)
+
+    def hold(self, key: K) -> _Hold[K]:
+        """``async with locks.hold(key):`` runs the block under ``key``'s lock."""
+        return _Hold(self, key)
+
+
+class _Hold(Generic[K]):
+    __slots__ = ("_entry", "_key", "_locks")
+
+    def __init__(self, locks: KeyedLocks[K], key: K) -> None:
+        self._locks = locks
+        self._key = key
+        self._entry: _Entry | None = None
+
+    async def __aenter__(self) -> None:
+        self._entry = await self._locks.acquire(self._key)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        entry, self._entry = self._entry, None
+        assert entry is not None
+        self._locks.release(self._key, entry)
+
+
+class _Gate:
+    __slots__ = ("deleting", "lot", "openers")
+
+    def __init__(self) -> None:
+        self.openers = 0
+        self.deleting = False
+        self.lot = trio.lowlevel.ParkingLot()
+
+
+class SessionGates(Generic[K]):
+    """Keeps a session's delete apart from the opening of its transcripts.
+
+    Opening transcripts of one session (main or children) run side by side;
+    deleting the session waits for the opens in flight and holds back new
+    ones until it is done, so no append can land in a directory that is
+    being removed. Like ``KeyedLocks``, the table empties itself.
+    """
+
+    __slots__ = ("_table",)
+
+    def __init__(self) -> None:
+        self._table: dict[K, _Gate] = {}
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def _gate(self, key: K) -> _Gate:
+        gate = self._table.get(key)
+        if gate is None:
+            gate = self._table[key] = _Gate()
+        return gate
+
+    def _tidy(self, key: K, gate: _Gate) -> None:
+        if gate.openers == 0 and not gate.deleting:
+            del self._table[key]
+
+    async def enter_open(self, key: K) -> None:
+        """Wait for any delete of session ``key`` to finish, then count an open."""
+        gate = self._gate(key)
+        while gate.deleting:
+            await gate.lot.park()
+            gate = self._gate(key)
+        gate.openers += 1
+
+    def exit_open(self, key: K) -> None:
+        gate = self._table[key]
+        gate.openers -= 1
+        if gate.openers == 0:
+            gate.lot.unpark_all()
+            self._tidy(key, gate)
+
+    async def enter_delete(self, key: K) -> None:
+        """Hold back new opens of session ``key`` and wait for those in flight.
+
+        The caller holds the session's main key lock, so deletes of one
+        session never overlap.
+        """
+        gate = self._gate(key)
+        assert not gate.deleting
+        gate.deleting = True
+        try:
+            while gate.openers:
+                await gate.lot.park()
+        except BaseException:
+            self.exit_delete(key)
+            raise
+
+    def exit_delete(self, key: K) -> None:
+        gate = self._table[key]
+        gate.deleting = False
+        gate.lot.unpark_all()
+        self._tidy(key, gate)
