@@ -33,6 +33,13 @@ _EXPORTS: dict[str, str] = {
     "CallFinished": "executor",
     "CallEvent": "executor",
     "ordered_observations": "executor",
+    # embedding
+    "Kernel": "kernel",
+    "open_kernel": "kernel",
+    "Agent": "agent",
+    "RunLimits": "agent",
+    "TurnFinished": "agent",
+    "Session": "session",
     # errors
     "KernelError": "errors",
     "UsageError": "errors",
@@ -46,6 +53,9 @@ _EXPORTS: dict[str, str] = {
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
+    from .agent import Agent as Agent
+    from .agent import RunLimits as RunLimits
+    from .agent import TurnFinished as TurnFinished
     from .errors import CorruptTranscript as CorruptTranscript
     from .errors import KernelError as KernelError
     from .errors import ModelAPIError as ModelAPIError
@@ -60,6 +70,8 @@ if TYPE_CHECKING:
     from .executor import CallStarted as CallStarted
     from .executor import ordered_observations as ordered_observations
     from .executor import run_tool_calls as run_tool_calls
+    from .kernel import Kernel as Kernel
+    from .kernel import open_kernel as open_kernel
     from .messages import ERROR_KINDS as ERROR_KINDS
     from .messages import Message as Message
     from .messages import Observation as Observation
@@ -67,6 +79,7 @@ if TYPE_CHECKING:
     from .messages import ToolCall as ToolCall
     from .messages import ToolError as ToolError
     from .messages import converter as converter
+    from .session import Session as Session
     from .tools import Tool as Tool
     from .tools import ToolFailure as ToolFailure
     from .tools import ToolRegistry as ToolRegistry

@@ -325,7 +325,7 @@ class _Batch:
             for timeout, calls in by_timeout.items():
                 nursery.start_soon(self.run_sharing_deadline, timeout, calls)
 
-    async def run_sharing_deadline(self, timeout: float, group: list[_Planned]) -> None:
+    async def run_sharing_deadline(self, seconds: float, group: list[_Planned]) -> None:
         """Calls that start together with one timeout share one deadline scope.
 
         A cancel scope per call costs more than the task itself; without a
@@ -340,13 +340,13 @@ class _Batch:
                     )
                 # The tasks first run after this (the parent has not checkpointed yet).
                 started_at = trio.current_time()
-                scope.deadline = started_at + timeout
+                scope.deadline = started_at + seconds
                 for p in group:
                     self.started_at[p.slot] = started_at
         if scope.cancelled_caught:
             for p in group:
                 if self.slots[p.slot] is None:
-                    self.finish(p.slot, self._timed_out(p, timeout, started_at))
+                    self.finish(p.slot, self._timed_out(p, seconds, started_at))
 
     async def run_in_shared_scope(self, p: _Planned) -> None:
         if self.on_event is not None:

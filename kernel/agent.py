@@ -1,0 +1,475 @@
+"""The agent loop: model → tool calls → observations in declared order → model, until done.
+
+``Agent.run_turn(session, prompt)`` runs one turn and returns how it ended;
+``Agent.run(session, prompt)`` is the same turn as a stream of events::
+
+    async with agent.run(session, "summarize the notes") as events:
+        async for event in events:
+            ...
+
+A turn ends with a final answer or at a limit (steps, tokens, cost, wall
+time), and always leaves a valid transcript: the assistant message and its
+tool results are appended together, also when the turn is cancelled while its
+calls run (the unfinished ones are recorded as ``cancelled``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeAlias
+
+import attrs
+import trio
+
+from .errors import ModelAPIError, UsageError
+from .executor import CallEvent, CallFinished, CallLimits, CallStarted, run_tool_calls
+from .messages import Message, Observation, Text
+from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
+from .session import Session, message_from_entry, utc_timestamp
+from .tools import Tool, ToolFailure, ToolRegistry, tool
+
+TurnEnd: TypeAlias = Literal[
+    "final", "max_steps", "max_tokens", "max_cost", "wall_time", "model_error", "cancelled"
+]
+
+#: How long a shielded write of the turn may take once the turn was cancelled.
+_PERSIST_GRACE_S = 10.0
+
+COMPACTION_PROMPT = (
+    "Summarize the conversation so far for your own later use: the user's goals, "
+    "decisions made, facts learned from tools (with the exact values that matter), "
+    "open questions and next steps. Be complete but brief; do not call tools."
+)
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not value > 0:
+        raise UsageError(f"RunLimits.{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RunLimits:
+    """When a turn stops even without a final answer.
+
+    Attributes:
+        max_steps: model requests in one turn.
+        max_tokens: tokens (prompt + output, summed over the turn's requests).
+        max_cost: US dollars spent by the turn (needs a known price).
+        wall_time: seconds for the whole turn.
+    """
+
+    max_steps: int = attrs.field(default=25, validator=_positive)
+    max_tokens: int | None = attrs.field(default=None, validator=_positive)
+    max_cost: float | None = attrs.field(default=None, validator=_positive)
+    wall_time: float | None = attrs.field(default=None, validator=_positive)
+
+
+@attrs.frozen
+class ModelDelta:
+    """Text the model produced, as it streams."""
+
+    step: int
+    text: str
+
+
+@attrs.frozen
+class TurnFinished:
+    """How a turn ended: the last event of every turn.
+
+    ``reason`` is ``"final"`` for a final answer; otherwise the limit that was
+    hit, ``"model_error"`` (``error`` says what the provider answered) or
+    ``"cancelled"``. ``text`` is the last text the model produced.
+    """
+
+    reason: TurnEnd
+    text: str
+    steps: int
+    usage: Usage
+    error: str | None = None
+
+    @property
+    def cost_usd(self) -> float | None:
+        return self.usage.cost_usd
+
+
+AgentEvent: TypeAlias = ModelDelta | CallStarted | CallFinished | TurnFinished
+AgentEventCallback: TypeAlias = Callable[[AgentEvent], None]
+
+
+def usage_entry_fields(usage: Usage) -> dict[str, Any]:
+    """What a transcript entry records of a model's usage (the summary folds it)."""
+    return {
+        "input_tokens": usage.total_input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+    }
+
+
+def history_from_entries(entries: Sequence[Mapping[str, Any]]) -> list[Message]:
+    """The conversation the model sees: the latest compaction summary, then what followed.
+
+    A ``compaction`` entry holds a summary of every message up to and including
+    the entry whose uuid is its ``through``.
+
+    Raises:
+        StoreError: a message entry's payload is not a message.
+    """
+    start = 0
+    messages: list[Message] = []
+    for position in range(len(entries) - 1, -1, -1):
+        entry = entries[position]
+        if entry.get("type") == "compaction":
+            through = entry.get("through")
+            start = next(
+                (i + 1 for i, e in enumerate(entries) if e.get("uuid") == through), position + 1
+            )
+            summary = str(entry.get("summary", ""))
+            messages.append(
+                Message("user", [Text(f"[Summary of the earlier conversation]\n{summary}")])
+            )
+            break
+    for entry in entries[start:]:
+        message = message_from_entry(entry)
+        if message is not None and message.role != "system":
+            messages.append(message)
+    return messages
+
+
+async def load_history(session: Session) -> list[Message]:
+    """``history_from_entries`` of the session's transcript."""
+    return history_from_entries(await session.entries())
+
+
+class Agent:
+    """A model, its tools and a system prompt; runs turns against sessions.
+
+    Args:
+        model: what answers (``kernel.models``).
+        tools: the tools the model may call.
+        system: the system prompt.
+        limits: when a turn stops without a final answer.
+        call_limits: deadline, concurrency and output limits for each batch of calls.
+        subagents: offer the built-in ``delegate`` tool, which runs a child agent
+            on a child transcript (``subagents/<id>``); children cannot delegate.
+        compact_after_tokens: ``compact`` summarizes old messages once the
+            conversation's prompt passes this many tokens.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        tools: Sequence[Tool] | ToolRegistry = (),
+        *,
+        system: str | None = None,
+        limits: RunLimits = RunLimits(),
+        call_limits: CallLimits = CallLimits(),
+        subagents: bool = False,
+        compact_after_tokens: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        self.system = system
+        self.limits = limits
+        self.call_limits = call_limits
+        self.subagents = subagents
+        self.compact_after_tokens = compact_after_tokens
+
+    @contextlib.asynccontextmanager
+    async def run(
+        self, session: Session, prompt: str
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
+        """Run one turn in a nursery owned by this block; receive its events.
+
+        The last event is ``TurnFinished``. Leaving the block early cancels the
+        turn (its transcript stays valid).
+        """
+        send, receive = trio.open_memory_channel[AgentEvent](math.inf)
+
+        def forward(event: AgentEvent) -> None:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                send.send_nowait(event)
+
+        async def turn() -> None:
+            async with send:
+                await self.run_turn(session, prompt, on_event=forward)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn)
+            async with receive:
+                yield receive
+            nursery.cancel_scope.cancel()
+
+    async def run_turn(
+        self,
+        session: Session,
+        prompt: str,
+        *,
+        on_event: AgentEventCallback | None = None,
+    ) -> TurnFinished:
+        """Run one turn: append the prompt, loop model → calls until done, return how it ended.
+
+        Raises:
+            trio.Cancelled: the turn was cancelled from outside; the transcript
+                was completed first and ``on_event`` got ``TurnFinished("cancelled")``.
+        """
+        emit = on_event if on_event is not None else _ignore
+        state = _TurnState()
+        user = Message("user", [Text(prompt)])
+        deadline = (
+            trio.current_time() + self.limits.wall_time
+            if self.limits.wall_time is not None
+            else math.inf
+        )
+        finished: TurnFinished | None = None
+        try:
+            with trio.move_on_at(deadline):
+                history = await load_history(session)
+                await session.append(user)
+                history.append(user)
+                finished = await self._loop(session, history, state, emit)
+        except trio.Cancelled:
+            emit(state.finish("cancelled"))
+            raise
+        if finished is None:
+            finished = state.finish("wall_time")
+        emit(finished)
+        return finished
+
+    async def _loop(
+        self,
+        session: Session,
+        history: list[Message],
+        state: _TurnState,
+        emit: AgentEventCallback,
+    ) -> TurnFinished:
+        registry = self._registry_for(session)
+        while True:
+            if state.steps >= self.limits.max_steps:
+                return state.finish("max_steps")
+            state.steps += 1
+            request = ModelRequest(messages=tuple(history), system=self.system, tools=registry)
+            try:
+                response = await self._ask(request, state.steps, emit)
+            except ModelAPIError as exc:
+                return state.finish("model_error", error=str(exc))
+            state.usage = state.usage + response.usage
+            if response.message.text:
+                state.text = response.message.text
+            calls = response.message.tool_calls
+            if not calls:
+                await self._record(session, response, ())
+                history.append(response.message)
+                return state.finish("final")
+            observations = await self._run_calls(session, response, registry, emit)
+            history.append(response.message)
+            history.append(Message("tool", observations))
+            if self.limits.max_tokens is not None and (
+                state.usage.total_tokens >= self.limits.max_tokens
+            ):
+                return state.finish("max_tokens")
+            cost = state.usage.cost_usd
+            if (
+                self.limits.max_cost is not None
+                and cost is not None
+                and cost >= self.limits.max_cost
+            ):
+                return state.finish("max_cost")
+
+    async def _ask(
+        self, request: ModelRequest, step: int, emit: AgentEventCallback
+    ) -> ModelResponse:
+        async with self.model.stream(request) as events:
+            async for event in events:
+                if isinstance(event, TextDelta):
+                    emit(ModelDelta(step, event.text))
+                elif isinstance(event, ResponseComplete):
+                    return event.response
+        raise ModelAPIError(f"{self.model.name}: the stream ended without a response")
+
+    async def _run_calls(
+        self,
+        session: Session,
+        response: ModelResponse,
+        registry: ToolRegistry,
+        emit: AgentEventCallback,
+    ) -> list[Observation]:
+        calls = response.message.tool_calls
+        done: dict[int, Observation] = {}
+
+        def on_call_event(event: CallEvent) -> None:
+            if isinstance(event, CallFinished):
+                done[event.index] = event.observation
+            emit(event)
+
+        try:
+            observations = await run_tool_calls(
+                calls, registry, limits=self.call_limits, on_event=on_call_event
+            )
+        except BaseException:
+            # Cancelled (or interrupted): every call has its observation by now;
+            # keep the turn whole so the transcript never has a call without result.
+            if len(done) == len(calls):
+                with trio.CancelScope(shield=True) as persist:
+                    persist.deadline = trio.current_time() + _PERSIST_GRACE_S
+                    await self._record(session, response, [done[i] for i in range(len(calls))])
+            raise
+        await self._record(session, response, observations)
+        return observations
+
+    async def _record(
+        self, session: Session, response: ModelResponse, observations: Sequence[Observation]
+    ) -> None:
+        await session.record_turn(
+            response.message,
+            observations,
+            usage=usage_entry_fields(response.usage),
+            model=response.model or self.model.name,
+            cost_usd=response.usage.cost_usd,
+        )
+
+    def _registry_for(self, session: Session) -> ToolRegistry:
+        if not self.subagents:
+            return self.tools
+        return ToolRegistry([*self.tools, self._delegate_tool(session)])
+
+    def _delegate_tool(self, session: Session) -> Tool:
+        parent = self
+
+        @tool(name="delegate")
+        async def delegate(task: str, tools: list[str] | None = None) -> str:
+            """Hand a self-contained task to a subagent and get its final answer.
+
+            The subagent starts with no memory of this conversation: say everything it needs.
+
+            Args:
+                task: The task, with all the context the subagent needs.
+                tools: Names of the tools the subagent may use (default: all of yours).
+            """
+            available = parent.tools
+            if tools is not None:
+                unknown = [name for name in tools if name not in available]
+                if unknown:
+                    raise ToolFailure(
+                        "exception",
+                        f"unknown tools {unknown}; available: {', '.join(available.names())}",
+                        type="UnknownTool",
+                    )
+                available = ToolRegistry([t for t in parent.tools if t.name in tools])
+            child = Agent(
+                parent.model,
+                available,
+                system=parent.system,
+                limits=parent.limits,
+                call_limits=parent.call_limits,
+            )
+            child_session = session.child(uuid.uuid4().hex[:12])
+            result = await child.run_turn(child_session, task)
+            if result.reason != "final":
+                detail = f": {result.error}" if result.error else ""
+                raise ToolFailure(
+                    "exception",
+                    f"the subagent stopped ({result.reason}{detail}) after {result.steps} "
+                    f"steps; its last words: {result.text!r}",
+                    type="SubagentStopped",
+                )
+            return result.text
+
+        return delegate
+
+    async def compact(self, session: Session, *, keep_last_turns: int = 1) -> bool:
+        """Summarize old messages when the conversation passed ``compact_after_tokens``.
+
+        Everything before the last ``keep_last_turns`` user prompts is summarized by
+        the model into one ``compaction`` entry; ``load_history`` then starts from it.
+        Returns whether it compacted. Runs after a turn (the ``Kernel`` starts it in
+        its own nursery); a turn that runs meanwhile is not disturbed, since the
+        summary only covers entries that existed when it started.
+        """
+        if self.compact_after_tokens is None:
+            return False
+        entries = await session.entries()
+        if _prompt_tokens(entries) < self.compact_after_tokens:
+            return False
+        start = _after_latest_compaction(entries)
+        user_positions = [i for i in range(start, len(entries)) if entries[i].get("type") == "user"]
+        if len(user_positions) <= keep_last_turns:
+            return False
+        cut = user_positions[-keep_last_turns]
+        through = entries[cut - 1].get("uuid")
+        request = ModelRequest(
+            messages=(
+                *history_from_entries(entries[:cut]),
+                Message("user", [Text(COMPACTION_PROMPT)]),
+            ),
+            system=self.system,
+        )
+        response = await self.model.complete(request)
+        if not response.message.text:
+            return False
+        await session.store.append(
+            session.key,
+            [
+                {
+                    "type": "compaction",
+                    "uuid": uuid.uuid4().hex,
+                    "timestamp": utc_timestamp(),
+                    "summary": response.message.text,
+                    "through": through,
+                    "usage": usage_entry_fields(response.usage),
+                    "model": response.model or self.model.name,
+                    **(
+                        {"cost_usd": response.usage.cost_usd}
+                        if response.usage.cost_usd is not None
+                        else {}
+                    ),
+                }
+            ],
+        )
+        return True
+
+
+def _after_latest_compaction(entries: Sequence[Mapping[str, Any]]) -> int:
+    for position in range(len(entries) - 1, -1, -1):
+        if entries[position].get("type") == "compaction":
+            return position + 1
+    return 0
+
+
+def _prompt_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
+    """How big the next prompt is: the provider's own count from the latest response.
+
+    Falls back to about four characters a token when no entry carries usage.
+    """
+    for entry in reversed(entries):
+        if entry.get("type") == "compaction":
+            break  # counts from before it are stale
+        usage = entry.get("usage")
+        if entry.get("type") == "assistant" and isinstance(usage, Mapping):
+            counted = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+            if counted > 0:  # zero: the model reported nothing (a scripted one, say)
+                return counted
+            break
+    characters = sum(
+        len(part.text) if isinstance(part, Text) else len(str(part))
+        for message in history_from_entries(entries)
+        for part in message.parts
+    )
+    return characters // 4
+
+
+def _ignore(event: AgentEvent) -> None:
+    pass
+
+
+@attrs.define
+class _TurnState:
+    steps: int = 0
+    usage: Usage = attrs.field(factory=Usage)
+    text: str = ""
+
+    def finish(self, reason: TurnEnd, *, error: str | None = None) -> TurnFinished:
+        return TurnFinished(reason, self.text, self.steps, self.usage, error)

@@ -1,0 +1,222 @@
+"""The embedding API: one ``Kernel`` owns the nursery, the store, the tools and the model.
+
+::
+
+    async with open_kernel(model="scripted:demo", tools=[search]) as k:
+        session = k.session("demo")
+        observations = await k.call_tools(session, calls)
+        result = await k.run_turn(session, "summarize what you found")
+
+Everything a kernel starts (compaction after a turn) runs in its own nursery
+and is gone when the ``async with`` block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import trio
+
+from .agent import Agent, AgentEvent, AgentEventCallback, RunLimits, TurnFinished
+from .errors import UsageError
+from .executor import CallEvent, CallFinished, CallLimits, run_tool_calls
+from .home import TakHome
+from .messages import Message, Observation, ToolCall
+from .models import Model, open_http_client, resolve_model
+from .session import Session
+from .store import FileStore, SessionKey, SessionStore
+from .tools import Tool, ToolRegistry
+
+DEFAULT_PROJECT = "default"
+
+logger = logging.getLogger("tak.kernel")
+
+
+class Kernel:
+    """What ``open_kernel`` yields; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        home: TakHome,
+        workspace: Path,
+        store: SessionStore,
+        tools: ToolRegistry,
+        model: Model,
+        agent: Agent,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.home = home
+        self.workspace = workspace
+        self.store = store
+        self.tools = tools
+        self.model = model
+        self.agent = agent
+        self._nursery = nursery
+
+    def session(self, session_id: str | None = None, *, project: str = DEFAULT_PROJECT) -> Session:
+        """A session by id (a new random id when ``None``); nothing is written until used.
+
+        Raises:
+            UsageError: the id or project is not a valid name.
+        """
+        return Session(self.store, SessionKey(project, session_id or uuid.uuid4().hex[:16]))
+
+    async def call_tools(
+        self,
+        session: Session,
+        calls: Sequence[ToolCall],
+        *,
+        limits: CallLimits | None = None,
+        on_event: AgentEventCallback | None = None,
+    ) -> list[Observation]:
+        """Run ``calls`` (as if a model had declared them) and record them in ``session``.
+
+        The calls and their results are appended as one assistant message and its
+        tool message, also when the batch is cancelled.
+        """
+        assistant = Message("assistant", list(calls))
+        done: dict[int, Observation] = {}
+
+        def on_call_event(event: CallEvent) -> None:
+            if isinstance(event, CallFinished):
+                done[event.index] = event.observation
+            if on_event is not None:
+                on_event(event)
+
+        try:
+            observations = await run_tool_calls(
+                calls, self.tools, limits=limits or self.agent.call_limits, on_event=on_call_event
+            )
+        except BaseException:
+            if len(done) == len(calls):
+                with trio.CancelScope(shield=True) as persist:
+                    persist.deadline = trio.current_time() + 10
+                    await session.record_turn(assistant, [done[i] for i in range(len(calls))])
+            raise
+        await session.record_turn(assistant, observations)
+        return observations
+
+    async def run_turn(
+        self, session: Session, prompt: str, *, on_event: AgentEventCallback | None = None
+    ) -> TurnFinished:
+        """One agent turn (see ``Agent.run_turn``); compaction may follow in the background."""
+        result = await self.agent.run_turn(session, prompt, on_event=on_event)
+        self._compact_later(session)
+        return result
+
+    @contextlib.asynccontextmanager
+    async def run(
+        self, session: Session, prompt: str
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
+        """One agent turn as a stream of events (see ``Agent.run``)."""
+        async with self.agent.run(session, prompt) as events:
+            yield events
+        self._compact_later(session)
+
+    def _compact_later(self, session: Session) -> None:
+        if self.agent.compact_after_tokens is not None:
+            self._nursery.start_soon(self._compact_quietly, session, name=f"compact:{session.key}")
+
+    async def _compact_quietly(self, session: Session) -> None:
+        """Compaction is an optimization: a failure is logged, never raised into the kernel."""
+        try:
+            await self.agent.compact(session)
+        except Exception:
+            logger.exception("compaction of %s failed; the session is unchanged", session.key)
+
+
+def _prepare_dirs(
+    home: str | os.PathLike[str] | TakHome | None, workspace: str | os.PathLike[str] | None
+) -> tuple[TakHome, Path]:
+    tak_home = home if isinstance(home, TakHome) else TakHome.locate(home)
+    tak_home.ensure()
+    work = Path(workspace).expanduser().absolute() if workspace is not None else tak_home.workspace
+    if not work.is_dir():
+        raise UsageError(f"workspace {str(work)!r} is not a directory")
+    return tak_home, work
+
+
+@contextlib.asynccontextmanager
+async def open_kernel(
+    *,
+    home: str | os.PathLike[str] | TakHome | None = None,
+    workspace: str | os.PathLike[str] | None = None,
+    model: str | Model = "scripted:echo",
+    fallbacks: Sequence[str] = (),
+    tools: Sequence[Tool] | ToolRegistry = (),
+    store: SessionStore | None = None,
+    durability: Literal["flush", "fsync"] = "flush",
+    system: str | None = None,
+    limits: RunLimits = RunLimits(),
+    call_limits: CallLimits = CallLimits(),
+    subagents: bool = True,
+    compact_after_tokens: int | None = None,
+) -> AsyncIterator[Kernel]:
+    """Open a kernel: its home, store, model and tools, and a nursery for its tasks.
+
+    Args:
+        home: ``TAK_HOME`` (default: ``$TAK_HOME`` or ``~/.tak``); created if missing.
+        workspace: the directory tools work in (default: ``<home>/workspace``).
+        model: a ``provider:model`` string (see ``kernel.models.resolve_model``) or a model.
+        tools: the tools models may call.
+        store: where sessions live (default: a ``FileStore`` under ``<home>/data/sessions``).
+
+    Raises:
+        UsageError: a bad model string, a missing API key, or a workspace that is
+            not a directory.
+    """
+    tak_home, work = await trio.to_thread.run_sync(_prepare_dirs, home, workspace)
+    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    owned_store = store is None
+    the_store: SessionStore = (
+        store if store is not None else FileStore(tak_home.sessions, durability=durability)
+    )
+    try:
+        async with open_http_client() as client:
+            the_model = (
+                resolve_model(model, client=client, fallbacks=fallbacks)
+                if isinstance(model, str)
+                else model
+            )
+            agent = Agent(
+                the_model,
+                registry,
+                system=system,
+                limits=limits,
+                call_limits=call_limits,
+                subagents=subagents,
+                compact_after_tokens=compact_after_tokens,
+            )
+            try:
+                async with trio.open_nursery() as nursery:
+                    yield Kernel(
+                        home=tak_home,
+                        workspace=work,
+                        store=the_store,
+                        tools=registry,
+                        model=the_model,
+                        agent=agent,
+                        nursery=nursery,
+                    )
+                    # Background work (compaction) is optional: don't hold the exit for it.
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # Background tasks never raise (see _compact_quietly), so a lone
+                # exception is the caller's own, from the body: give it back as it was.
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
+    finally:
+        if owned_store:
+            with trio.CancelScope(shield=True):
+                await the_store.aclose()
+
+
+__all__ = ["DEFAULT_PROJECT", "Kernel", "open_kernel"]

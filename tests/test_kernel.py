@@ -1,0 +1,83 @@
+"""The embedding API: open_kernel, sessions on disk, call_tools, run_turn, background compaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from kernel import ToolCall, UsageError, open_kernel, tool
+from kernel.models import ScriptedModel
+
+
+@tool
+async def double(x: int) -> int:
+    """Double x."""
+    await trio.sleep(0.01)
+    return 2 * x
+
+
+async def test_call_tools_runs_and_persists_the_batch(tmp_path: Path) -> None:
+    calls = [ToolCall("a", "double", {"x": 2}), ToolCall("b", "double", {"x": "no"})]
+    async with open_kernel(home=tmp_path / "home", tools=[double]) as k:
+        session = k.session("s1")
+        observations = await k.call_tools(session, calls)
+        assert observations[0].content == "4"
+        assert observations[1].error is not None
+        assert observations[1].error.kind == "bad_arguments"
+    # a new kernel on the same home sees the transcript on disk
+    async with open_kernel(home=tmp_path / "home", tools=[double]) as k:
+        messages = await k.session("s1").messages()
+        assert [m.role for m in messages] == ["assistant", "tool"]
+        assert [c.id for c in messages[0].tool_calls] == ["a", "b"]
+        assert list(messages[1].observations) == observations
+        assert (tmp_path / "home/data/sessions/default/s1/transcript.jsonl").is_file()
+
+
+async def test_run_turn_with_a_model_and_tools(tmp_path: Path) -> None:
+    model = ScriptedModel([ScriptedModel.reply(calls=[("double", {"x": 21})]), "It is 42."])
+    async with open_kernel(home=tmp_path, model=model, tools=[double]) as k:
+        session = k.session()
+        result = await k.run_turn(session, "double 21")
+        assert (result.reason, result.text) == ("final", "It is 42.")
+        summaries = await k.store.list_session_summaries("default")
+        assert [s.session_id for s in summaries] == [session.key.session_id]
+
+
+async def test_compaction_runs_in_the_kernels_nursery(tmp_path: Path) -> None:
+    answers = iter(["one", "two", "SUMMARY", "three"])
+    model = ScriptedModel(lambda request: next(answers))
+    async with open_kernel(home=tmp_path, model=model, compact_after_tokens=1) as k:
+        session = k.session("c")
+        await k.run_turn(session, "first")
+        await k.run_turn(session, "second")  # compaction starts after this turn
+        for _ in range(500):  # poll: the compaction task is the kernel's, not ours
+            if any(e["type"] == "compaction" for e in await session.entries()):
+                break
+            await trio.sleep(0.01)
+        else:
+            pytest.fail("no compaction entry after 5 s")
+        await k.run_turn(session, "third")
+    assert model.requests[-1].messages[0].text.endswith("SUMMARY")
+
+
+async def test_scripted_model_by_name(tmp_path: Path) -> None:
+    async with open_kernel(home=tmp_path, model="scripted:echo") as k:
+        result = await k.run_turn(k.session(), "say this back")
+        assert "say this back" in result.text
+
+
+async def test_bad_workspace_and_model_are_usage_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not a directory"):
+        async with open_kernel(home=tmp_path, workspace=tmp_path / "missing"):
+            pass
+    with pytest.raises(UsageError, match="nope"):
+        async with open_kernel(home=tmp_path, model="nope:model"):
+            pass
+
+
+async def test_an_error_in_the_body_comes_back_as_itself(tmp_path: Path) -> None:
+    with pytest.raises(KeyError):
+        async with open_kernel(home=tmp_path):
+            raise KeyError("mine")
