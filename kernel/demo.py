@@ -8,12 +8,18 @@ a fast one, one that raises, one with bad arguments, one that times out.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import trio
 
-from .executor import CallEvent, CallFinished, CallLimits, run_tool_calls
-from .messages import Observation, ToolCall
+from .executor import CallFinished, CallLimits
+from .messages import Message, Observation, Text, ToolCall
 from .tools import ToolRegistry, tool
+
+if TYPE_CHECKING:
+    from .agent import AgentEvent
+    from .kernel import Kernel
+    from .session import Session
 
 
 @tool
@@ -75,20 +81,21 @@ DEMO_CALLS: tuple[ToolCall, ...] = (
     ToolCall("call_hangs", "sleep", '{"seconds": 30}', 4),
 )
 DEMO_LIMITS = CallLimits(timeout=1.0)
+DEMO_PROMPT = "Run five tools at once: a slow one, a fast one, one that raises, one with bad arguments, one that hangs."
 
 
-async def run_demo_turn() -> tuple[list[Observation], list[int], float]:
-    """Run the scripted turn; return observations, completion order and wall time."""
+async def run_demo_turn(k: Kernel, session: Session) -> tuple[list[Observation], list[int], float]:
+    """Run the scripted turn and persist it; return observations, completion order, wall time."""
     finished: list[int] = []
 
-    def on_event(event: CallEvent) -> None:
+    def on_event(event: AgentEvent) -> None:
         if isinstance(event, CallFinished):
             finished.append(event.index)
 
+    await session.set_title("demo: five parallel calls")
+    await session.append(Message("user", [Text(DEMO_PROMPT)]))
     started = time.perf_counter()
-    observations = await run_tool_calls(
-        DEMO_CALLS, demo_registry(), limits=DEMO_LIMITS, on_event=on_event
-    )
+    observations = await k.call_tools(session, DEMO_CALLS, limits=DEMO_LIMITS, on_event=on_event)
     return observations, finished, time.perf_counter() - started
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import kernel
 
@@ -70,14 +71,14 @@ def test_call_deadline() -> None:
     assert "did not finish within 0.2 s" in result.stdout
 
 
-def test_call_rejects_missing_workspace(tmp_path: object) -> None:
+def test_call_rejects_missing_workspace() -> None:
     result = tak("call", "add", "{}", "--workspace", "/nonexistent/ws")
     assert result.returncode == 2
     assert "not a directory" in result.stderr
 
 
-def test_demo_prints_the_table_in_declared_order() -> None:
-    result = tak("demo")
+def test_demo_prints_the_table_in_declared_order_and_persists_it(tmp_path: Path) -> None:
+    result = tak("--home", str(tmp_path), "demo")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     rows = [line for line in lines if line[:1].isdigit()]
@@ -88,3 +89,10 @@ def test_demo_prints_the_table_in_declared_order() -> None:
     # bad arguments finish before anything runs; the two thread tools race; then slow, hang
     assert order[0] == 3 and set(order[1:3]) == {1, 2} and order[3:] == [0, 4]
     assert "wall time" in result.stdout
+    show = next(line for line in lines if line.startswith("show it:"))
+    command = show.split("tak ", 1)[1].split()
+    shown = tak(*command)
+    assert shown.returncode == 0, shown.stderr
+    assert "Error (timeout): sleep did not finish within 1 s" in shown.stdout
+    listing = tak("--home", str(tmp_path), "sessions", "ls")
+    assert "demo: five parallel calls" in listing.stdout

@@ -80,12 +80,24 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ..demo import format_table, run_demo_turn
+    from datetime import UTC, datetime
 
-    observations, finished, wall = trio.run(run_demo_turn)
-    print("One turn, five calls declared by the model, run concurrently:\n")
-    print(format_table(observations))
-    total = sum(o.duration_s for o in observations)
-    print(f"\ncompletion order: {finished}   (results above are in declared order)")
-    print(f"wall time {wall:.3f} s   vs   sum of call durations {total:.3f} s")
-    return 0
+    from ..demo import DEMO_TOOLS, format_table, run_demo_turn
+    from ..kernel import open_kernel
+
+    async def main() -> int:
+        async with open_kernel(home=args.home, tools=DEMO_TOOLS) as k:
+            session = k.session(datetime.now(UTC).strftime("demo-%Y%m%d-%H%M%S-%f"))
+            observations, finished, wall = await run_demo_turn(k, session)
+            transcript = k.home.sessions / "default" / session.key.session_id / "transcript.jsonl"
+        print("One turn, five calls declared by the model, run concurrently:\n")
+        print(format_table(observations))
+        total = sum(o.duration_s for o in observations)
+        print(f"\ncompletion order: {finished}   (results above are in declared order)")
+        print(f"wall time {wall:.3f} s   vs   sum of call durations {total:.3f} s")
+        print(f"\ntranscript: {transcript}")
+        home = f" --home {args.home}" if args.home else ""
+        print(f"show it:    tak{home} sessions show {session.key.session_id}")
+        return 0
+
+    return trio.run(main)
