@@ -1,4 +1,4 @@
-"""The README's embedding example runs and prints what the README says it prints."""
+"""The README's Python examples run and print what the README says they print."""
 
 from __future__ import annotations
 
@@ -7,18 +7,31 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
+# a python block, optionally followed by "prints ..." and the output block
+EXAMPLE = re.compile(r"```python\n(.*?)```\n(?:\n[^`]*?prints[^`]*?```\n(.*?)```)?", re.S)
 
 
-def test_embedding_example_runs_as_documented() -> None:
-    text = README.read_text()
-    section = text[text.index("## Embedding") :]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    output = re.search(r"prints.*?```\n(.*?)```", section, re.S)
-    assert code is not None and output is not None
-    assert len([line for line in code.group(1).splitlines() if line.strip()]) <= 25
+def examples() -> list[tuple[str, str | None]]:
+    return [(m.group(1), m.group(2)) for m in EXAMPLE.finditer(README.read_text())]
+
+
+def test_readme_has_the_embedding_examples() -> None:
+    found = examples()
+    assert len(found) >= 2
+    assert all(output is not None for _, output in found)
+    first = [line for line in found[0][0].splitlines() if line.strip()]
+    assert len(first) <= 25, "the first embedding example stays short"
+
+
+@pytest.mark.parametrize("number", range(len(examples())))
+def test_example_runs_as_documented(number: int, tmp_path: Path) -> None:
+    code, output = examples()[number]
     result = subprocess.run(
-        [sys.executable, "-c", code.group(1)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout == output.group(1)
+    if output is not None:
+        assert result.stdout == output
