@@ -18,9 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tak {__version__}")
     parser.add_argument("--home", help="TAK_HOME directory (default: $TAK_HOME or ~/.tak)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import run, sessions, tools
+    from . import doctor, run, sessions, tools
 
-    for group in (tools, run, sessions):
+    for group in (tools, run, sessions, doctor):
         group.add_commands(sub)
     return parser
 

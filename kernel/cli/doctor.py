@@ -1,0 +1,117 @@
+"""``tak doctor``: what isolation plugins get on this machine.
+
+Prints the Landlock ABI, openat2, seccomp, the capability state, how
+subprocess plugins are held to their process limit, and the isolation level;
+then confines a throwaway process for real and shows what it could not do.
+Exits 1 when plugins that need isolation would be refused here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from typing import Any
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("doctor", help="report the sandbox isolation plugins get here")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--no-selftest", action="store_true", help="skip confining a test process for real"
+    )
+    p.set_defaults(func=cmd_doctor)
+
+
+_LANDLOCK_FEATURES = (
+    (1, "filesystem"),
+    (2, "rename/link across directories"),
+    (3, "truncate"),
+    (4, "TCP bind/connect"),
+    (5, "device ioctl"),
+    (6, "signal and abstract-socket scopes"),
+)
+
+
+def report(*, selftest: bool = True) -> dict[str, Any]:
+    """The doctor's findings as data (what ``--json`` prints)."""
+    from sandbox import Policy, probe_isolation
+    from sandbox._probe import selftest as run_selftest
+
+    support = probe_isolation()
+    data: dict[str, Any] = {
+        "kernel": f"{platform.system()} {platform.release()} {support.arch}",
+        "landlock_abi": support.landlock_abi,
+        "landlock_features": [
+            name for abi, name in _LANDLOCK_FEATURES if support.landlock_abi >= abi
+        ],
+        "seccomp": support.seccomp,
+        "openat2": support.openat2,
+        "uid": support.uid,
+        "capabilities": support.capabilities,
+        "process_limit": support.process_limit,
+        "level": support.level,
+        "gaps": support.gaps(),
+        "refused_because": support.missing(Policy()),
+    }
+    if selftest and support.level != "none":
+        data["selftest"] = run_selftest()
+    return data
+
+
+def _yes(flag: bool, detail: str = "") -> str:
+    return ("available" + (f" ({detail})" if detail else "")) if flag else "MISSING"
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    data = report(selftest=not args.no_selftest)
+    selftest: dict[str, str] = data.get("selftest", {})
+    escaped = [name for name, outcome in selftest.items() if outcome not in ("denied", "allowed")]
+    code = 1 if data["refused_because"] or escaped or data["level"] == "none" else 0
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return code
+    abi = data["landlock_abi"]
+    caps = data["capabilities"]
+    who = f"uid {data['uid']}" + (" (root)" if data["uid"] == 0 else "")
+    limit = data["process_limit"]
+    rows = [
+        ("kernel", data["kernel"]),
+        (
+            "landlock",
+            f"ABI {abi}: " + ", ".join(data["landlock_features"]) if abi else "MISSING",
+        ),
+        ("seccomp", _yes(data["seccomp"], "filter built in-process, no library")),
+        ("openat2", _yes(data["openat2"], "RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS")),
+        (
+            "capabilities",
+            f"kernel runs as {who} with {caps} capabilities; workers drop every one "
+            "(bounding set too) and set no_new_privs",
+        ),
+        (
+            "process limit",
+            f"pids cgroup under {limit.removeprefix('cgroup:')}"
+            if limit.startswith("cgroup:")
+            else "RLIMIT_NPROC"
+            if limit == "rlimit"
+            else "none: plugins with subprocess are refused",
+        ),
+        ("isolation", data["level"]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print("tak doctor: sandbox isolation for plugin workers")
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+    for gap in data["gaps"]:
+        print(f"  note: {gap}")
+    for reason in data["refused_because"]:
+        print(f"  REFUSED: {reason}")
+    if selftest:
+        print("  self-test (a confined process tried):")
+        for name, value in selftest.items():
+            print(f"    {name:<24}  {value}")
+    if code:
+        print("Plugins that need isolation will not run here (unless allow_unsandboxed is set).")
+    else:
+        print(f"Plugins run confined to their workspace ({data['level']} isolation).")
+    return code

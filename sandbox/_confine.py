@@ -1,0 +1,338 @@
+"""The steps a worker takes on itself, in order, before any plugin code runs.
+
+1. close every fd but stdio and the IPC channel;
+2. rlimits (CPU, address space, file size, open files, core 0; processes by rlimit
+   when not root);
+3. ``PR_SET_PDEATHSIG(SIGKILL)``, then check the kernel is still its parent;
+4. join its pids cgroup, if the pool made one;
+5. drop every capability: securebits locked, bounding set, ambient, capset;
+6. ``no_new_privs``;
+7. the seccomp filter;
+8. the Landlock ruleset (read-write workspace, read-only runtime).
+
+Each step either succeeds or says why it failed; a required layer that fails
+stops the worker (fail closed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import resource
+import signal
+import sys
+from typing import Any
+
+import attrs
+
+from kernel.errors import SandboxError
+
+from . import _cgroup, _syscalls, landlock, seccomp
+
+#: The fd number the IPC channel has in a worker.
+IPC_FD = 3
+
+_SECBIT_NOROOT = 1 << 0
+_SECBIT_NOROOT_LOCKED = 1 << 1
+_SECBIT_NO_SETUID_FIXUP = 1 << 2
+_SECBIT_NO_SETUID_FIXUP_LOCKED = 1 << 3
+_SECBIT_KEEP_CAPS_LOCKED = 1 << 5
+_CAPABILITY_VERSION_3 = 0x20080522
+
+#: System files the interpreter and libc read.
+_SYSTEM_READ = (
+    "/usr/lib",
+    "/usr/lib64",
+    "/lib",
+    "/lib64",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/usr/share/zoneinfo",
+)
+#: Needed to resolve names and check certificates, for plugins with network access.
+_NETWORK_READ = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/host.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ssl",
+    "/usr/share/ca-certificates",
+)
+#: Where programs may be executed from, for plugins with ``subprocess``.
+_EXECUTABLES = ("/usr/local/bin", "/usr/bin", "/bin", "/usr/libexec")
+_DEVICES_READ = ("/dev/urandom", "/dev/random", "/dev/zero")
+
+
+@attrs.frozen(kw_only=True)
+class WorkerConfig:
+    """What the pool tells a worker in its first frame."""
+
+    plugin: str
+    workspace: str
+    workspace_access: str = "write"
+    tcp_ports: list[int] = attrs.Factory(list)
+    network: bool = False
+    subprocess: bool = False
+    limits: dict[str, int | None] = attrs.Factory(dict)
+    landlock: bool = True
+    seccomp: bool = True
+    require: bool = True
+    cgroup: str | None = None
+    kernel_pid: int = 0
+    extra_read: list[str] = attrs.Factory(list)
+    env: dict[str, str] = attrs.Factory(dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "config", **attrs.asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
+        data = dict(data)
+        data.pop("type", None)
+        return cls(**data)
+
+
+@attrs.define
+class Confinement:
+    """What a worker applied to itself; ``unconfined`` lists what is missing."""
+
+    landlock: str | None = None
+    seccomp: str | None = None
+    capabilities: str | None = None
+    no_new_privs: bool = False
+    cgroup: str | None = None
+    rlimits: dict[str, int] = attrs.Factory(dict)
+    unconfined: list[str] = attrs.Factory(list)
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def close_stray_fds(ipc_fd: int) -> None:
+    """Keep 0, 1, 2 and the IPC channel (moved to fd 3); close everything else."""
+    if ipc_fd != IPC_FD:
+        os.dup2(ipc_fd, IPC_FD, inheritable=False)
+        os.close(ipc_fd)
+    os.closerange(IPC_FD + 1, _max_fd())
+
+
+def _max_fd() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(soft if soft != resource.RLIM_INFINITY else 1 << 20, 1024)
+
+
+def set_rlimits(config: WorkerConfig, report: Confinement) -> None:
+    limits = config.limits
+    wanted: list[tuple[str, int, int | None]] = [
+        ("cpu_seconds", resource.RLIMIT_CPU, limits.get("cpu_seconds")),
+        ("memory_bytes", resource.RLIMIT_AS, limits.get("memory_bytes")),
+        ("file_size_bytes", resource.RLIMIT_FSIZE, limits.get("file_size_bytes")),
+        ("open_files", resource.RLIMIT_NOFILE, limits.get("open_files")),
+        ("core", resource.RLIMIT_CORE, 0),
+    ]
+    if config.subprocess and os.getuid() != 0 and config.cgroup is None:
+        # Per-user count: allow what this user already runs plus the worker's share.
+        processes = limits.get("processes") or 128
+        wanted.append(("processes", resource.RLIMIT_NPROC, _tasks_of_uid(os.getuid()) + processes))
+    for name, which, value in wanted:
+        if value is None:
+            continue
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(which, (value, value))
+        report.rlimits[name] = value
+
+
+def _tasks_of_uid(uid: int) -> int:
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid == uid:
+                count += len(os.listdir(f"/proc/{entry}/task"))
+        except OSError:
+            continue
+    return count
+
+
+def set_parent_death_signal(kernel_pid: int) -> None:
+    """SIGKILL when the thread that started this worker ends (the pool's spawner thread)."""
+    _syscalls.prctl(_syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+    if kernel_pid and os.getppid() != kernel_pid:
+        # The kernel died before the signal was armed.
+        os._exit(1)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def drop_capabilities(report: Confinement) -> None:
+    """Lose every capability for good: effective, permitted, inheritable, ambient, bounding.
+
+    Raises:
+        SandboxError: a capability is still held afterwards.
+    """
+    privileged = True
+    try:
+        _syscalls.prctl(
+            _syscalls.PR_SET_SECUREBITS,
+            _SECBIT_NOROOT
+            | _SECBIT_NOROOT_LOCKED
+            | _SECBIT_NO_SETUID_FIXUP
+            | _SECBIT_NO_SETUID_FIXUP_LOCKED
+            | _SECBIT_KEEP_CAPS_LOCKED,
+        )
+    except PermissionError:
+        privileged = False  # no CAP_SETPCAP: nothing to drop from the bounding set either
+    if privileged:
+        cap = 0
+        while True:
+            try:
+                _syscalls.prctl(_syscalls.PR_CAPBSET_DROP, cap)
+            except OSError:
+                break  # EINVAL: past the last capability this kernel knows
+            cap += 1
+    _syscalls.prctl(_syscalls.PR_CAP_AMBIENT, _syscalls.PR_CAP_AMBIENT_CLEAR_ALL)
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    try:
+        _syscalls.syscall("capset", ctypes.byref(header), ctypes.byref(data))
+    except OSError as exc:
+        raise SandboxError(f"cannot drop capabilities: {exc.strerror}") from exc
+    _syscalls.syscall("capget", ctypes.byref(header), ctypes.byref(data))
+    if any(d.effective or d.permitted or d.inheritable for d in data):
+        raise SandboxError("capabilities are still held after capset")
+    report.capabilities = (
+        "all dropped (bounding set and ambient too)" if privileged else "none held"
+    )
+
+
+def set_no_new_privs(report: Confinement) -> None:
+    _syscalls.prctl(_syscalls.PR_SET_NO_NEW_PRIVS, 1)
+    report.no_new_privs = True
+
+
+def plugin_read_paths(plugin: str) -> list[str]:
+    """Where the plugin's own code lives, found without running any of it."""
+    if plugin.endswith(".py") or os.sep in plugin:
+        path = os.path.abspath(plugin)
+        return [path if os.path.isdir(path) else os.path.dirname(path)]
+    top = plugin.partition(".")[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)
+    return [os.path.dirname(spec.origin)] if spec.origin else []
+
+
+def runtime_read_paths() -> list[str]:
+    """The interpreter, its standard library and site-packages, and loaded packages."""
+    paths = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix}
+    paths |= {os.path.realpath(p) for p in paths}
+    prefixes = tuple(p.rstrip("/") + "/" for p in paths)
+    for module in list(sys.modules.values()):
+        origin = getattr(module, "__file__", None)
+        if not origin or origin.startswith(prefixes):
+            continue
+        # A package installed in development mode: allow its top-level directory.
+        top = sys.modules.get(module.__name__.partition(".")[0])
+        top_file = getattr(top, "__file__", None) or origin
+        paths.add(os.path.dirname(os.path.abspath(top_file)))
+    return sorted(paths)
+
+
+def landlock_rules(config: WorkerConfig) -> list[landlock.PathRule]:
+    execute = landlock.EXECUTE if config.subprocess else 0
+    rules = [
+        landlock.PathRule(path, landlock.READ | execute)
+        for path in [*runtime_read_paths(), *_SYSTEM_READ]
+    ]
+    rules += [landlock.PathRule(path, landlock.READ) for path in plugin_read_paths(config.plugin)]
+    rules += [landlock.PathRule(path, landlock.READ) for path in config.extra_read]
+    rules += [landlock.PathRule(path, landlock.READ_FILE) for path in _DEVICES_READ]
+    rules.append(landlock.PathRule("/dev/null", landlock.READ_FILE | landlock.WRITE_FILE))
+    if config.network:
+        rules += [landlock.PathRule(path, landlock.READ) for path in _NETWORK_READ]
+    if config.subprocess:
+        rules += [
+            landlock.PathRule(path, landlock.READ | landlock.EXECUTE) for path in _EXECUTABLES
+        ]
+    access = landlock.READ_WRITE if config.workspace_access == "write" else landlock.READ
+    rules.append(landlock.PathRule(config.workspace, access))
+    return rules
+
+
+def _single_threaded() -> bool:
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return True
+
+
+def confine(config: WorkerConfig) -> Confinement:
+    """Steps 2 to 8 (step 1, closing fds, comes before the config is read).
+
+    Raises:
+        SandboxError: a required layer could not be applied.
+    """
+    report = Confinement()
+    # The environment the plugin will see, and nothing else.
+    os.environ.clear()
+    os.environ.update(config.env)
+
+    def unavailable(reason: str) -> None:
+        if config.require:
+            raise SandboxError(f"refusing to run unconfined: {reason}")
+        report.unconfined.append(reason)
+
+    set_rlimits(config, report)
+    set_parent_death_signal(config.kernel_pid)
+    if config.cgroup is not None:
+        _cgroup.join(config.cgroup)
+        report.cgroup = config.cgroup
+    drop_capabilities(report)
+    set_no_new_privs(report)
+    if not _single_threaded():
+        raise SandboxError("the worker has more than one thread before confinement")
+    # The rules are computed before seccomp and Landlock: they read /proc and /sys.
+    rules = landlock_rules(config)
+    if config.seccomp:
+        try:
+            count = seccomp.install(
+                seccomp.SeccompPolicy(network=config.network, subprocess=config.subprocess)
+            )
+            report.seccomp = f"{count}-instruction filter"
+        except SandboxError as exc:
+            unavailable(str(exc))
+    else:
+        unavailable("seccomp is not available")
+    if config.landlock:
+        try:
+            result = landlock.restrict_self(rules, tcp_connect=config.tcp_ports)
+            parts = ["filesystem"]
+            if result.network:
+                parts.append("TCP")
+            if result.scoped:
+                parts.append("signals and abstract sockets scoped")
+            report.landlock = f"ABI {result.abi}: " + ", ".join(parts)
+        except SandboxError as exc:
+            unavailable(str(exc))
+    else:
+        unavailable("Landlock is not available")
+    return report

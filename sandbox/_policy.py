@@ -1,0 +1,87 @@
+"""What one worker may do: the operating-system form of a plugin's permissions.
+
+A later ``Plugin(permissions=...)`` maps onto ``Policy`` field by field:
+``workspace`` (read | write), ``network`` (a host:port allow-list),
+``subprocess`` (may start programs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from kernel.errors import UsageError
+
+WorkspaceAccess = Literal["read", "write"]
+
+_GIB = 1024**3
+
+
+def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or value <= 0):
+        raise UsageError(f"Limits.{attribute.name} must be a positive int or None, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """Resource limits of one worker process (``setrlimit``; processes via a pids cgroup).
+
+    Attributes:
+        cpu_seconds: CPU time over the worker's whole life (``RLIMIT_CPU``); past it the
+            worker is killed and restarted for the next call.
+        memory_bytes: address space (``RLIMIT_AS``): a memory bomb gets ``MemoryError``.
+        file_size_bytes: largest file the worker may write (``RLIMIT_FSIZE``).
+        open_files: file descriptors (``RLIMIT_NOFILE``).
+        processes: tasks (processes and threads) the worker and its children may have,
+            enforced only for plugins with ``subprocess`` (the others cannot fork at all).
+    """
+
+    cpu_seconds: int | None = attrs.field(default=3600, validator=_positive_or_none)
+    memory_bytes: int | None = attrs.field(default=4 * _GIB, validator=_positive_or_none)
+    file_size_bytes: int | None = attrs.field(default=_GIB, validator=_positive_or_none)
+    open_files: int = attrs.field(default=256, validator=_positive_or_none)
+    processes: int = attrs.field(default=128, validator=_positive_or_none)
+
+
+def _check_workspace(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in ("read", "write"):
+        raise UsageError(f"Policy.workspace is 'read' or 'write', got {value!r}")
+
+
+def _check_network(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    for entry in value:
+        host, sep, port = str(entry).rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(
+                f"Policy.network entries are 'host:port' (host may be '*'), got {entry!r}"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    """The confinement of one worker.
+
+    Attributes:
+        workspace: ``"write"`` (read, create, change, remove inside the workspace) or
+            ``"read"``.
+        network: ``"host:port"`` entries the plugin may connect to; empty means no
+            network at all. The operating system enforces the ports (Landlock TCP
+            rules); hosts are not visible to it, so ``"*:443"`` and
+            ``"example.org:443"`` confine alike at that level.
+        subprocess: may start programs (from the system's binary directories only).
+        isolate: the plugin must run confined; when confinement is unavailable it is
+            refused unless the pool allows unsandboxed plugins.
+        limits: resource limits.
+    """
+
+    workspace: WorkspaceAccess = attrs.field(default="write", validator=_check_workspace)
+    network: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_check_network)
+    subprocess: bool = False
+    isolate: bool = True
+    limits: Limits = Limits()
+
+    @property
+    def tcp_ports(self) -> tuple[int, ...]:
+        """The TCP ports ``network`` allows, sorted, without repeats."""
+        return tuple(sorted({int(e.rpartition(":")[2]) for e in self.network}))

@@ -1,0 +1,169 @@
+"""What confinement this machine can give a worker, and what a policy would lack."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Literal
+
+import attrs
+
+from . import _cgroup, landlock, seccomp
+from ._policy import Policy
+from ._workspace import openat2_available
+
+IsolationLevel = Literal["full", "partial", "none"]
+
+#: The Landlock ABI from which signals and abstract Unix sockets are scoped too.
+FULL_LANDLOCK_ABI = 6
+
+
+@attrs.frozen(kw_only=True)
+class IsolationSupport:
+    """The confinement available here (``probe_isolation()``; tests build their own).
+
+    Attributes:
+        landlock_abi: 0 when Landlock is missing.
+        seccomp: seccomp filters can be installed and this architecture has a table.
+        openat2: ``openat2`` with ``RESOLVE_BENEATH`` (else the ``O_NOFOLLOW`` walk).
+        uid: the kernel's uid (workers keep it, without capabilities).
+        capabilities: how many capabilities the kernel holds (workers drop them all).
+        process_limit: how subprocess-enabled workers are held to ``Limits.processes``:
+            ``"cgroup:<dir>"``, ``"rlimit"`` (non-root) or ``"none"``.
+    """
+
+    landlock_abi: int
+    seccomp: bool
+    openat2: bool
+    uid: int
+    capabilities: int
+    process_limit: str
+    arch: str = platform.machine()
+
+    @property
+    def level(self) -> IsolationLevel:
+        if self.landlock_abi < 1 or not self.seccomp:
+            return "none"
+        if self.landlock_abi < FULL_LANDLOCK_ABI or not self.openat2:
+            return "partial"
+        return "full"
+
+    def missing(self, policy: Policy) -> list[str]:
+        """Why a worker with ``policy`` could not be confined here (empty: it can)."""
+        reasons = []
+        if self.landlock_abi < 1:
+            reasons.append("Landlock is not available in this kernel")
+        if not self.seccomp:
+            reasons.append(f"seccomp filters are not available here ({self.arch})")
+        if policy.subprocess and self.process_limit == "none":
+            reasons.append(
+                "no way to limit processes for a plugin with subprocess (running as root "
+                "without a writable pids cgroup; RLIMIT_NPROC does not apply to root)"
+            )
+        return reasons
+
+    def gaps(self) -> list[str]:
+        """Protections that are weaker here than on a full-isolation kernel."""
+        gaps = []
+        if 1 <= self.landlock_abi < 4:
+            gaps.append("Landlock ABI < 4: TCP is limited by seccomp only")
+        if 1 <= self.landlock_abi < FULL_LANDLOCK_ABI:
+            gaps.append(
+                "Landlock ABI < 6: signals to other processes of the same user and "
+                "abstract Unix sockets are not scoped"
+            )
+        if not self.openat2:
+            gaps.append("no openat2: confined paths use an O_NOFOLLOW walk that refuses symlinks")
+        return gaps
+
+
+def _capability_count() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bin(int(line.split()[1], 16)).count("1")
+    except OSError:
+        pass
+    return 0
+
+
+def process_limit_mechanism(parent: str | None) -> str:
+    if parent is not None:
+        return f"cgroup:{parent}"
+    if os.getuid() != 0:
+        return "rlimit"
+    return "none"
+
+
+def probe_isolation() -> IsolationSupport:
+    """Look at this machine (blocking but quick: a few syscalls and /proc, /sys reads)."""
+    parent = _cgroup.pids_parent()
+    return IsolationSupport(
+        landlock_abi=landlock.abi_version(),
+        seccomp=seccomp.available(),
+        openat2=openat2_available(),
+        uid=os.getuid(),
+        capabilities=_capability_count(),
+        process_limit=process_limit_mechanism(parent),
+    )
+
+
+def _selftest_child(scratch: str) -> dict[str, str]:
+    """In a throwaway process: confine it as a worker would, then try to get out."""
+    import errno
+    import socket
+
+    from . import _syscalls
+    from ._confine import WorkerConfig, landlock_rules
+
+    results: dict[str, str] = {}
+    _syscalls.prctl(_syscalls.PR_SET_NO_NEW_PRIVS, 1)
+    rules = landlock_rules(WorkerConfig(plugin="sandbox", workspace=scratch))
+    seccomp.install(seccomp.SeccompPolicy())
+    landlock.restrict_self(rules)
+
+    def attempt(name: str, fn: Callable[[], object], expected: int) -> None:
+        try:
+            fn()
+        except OSError as exc:
+            ok = exc.errno == expected
+            results[name] = "denied" if ok else f"failed differently: {exc}"
+            return
+        results[name] = "ALLOWED"
+
+    attempt("read /etc/passwd", lambda: open("/etc/passwd").close(), errno.EACCES)
+    attempt("read /proc/1/environ", lambda: open("/proc/1/environ").close(), errno.EACCES)
+    attempt("open a TCP socket", lambda: socket.socket().close(), errno.EPERM)
+    attempt("fork", os.fork, errno.EPERM)
+    with open(os.path.join(scratch, "ok"), "w") as f:
+        f.write("ok")
+    results["write in the workspace"] = "allowed"
+    return results
+
+
+def selftest(python: str = sys.executable) -> dict[str, str]:
+    """Confine a child process for real and report what it could and could not do.
+
+    Blocking (it runs a Python process): call it from a thread in async code.
+    """
+    code = (
+        "import json, sys, sandbox._probe as p; print(json.dumps(p._selftest_child(sys.argv[1])))"
+    )
+    with tempfile.TemporaryDirectory(prefix="tak-doctor-") as scratch:
+        try:
+            result = subprocess.run(
+                [python, "-I", "-c", code, scratch], capture_output=True, text=True, timeout=60
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"self-test": f"could not run: {exc}"}
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"self-test": f"confinement failed: {tail}"}
+    parsed: dict[str, str] = json.loads(result.stdout)
+    return parsed

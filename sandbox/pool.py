@@ -1,0 +1,726 @@
+"""The Trio side of plugin workers: start them, call their tools, kill them.
+
+::
+
+    async with open_worker_pool(workspace) as pool:
+        worker = await pool.start("my_plugin", policy=Policy(workspace="read"))
+        observations = await run_tool_calls(calls, worker.tools)
+
+Each ``Worker`` is one confined process per plugin, started in its own
+session (so its process group is its own) and spoken to over a socket pair
+with length-prefixed JSON frames; calls are multiplexed by id. The tools it
+hands out are ordinary ``Tool`` objects whose ``invoke`` sends the call to
+the worker, so the executor runs them like any other tool:
+
+- a worker that dies fails its in-flight calls with ``crashed`` and is
+  started again for the next call;
+- a call that is cancelled (its deadline, a cancelled batch) kills the
+  worker's whole process group, and the ``Cancelled`` goes on up;
+- the worker's stdout and stderr go to the ``sandbox.worker`` logger;
+- when the pool closes, every worker and everything it started is killed.
+
+Workers are forked from one thread that lives as long as the pool:
+``PR_SET_PDEATHSIG`` fires when the *thread* that forked a process ends, and
+Trio's cached threads (which ``trio.lowlevel.open_process`` forks from) end
+after ten idle seconds, which would kill every worker ten seconds after it
+started.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import outcome
+import trio
+
+from kernel.errors import SandboxError
+from kernel.messages import ERROR_KINDS
+from kernel.tools import Tool, ToolFailure
+
+from . import _cgroup, _protocol
+from ._confine import WorkerConfig
+from ._policy import Policy
+from ._probe import IsolationSupport, probe_isolation
+from ._workspace import Workspace
+
+logger = logging.getLogger("sandbox.pool")
+worker_logger = logging.getLogger("sandbox.worker")
+
+T = TypeVar("T")
+
+_MAX_LOG_LINE = 8192
+#: How long a dead worker's output may take to drain into the log.
+_DRAIN_S = 1.0
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown"
+        return f"signal {-returncode} ({name})"
+    return f"exit code {returncode}"
+
+
+_DEFAULT_POLICY = Policy()
+
+
+class _Spawner:
+    """One long-lived thread that runs blocking jobs (fork/exec, cgroup files) in order."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], Any], trio.lowlevel.TrioToken, Callable[[Any], None]] | None
+        ] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="tak-sandbox-spawner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, token, deliver = job
+            result = outcome.capture(fn)
+            try:
+                token.run_sync_soon(deliver, result)
+            except trio.RunFinishedError:
+                pass
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` in the spawner thread; not cancellable (the jobs are short)."""
+        done = trio.Event()
+        box: list[outcome.Outcome[T]] = []
+
+        def deliver(result: outcome.Outcome[T]) -> None:
+            box.append(result)
+            done.set()
+
+        self._jobs.put((fn, trio.lowlevel.current_trio_token(), deliver))
+        with trio.CancelScope(shield=True):
+            await done.wait()
+        return box[0].unwrap()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
+@attrs.define
+class _Pending:
+    tool: str
+    done: trio.Event = attrs.Factory(trio.Event)
+    value: Any = None
+    failure: ToolFailure | None = None
+
+    def resolve(self, value: Any = None, failure: ToolFailure | None = None) -> None:
+        if not self.done.is_set():
+            self.value, self.failure = value, failure
+            self.done.set()
+
+
+class _Connection:
+    """One worker process: started unconfigured (a spare), then bound to a ``Worker``."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        popen: subprocess.Popen[bytes],
+        stream: trio.SocketStream,
+        out: trio.lowlevel.FdStream,
+        err: trio.lowlevel.FdStream,
+    ) -> None:
+        self.pool = pool
+        self.worker: Worker | None = None
+        self.name = "spare"
+        self.popen = popen
+        self.pid = popen.pid
+        self.stream = stream
+        self.out = out
+        self.err = err
+        self.cgroup: str | None = None
+        self.pending: dict[int, _Pending] = {}
+        self.next_id = 0
+        self.send_lock = trio.StrictFIFOLock()
+        self.hello: dict[str, Any] | None = None
+        self.hello_event = trio.Event()
+        self.kill_reason: str | None = None
+        self.death: str | None = None  # set once the process is reaped
+        self.finished = trio.Event()
+        self._pidfd = os.pidfd_open(self.pid)
+
+    async def configure(self, worker: Worker, config: WorkerConfig) -> None:
+        """Make this process ``worker``'s: send its configuration, wait for its greeting."""
+        self.worker, self.name, self.cgroup = worker, worker.name, config.cgroup
+        try:
+            await self.stream.send_all(_protocol.encode(config.to_json()))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # it died; the greeting never comes and the supervisor says why
+        await self.hello_event.wait()
+
+    @property
+    def alive(self) -> bool:
+        return self.death is None and self.kill_reason is None
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL the worker's process group, saying why (the first reason is kept)."""
+        if self.kill_reason is None and self.death is None:
+            self.kill_reason = reason
+            logger.info("killing %s: %s", self._label(), reason)
+        self._killpg()
+
+    def _killpg(self) -> None:
+        # Only while the leader is unreaped: its pid then still names the group,
+        # so the signal cannot reach an unrelated process that reused the number.
+        if self.death is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
+        if not self.alive:
+            raise ToolFailure("crashed", self._death_message())
+        self.next_id += 1
+        call_id = self.next_id
+        pending = _Pending(tool)
+        self.pending[call_id] = pending
+        try:
+            try:
+                frame = _protocol.encode(
+                    {"type": "call", "id": call_id, "tool": tool, "arguments": arguments}
+                )
+            except _protocol.FrameError as exc:
+                raise ToolFailure("bad_arguments", f"arguments too large: {exc}") from None
+            try:
+                async with self.send_lock:
+                    await self.stream.send_all(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the worker is dying; the supervisor fails this call
+            await pending.done.wait()
+        except trio.Cancelled:
+            if not pending.done.is_set():
+                self.kill(
+                    f"a call to {tool} was cancelled before it finished (its deadline or "
+                    "its batch), so the worker was killed"
+                )
+            raise
+        finally:
+            del self.pending[call_id]
+        if pending.failure is not None:
+            raise pending.failure
+        return pending.value
+
+    def _label(self) -> str:
+        return f"worker for plugin {self.name} (pid {self.pid})"
+
+    def _death_message(self) -> str:
+        what = self._label()
+        if self.kill_reason is not None:
+            return f"{what}: {self.kill_reason}"
+        return f"{what} exited with {self.death}"
+
+    async def supervise(self) -> None:
+        """Pump replies and output until the process exits; then fail what was in flight."""
+        try:
+            async with trio.open_nursery() as nursery:
+                drained = [trio.Event(), trio.Event()]
+                nursery.start_soon(self._pump_output, self.out, logging.INFO, drained[0])
+                nursery.start_soon(self._pump_output, self.err, logging.WARNING, drained[1])
+                nursery.start_soon(self._read_replies)
+                await trio.lowlevel.wait_readable(self._pidfd)
+                self._killpg()  # whatever it started goes with it
+                returncode = self.popen.wait()
+                self.death = describe_exit(returncode)
+                if self.kill_reason is None:
+                    logger.warning("%s exited with %s", self._label(), self.death)
+                with trio.move_on_after(_DRAIN_S):
+                    for event in drained:
+                        await event.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                self._fail_pending()
+                if not self.hello_event.is_set():
+                    self.hello_event.set()
+                os.close(self._pidfd)
+                await self.stream.aclose()
+                await self.out.aclose()
+                await self.err.aclose()
+                if self.cgroup is not None:
+                    cgroup = self.cgroup
+                    try:
+                        await self.pool._spawner.run(lambda: _cgroup.remove(cgroup))
+                    except OSError as exc:
+                        logger.warning("could not remove cgroup %s: %s", cgroup, exc)
+                self.finished.set()
+
+    def _fail_pending(self) -> None:
+        message = self._death_message()
+        for pending in self.pending.values():
+            pending.resolve(failure=ToolFailure("crashed", message, type="WorkerCrashed"))
+
+    async def _read_replies(self) -> None:
+        buffer = bytearray()
+        try:
+            while True:
+                while len(buffer) < _protocol.HEADER.size:
+                    chunk = await self.stream.receive_some(1 << 16)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                length = _protocol.body_length(bytes(buffer[: _protocol.HEADER.size]))
+                end = _protocol.HEADER.size + length
+                while len(buffer) < end:
+                    chunk = await self.stream.receive_some(max(1 << 16, end - len(buffer)))
+                    if not chunk:
+                        return
+                    buffer += chunk
+                message = _protocol.decode(bytes(buffer[_protocol.HEADER.size : end]))
+                del buffer[:end]
+                try:
+                    self._dispatch(message)
+                except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                    raise _protocol.FrameError(repr(exc)) from None
+        except _protocol.FrameError as exc:
+            self.kill(f"broke the protocol ({exc})")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            # The channel closed: the worker is ending; make sure of it.
+            self._killpg()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        """Act on one frame. The worker runs untrusted code: every field is checked.
+
+        Raises:
+            FrameError: the frame is not one the protocol allows here.
+        """
+        kind = message["type"]
+        if kind in ("ready", "fatal") and self.hello is None:
+            self.hello = message
+            self.hello_event.set()
+            return
+        call_id = message.get("id")
+        if kind != "result" or type(call_id) is not int:
+            raise _protocol.FrameError(f"unexpected {kind!r} frame")
+        pending = self.pending.get(call_id)
+        if pending is None:
+            return  # a call that was cancelled meanwhile
+        if message.get("ok") is True:
+            pending.resolve(value=message.get("value"))
+            return
+        error = message.get("error")
+        if not isinstance(error, dict):
+            raise _protocol.FrameError("a failed result without an error object")
+        kind_ = error.get("kind")
+        pending.resolve(
+            failure=ToolFailure(
+                kind_ if kind_ in ERROR_KINDS else "exception",
+                str(error.get("message", "")),
+                type=str(error.get("type", "Exception")),
+            )
+        )
+
+    async def _pump_output(
+        self, stream: trio.lowlevel.FdStream, level: int, drained: trio.Event
+    ) -> None:
+        pending = b""
+        prefix = f"[{self.name} pid {self.pid}]"
+        try:
+            while chunk := await stream.receive_some(1 << 16):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._log(level, prefix, line)
+                if len(pending) > _MAX_LOG_LINE:
+                    self._log(level, prefix, pending)
+                    pending = b""
+            if pending:
+                self._log(level, prefix, pending)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+        finally:
+            drained.set()
+
+    @staticmethod
+    def _log(level: int, prefix: str, line: bytes) -> None:
+        text = line[:_MAX_LOG_LINE].decode("utf-8", errors="replace").rstrip("\r")
+        worker_logger.log(level, "%s %s", prefix, text)
+
+
+def _unconfined_note(reasons: list[str]) -> str:
+    return "[ran unconfined: " + "; ".join(reasons) + "]"
+
+
+class Worker:
+    """One plugin's worker process (restarted when it dies); ``tools`` run in it."""
+
+    def __init__(self, pool: WorkerPool, plugin: str, policy: Policy, name: str) -> None:
+        self.pool = pool
+        self.plugin = plugin
+        self.policy = policy
+        self.name = name
+        self.tools: list[Tool] = []
+        self.confinement: dict[str, Any] = {}
+        self.unconfined: list[str] = []
+        self.starts = 0
+        self._conn: _Connection | None = None
+        self._start_lock = trio.Lock()
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        """The current process id, or ``None`` while no process runs."""
+        conn = self._conn
+        return conn.pid if conn is not None and conn.alive else None
+
+    async def invoke(self, tool: str, arguments: dict[str, Any]) -> Any:
+        """Run ``tool`` in the worker (starting it first if it is not running).
+
+        Raises:
+            ToolFailure: the tool failed (its kind), or the worker crashed, could not
+                be restarted, or was killed (``crashed``).
+        """
+        try:
+            conn = await self._running()
+        except SandboxError as exc:
+            raise ToolFailure("crashed", f"worker for plugin {self.name}: {exc}") from None
+        try:
+            value = await conn.call(tool, arguments)
+        except ToolFailure as exc:
+            if not self.unconfined:
+                raise
+            note = _unconfined_note(self.unconfined)
+            raise ToolFailure(exc.kind, f"{note} {exc.message}", type=exc.type) from None
+        if self.unconfined:
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            return f"{_unconfined_note(self.unconfined)}\n{text}"
+        return value
+
+    async def _running(self) -> _Connection:
+        async with self._start_lock:
+            if self._closed:
+                raise SandboxError("the worker was closed")
+            if self._conn is not None and self._conn.alive:
+                return self._conn
+            if self._conn is not None:
+                with trio.CancelScope(shield=True):
+                    await self._conn.finished.wait()
+            self._conn = await self._start()
+            return self._conn
+
+    async def _start(self) -> _Connection:
+        pool = self.pool
+        cgroup: str | None = None
+        if self.policy.subprocess and pool._cgroup_parent is not None:
+            parent, max_pids = pool._cgroup_parent, self.policy.limits.processes
+            cgroup = await pool._spawner.run(lambda: _cgroup.create(parent, max_pids))
+        try:
+            conn = await pool._take_process()
+        except BaseException:
+            if cgroup is not None:
+                await pool._spawner.run(lambda: _cgroup.remove(cgroup))
+            raise
+        self.starts += 1
+        try:
+            await conn.configure(self, pool._worker_config(self, cgroup))
+            self._accept(conn)
+            logger.info("%s started, confinement: %s", conn._label(), self.confinement)
+        except BaseException:
+            conn.kill("its start was abandoned")
+            raise
+        return conn
+
+    def _accept(self, conn: _Connection) -> None:
+        hello = conn.hello
+        if hello is None:
+            raise SandboxError(f"{conn._death_message()} before it was ready")
+        if hello["type"] == "fatal":
+            conn.kill("refused to start")
+            raise SandboxError(f"worker for plugin {self.name}: {hello.get('message')}")
+        try:
+            confinement = dict(hello["confinement"])
+            unconfined = [str(reason) for reason in confinement["unconfined"]]
+            tools = [self._remote_tool(spec) for spec in hello["tools"]]
+        except Exception as exc:
+            conn.kill("its greeting was malformed")
+            raise SandboxError(
+                f"worker for plugin {self.name} sent a malformed greeting: {exc!r}"
+            ) from None
+        if unconfined and self.policy.isolate and not self.pool.allow_unsandboxed:
+            conn.kill("it is not confined")
+            raise SandboxError(
+                f"worker for plugin {self.name} is not confined: {'; '.join(unconfined)}"
+            )
+        self.confinement = confinement
+        self.unconfined = unconfined
+        if not self.tools:
+            self.tools = tools
+
+    def _remote_tool(self, spec: dict[str, Any]) -> Tool:
+        name = spec["name"]
+        return Tool(
+            name=name,
+            description=str(spec["description"]),
+            parameters=spec["parameters"],
+            fn=None,
+            is_async=True,
+            timeout=spec["timeout"],
+            exclusive=bool(spec["exclusive"]),
+            max_output=spec["max_output"],
+            invoke=functools.partial(self.invoke, name),
+        )
+
+    async def aclose(self) -> None:
+        """Kill the worker and its process group and wait until it is reaped."""
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            async with self._start_lock:
+                conn = self._conn
+            if conn is not None:
+                conn.kill("the worker pool closed")
+                await conn.finished.wait()
+
+
+class WorkerPool:
+    """Workers for plugins, all confined to one workspace. Made by ``open_worker_pool``."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        workspace: Path,
+        *,
+        allow_unsandboxed: bool,
+        isolation: IsolationSupport,
+        python: str,
+        spare: bool,
+    ) -> None:
+        self._nursery = nursery
+        self.workspace = workspace
+        self.allow_unsandboxed = allow_unsandboxed
+        self.isolation = isolation
+        self.python = python
+        self.workers: list[Worker] = []
+        self.spare = spare
+        self._spare: _Connection | None = None
+        self._spare_coming = False
+        self._processes: set[_Connection] = set()
+        self._closing = False
+        self._spawner = _Spawner()
+        mechanism = isolation.process_limit
+        self._cgroup_parent = (
+            mechanism.removeprefix("cgroup:") if mechanism.startswith("cgroup:") else None
+        )
+
+    async def start(
+        self, plugin: str, *, policy: Policy = _DEFAULT_POLICY, name: str | None = None
+    ) -> Worker:
+        """Start a worker for ``plugin`` (a module name, or a path to a ``.py`` file or a
+        package directory) and return it once its tools are known.
+
+        Raises:
+            SandboxError: the plugin needs isolation this machine cannot give and
+                unsandboxed plugins are not allowed; or the worker refused to start
+                (the message says why), or the plugin failed to load.
+        """
+        label = name or os.path.splitext(os.path.basename(plugin.rstrip("/")))[0]
+        missing = self.isolation.missing(policy)
+        if missing and policy.isolate and not self.allow_unsandboxed:
+            raise SandboxError(
+                f"plugin {label} needs isolation, which is unavailable here: "
+                + "; ".join(missing)
+                + ". It was not started; set allow_unsandboxed to run it unconfined."
+            )
+        worker = Worker(self, plugin, policy, label)
+        await worker._running()
+        self.workers.append(worker)
+        return worker
+
+    def closing(self) -> bool:
+        return self._closing
+
+    async def _spawn(self) -> _Connection:
+        """A new worker process, waiting for its configuration."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        command = [self.python, "-I", "-m", "sandbox.worker", str(theirs.fileno())]
+        # The worker replaces its environment with the one in its configuration
+        # before it runs plugin code; it starts with nothing of the kernel's either.
+        env = {"LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2", "PATH": "/usr/bin:/bin"}
+
+        def spawn() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                pass_fds=(theirs.fileno(),),
+                cwd=str(self.workspace),
+                env=env,
+                start_new_session=True,
+            )
+
+        try:
+            popen = await self._spawner.run(spawn)
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            os.close(out_w)
+            os.close(err_w)
+        conn = _Connection(
+            self,
+            popen,
+            trio.SocketStream(trio.socket.from_stdlib_socket(ours)),
+            trio.lowlevel.FdStream(out_r),
+            trio.lowlevel.FdStream(err_r),
+        )
+        self._processes.add(conn)
+        self._nursery.start_soon(self._supervise, conn)
+        return conn
+
+    async def _supervise(self, conn: _Connection) -> None:
+        try:
+            await conn.supervise()
+        finally:
+            self._processes.discard(conn)
+
+    async def _take_process(self) -> _Connection:
+        """The spare process if one is ready (and start the next), else a new one."""
+        spare, self._spare = self._spare, None
+        if self.spare:
+            self._nursery.start_soon(self._make_spare)
+        if spare is not None and spare.alive:
+            return spare
+        return await self._spawn()
+
+    async def _make_spare(self) -> None:
+        if self._spare_coming or self._spare is not None or self.closing():
+            return
+        self._spare_coming = True
+        try:
+            conn = await self._spawn()
+        except OSError as exc:
+            logger.warning("could not start a spare worker process: %s", exc)
+            return
+        finally:
+            self._spare_coming = False
+        if self.closing():  # it closed while this process started
+            conn.kill("not needed")
+        else:
+            self._spare = conn
+
+    def _environment(self, policy: Policy) -> dict[str, str]:
+        """Built from scratch: nothing from the kernel's environment reaches a plugin."""
+        ws = str(self.workspace)
+        # Without subprocess nothing can be executed; a PATH without compilers also
+        # keeps ctypes.util.find_library (which trio calls) from trying to run one.
+        path = "/usr/local/bin:/usr/bin:/bin" if policy.subprocess else f"{ws}/.tak/bin"
+        return {
+            "PATH": path,
+            "HOME": ws,
+            "TMPDIR": f"{ws}/.tak/tmp",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "MALLOC_ARENA_MAX": "2",
+        }
+
+    def _worker_config(self, worker: Worker, cgroup: str | None) -> WorkerConfig:
+        policy = worker.policy
+        limits = attrs.asdict(policy.limits)
+        return WorkerConfig(
+            plugin=worker.plugin,
+            workspace=str(self.workspace),
+            workspace_access=policy.workspace,
+            tcp_ports=list(policy.tcp_ports),
+            network=bool(policy.network),
+            subprocess=policy.subprocess,
+            limits=limits,
+            landlock=self.isolation.landlock_abi >= 1,
+            seccomp=self.isolation.seccomp,
+            require=policy.isolate and not self.allow_unsandboxed,
+            cgroup=cgroup,
+            kernel_pid=os.getpid(),
+            env=self._environment(policy),
+        )
+
+    async def aclose(self) -> None:
+        """Kill every worker and everything it started; finishes even when cancelled."""
+        self._closing = True
+        with trio.CancelScope(shield=True):
+            for worker in self.workers:
+                await worker.aclose()
+            for conn in list(self._processes):  # spares, and starts that failed
+                conn.kill("the worker pool closed")
+                await conn.finished.wait()
+            self._spawner.close()
+
+
+def _prepare_workspace(workspace: str | os.PathLike[str]) -> Path:
+    with Workspace(workspace) as ws:
+        ws.mkdir(".tak/tmp", parents=True, exist_ok=True)
+        return ws.path
+
+
+@asynccontextmanager
+async def open_worker_pool(
+    workspace: str | os.PathLike[str],
+    *,
+    allow_unsandboxed: bool = False,
+    isolation: IsolationSupport | None = None,
+    python: str = sys.executable,
+    spare: bool = True,
+) -> AsyncIterator[WorkerPool]:
+    """A pool of plugin workers confined to ``workspace``.
+
+    ``isolation`` replaces the probe of this machine (tests use it to play a
+    machine without Landlock). With ``spare`` (the default) one worker process
+    is kept started and unconfigured, so that starting or restarting a worker
+    skips the interpreter's start-up; it has run no plugin code and is
+    confined when it is given a plugin. With ``allow_unsandboxed``, plugins that need
+    isolation run even where it is missing, and every observation from them
+    starts with ``[ran unconfined: <why>]``.
+
+    Raises:
+        SandboxError: the workspace cannot be opened.
+    """
+    path = await trio.to_thread.run_sync(_prepare_workspace, workspace)
+    support = isolation if isolation is not None else await trio.to_thread.run_sync(probe_isolation)
+    try:
+        async with trio.open_nursery() as nursery:
+            pool = WorkerPool(
+                nursery,
+                path,
+                allow_unsandboxed=allow_unsandboxed,
+                isolation=support,
+                python=python,
+                spare=spare,
+            )
+            if spare:
+                nursery.start_soon(pool._make_spare)
+            try:
+                yield pool
+            finally:
+                await pool.aclose()
+    except BaseExceptionGroup as group:
+        # The pool's own tasks do not raise; a lone error is the caller's, and the
+        # caller should see it as raised, not wrapped in the pool's nursery group.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -1,0 +1,3 @@
+"""A plugin whose import fails."""
+
+raise RuntimeError("this plugin cannot be imported")

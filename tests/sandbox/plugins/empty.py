@@ -1,0 +1,3 @@
+"""A plugin without tools."""
+
+VALUE = 1

@@ -1,0 +1,262 @@
+"""The pieces under the pool: the seccomp program, Landlock, the frame format, policies,
+the public surface, and ``tak doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+
+import sandbox
+from kernel.cli import doctor
+from kernel.errors import SandboxError, UsageError
+from sandbox import Limits, Policy, _protocol, landlock, probe_isolation, seccomp
+
+FULL = probe_isolation().level == "full"
+needs_full = pytest.mark.skipif(not FULL, reason="needs Landlock ABI 6+ and seccomp")
+
+
+def run_confined(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-I", "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# -- seccomp ---------------------------------------------------------------
+
+
+def test_the_filter_checks_the_architecture_first() -> None:
+    program = seccomp.build_filter(seccomp.SeccompPolicy())
+    first = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, 24, 8)]
+    assert first[0] == (0x20, 0, 0, 4)  # load seccomp_data.arch
+    assert first[1] == (0x15, 1, 0, 0xC000003E)  # x86-64, else fall through to...
+    assert first[2] == (0x06, 0, 0, seccomp.RET_KILL_PROCESS)  # ...kill
+
+
+def test_the_filter_depends_on_the_policy() -> None:
+    programs = {
+        seccomp.build_filter(seccomp.SeccompPolicy(network=n, subprocess=s))
+        for n in (False, True)
+        for s in (False, True)
+    }
+    assert len(programs) == 4
+
+
+@needs_full
+def test_network_and_subprocess_policies_in_a_real_process() -> None:
+    result = run_confined(
+        """
+        import json, os, socket
+        from sandbox import _syscalls, seccomp
+        _syscalls.prctl(_syscalls.PR_SET_NO_NEW_PRIVS, 1)
+        seccomp.install(seccomp.SeccompPolicy(network=True, subprocess=True))
+        def attempt(fn):
+            try:
+                fn()
+                return "allowed"
+            except OSError as exc:
+                return exc.errno
+        def fork():
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        libc = __import__("ctypes").CDLL(None, use_errno=True)
+        print(json.dumps({
+            "inet": attempt(lambda: socket.socket().close()),
+            "unix": attempt(lambda: socket.socket(socket.AF_UNIX).close()),
+            "pair": attempt(lambda: [s.close() for s in socket.socketpair()]),
+            "fork": attempt(fork),
+            "setsid": attempt(os.setsid),
+            "userns": libc.unshare(0x10000000),
+        }))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "inet": "allowed",
+        "unix": 1,  # EPERM: a pathname socket could reach outside the workspace
+        "pair": "allowed",
+        "fork": "allowed",
+        "setsid": 1,
+        "userns": -1,
+    }
+
+
+# -- Landlock --------------------------------------------------------------
+
+
+def test_landlock_rights_per_abi() -> None:
+    assert landlock.handled_fs_rights(0) == 0
+    assert landlock.handled_fs_rights(1) == (1 << 13) - 1
+    assert landlock.handled_fs_rights(3) & landlock.TRUNCATE
+    assert not landlock.handled_fs_rights(4) & landlock.IOCTL_DEV
+    assert landlock.handled_fs_rights(7) == (1 << 16) - 1
+    # A workspace never gets device creation.
+    assert not landlock.READ_WRITE & (landlock.MAKE_CHAR | landlock.MAKE_BLOCK)
+
+
+@needs_full
+def test_landlock_abi_here() -> None:
+    assert landlock.abi_version() >= 6
+
+
+def test_a_ruleset_that_is_not_enforced_is_not_reported(tmp_path: Path) -> None:
+    # This process is not confined: the check must notice that the directory is readable.
+    with pytest.raises(SandboxError, match="not enforced"):
+        landlock._check_enforced(str(tmp_path))
+
+
+@needs_full
+def test_landlock_in_a_real_process(tmp_path: Path) -> None:
+    (tmp_path / "inside").mkdir()
+    (tmp_path / "outside.txt").write_text("secret")
+    result = run_confined(
+        """
+        import sys
+        from sandbox import _syscalls, landlock
+        _syscalls.prctl(_syscalls.PR_SET_NO_NEW_PRIVS, 1)
+        rules = [landlock.PathRule(p, landlock.READ) for p in
+                 {sys.base_prefix, sys.prefix, "/usr/lib", "/lib", "/lib64"}]
+        rules.append(landlock.PathRule(sys.argv[1] + "/inside", landlock.READ_WRITE))
+        print(landlock.restrict_self(rules))
+        open(sys.argv[1] + "/inside/new.txt", "w").write("ok")
+        try:
+            open(sys.argv[1] + "/outside.txt").read()
+        except PermissionError:
+            print("outside denied")
+        """,
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "outside denied" in result.stdout
+    assert "network=True, scoped=True" in result.stdout
+    assert (tmp_path / "inside" / "new.txt").read_text() == "ok"
+
+
+# -- frames ----------------------------------------------------------------
+
+
+def test_frames_round_trip_and_refuse_what_breaks_the_protocol() -> None:
+    frame = _protocol.encode({"type": "call", "id": 1, "text": "héllo"})
+    assert _protocol.body_length(frame[:4]) == len(frame) - 4
+    assert _protocol.decode(frame[4:]) == {"type": "call", "id": 1, "text": "héllo"}
+    with pytest.raises(_protocol.FrameError, match="limit"):
+        _protocol.body_length(struct.pack("!I", _protocol.MAX_FRAME + 1))
+    for body in (b"not json", b"[1, 2]", b'{"no": "type"}', b"\xff"):
+        with pytest.raises(_protocol.FrameError):
+            _protocol.decode(body)
+    with pytest.raises(ValueError):
+        _protocol.encode({"type": "x", "value": float("nan")})
+
+
+# -- policies --------------------------------------------------------------
+
+
+def test_policy_validation() -> None:
+    assert Policy(network=["example.org:443", "*:80", "a:443"]).tcp_ports == (80, 443)
+    for bad in (["example.org"], ["x:0"], ["x:70000"], [":80"]):
+        with pytest.raises(UsageError, match="host:port"):
+            Policy(network=bad)
+    with pytest.raises(UsageError, match="'read' or 'write'"):
+        Policy(workspace="everything")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="positive"):
+        Limits(memory_bytes=0)
+
+
+def test_missing_isolation_is_explained() -> None:
+    support = attrs.evolve(probe_isolation(), landlock_abi=0, seccomp=False, process_limit="none")
+    assert support.level == "none"
+    reasons = support.missing(Policy(subprocess=True))
+    assert [r.split()[0] for r in reasons] == ["Landlock", "seccomp", "no"]
+    assert support.missing(Policy()) == reasons[:2]
+    partial = attrs.evolve(probe_isolation(), landlock_abi=3, seccomp=True, openat2=True)
+    assert partial.level == "partial"
+    assert any("signals" in gap for gap in partial.gaps())
+
+
+# -- the public surface and its cost ----------------------------------------
+
+
+def test_public_surface() -> None:
+    assert sorted(sandbox.__all__) == sorted(
+        [
+            "Workspace",
+            "Entry",
+            "openat2_available",
+            "Policy",
+            "Limits",
+            "IsolationSupport",
+            "probe_isolation",
+            "open_worker_pool",
+            "WorkerPool",
+            "Worker",
+        ]
+    )
+    for name in sandbox.__all__:
+        assert getattr(sandbox, name) is not None
+
+
+def test_importing_sandbox_and_the_worker_stays_light() -> None:
+    result = run_confined(
+        """
+        import sys
+        import sandbox, sandbox.worker
+        heavy = sorted(m for m in ("trio", "httpx", "kernel.agent", "kernel.server",
+                                   "kernel.executor") if m in sys.modules)
+        print(heavy)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_worker_needs_its_channel() -> None:
+    result = subprocess.run(
+        [sys.executable, "-I", "-m", "sandbox.worker"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "usage: python -I -m sandbox.worker FD" in result.stderr
+
+
+# -- tak doctor -------------------------------------------------------------
+
+
+def run_doctor(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    doctor.add_commands(parser.add_subparsers())
+    args = parser.parse_args(["doctor", *argv])
+    code: int = args.func(args)
+    return code
+
+
+@needs_full
+def test_doctor_reports_full_isolation_here(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_doctor() == 0
+    out = capsys.readouterr().out
+    assert f"ABI {landlock.abi_version()}" in out
+    assert "isolation      full" in out
+    assert "read /etc/passwd          denied" in out
+    assert "openat2        available" in out
+
+
+def test_doctor_fails_without_landlock(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = attrs.evolve(probe_isolation(), landlock_abi=0)
+    monkeypatch.setattr(sandbox, "probe_isolation", lambda: missing)
+    assert run_doctor("--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["level"] == "none"
+    assert data["refused_because"] == ["Landlock is not available in this kernel"]
+    assert "selftest" not in data

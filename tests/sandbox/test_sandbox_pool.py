@@ -1,0 +1,319 @@
+"""The worker pool: tools in confined processes, plugged into ``run_tool_calls`` unchanged."""
+
+# One test starts a kernel process directly.
+# ruff: noqa: ASYNC220
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+from sandbox_kit import PLUGINS, Canary, group_members, is_gone, open_sandbox, wait_until_gone
+
+from kernel.errors import SandboxError
+from kernel.executor import CallLimits, run_tool_calls
+from kernel.messages import ToolCall
+from kernel.tools import Tool
+from sandbox import Policy, open_worker_pool, probe_isolation
+
+pytestmark = pytest.mark.skipif(
+    probe_isolation().level != "full", reason="needs Landlock ABI 6+ and seccomp"
+)
+
+
+def in_process_tools(plugin: str) -> list[Tool]:
+    spec = importlib.util.spec_from_file_location(f"inproc_{plugin}", PLUGINS / f"{plugin}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [v for v in vars(module).values() if isinstance(v, Tool)]
+
+
+async def test_tools_behave_as_they_do_in_process(workspace: Path) -> None:
+    calls = [
+        ToolCall("a", "echo", {"text": "héllo"}),
+        ToolCall("b", "add", {"a": 2}),
+        ToolCall("c", "nap", {"seconds": 0.01}),
+        ToolCall("d", "fail", {"message": "boom"}),
+        ToolCall("e", "refuse", {"what": "that"}),
+        ToolCall("f", "add", {"a": "two"}),
+        ToolCall("g", "unserializable", {}),
+        ToolCall("h", "nope", {}),
+    ]
+    local = await run_tool_calls(calls, in_process_tools("basic"))
+    async with open_sandbox(workspace, "basic") as sb:
+        remote_tools = sb.worker.tools
+        remote = await run_tool_calls(calls, remote_tools)
+    assert [t.name for t in remote_tools] == [t.name for t in in_process_tools("basic")]
+    local_by_name = {t.name: t for t in in_process_tools("basic")}
+    for t in remote_tools:
+        assert t.fn is None and t.invoke is not None
+        assert t.parameters == local_by_name[t.name].parameters
+        assert t.description == local_by_name[t.name].description
+
+    def comparable(o: object) -> object:
+        return attrs.evolve(o, duration_s=0.0)  # type: ignore[misc]
+
+    assert [comparable(o) for o in remote] == [comparable(o) for o in local]
+    assert remote[2].content == "rested"
+    assert remote[4].error is not None and remote[4].error.kind == "denied"
+
+
+async def test_calls_run_concurrently_in_one_worker(workspace: Path) -> None:
+    async with open_sandbox(workspace, "basic") as sb:
+        calls = [ToolCall(str(i), "block", {"seconds": 0.4}) for i in range(4)]
+        started = time.monotonic()
+        observations = await run_tool_calls(calls, sb.worker.tools)
+        elapsed = time.monotonic() - started
+    assert [o.content for o in observations] == ["done"] * 4
+    assert elapsed < 1.2  # four 0.4 s calls, overlapped
+
+
+async def test_a_crash_fails_in_flight_calls_and_the_worker_restarts(workspace: Path) -> None:
+    async with open_sandbox(workspace, "basic") as sb:
+        first_pid = sb.worker.pid
+        assert first_pid is not None
+        crash, sibling = await run_tool_calls(
+            [ToolCall("c", "crash", {"code": 3}), ToolCall("s", "block", {"seconds": 30})],
+            sb.worker.tools,
+        )
+        for o in (crash, sibling):
+            assert o.error is not None and o.error.kind == "crashed"
+            assert f"pid {first_pid}) exited with exit code 3" in o.content
+        assert is_gone(first_pid)
+        new_pid = int(await sb.text("pid"))
+        assert new_pid != first_pid
+        assert sb.worker.starts == 2
+
+
+async def test_a_deadline_kills_the_process_group(workspace: Path) -> None:
+    async with open_sandbox(workspace, "basic") as sb:
+        pid = sb.worker.pid
+        assert pid is not None
+        slow, sibling = await run_tool_calls(
+            [
+                ToolCall("slow", "block", {"seconds": 60}),
+                ToolCall("sibling", "nap", {"seconds": 60}),
+            ],
+            sb.worker.tools,
+            limits=CallLimits(timeout=0.5),
+        )
+        assert slow.error is not None and slow.error.kind == "timeout"
+        assert sibling.error is not None
+        assert sibling.error.kind in ("timeout", "crashed")
+        await wait_until_gone(pid)
+        assert int(await sb.text("pid")) != pid
+
+
+async def test_a_deadline_in_one_call_fails_the_others_as_crashed(workspace: Path) -> None:
+    async with open_sandbox(workspace, "basic") as sb:
+        slow = ToolCall("slow", "block", {"seconds": 60})
+        other = ToolCall("other", "block", {"seconds": 2})
+        limits = CallLimits(timeout=30)
+
+        async def short(call: ToolCall) -> None:
+            with trio.move_on_after(0.3):
+                await run_tool_calls([call], sb.worker.tools, limits=limits)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(short, slow)
+            [observation] = await run_tool_calls([other], sb.worker.tools, limits=limits)
+        assert observation.error is not None and observation.error.kind == "crashed"
+        assert "a call to block was cancelled" in observation.content
+
+
+async def test_cancelling_the_batch_kills_the_worker(workspace: Path) -> None:
+    async with open_sandbox(workspace, "basic") as sb:
+        pid = sb.worker.pid
+        assert pid is not None
+        with trio.move_on_after(0.3):
+            await run_tool_calls([ToolCall("x", "nap", {"seconds": 60})], sb.worker.tools)
+        await wait_until_gone(pid)
+
+
+async def test_output_goes_to_the_log(workspace: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sandbox.worker")
+    async with open_sandbox(workspace, "basic") as sb:
+        assert await sb.text("shout", text="hello") == "hello"
+        pid = sb.worker.pid
+    records = {(r.levelno, r.getMessage()) for r in caplog.records if r.name == "sandbox.worker"}
+    assert (logging.INFO, f"[basic pid {pid}] out: hello") in records
+    assert (logging.WARNING, f"[basic pid {pid}] err: hello") in records
+
+
+async def test_pool_exit_leaves_no_process_even_after_a_child_is_killed(
+    workspace: Path,
+) -> None:
+    policy = Policy(subprocess=True)
+    async with open_sandbox(workspace, policy=policy) as sb:
+        pgid = sb.worker.pid
+        assert pgid is not None
+        pids = json.loads(await sb.text("spawn_grandchild"))
+        os.kill(pids["child"], signal.SIGKILL)
+        await wait_until_gone_pid(pids["child"])
+        # The grandchild is an orphan now, but still in the worker's process group.
+        assert not is_gone(pids["grandchild"])
+        assert os.getpgid(pids["grandchild"]) == pgid
+    for pid in (pgid, pids["grandchild"]):
+        await wait_until_gone_pid(pid)
+    assert group_members(pgid) == []
+
+
+async def wait_until_gone_pid(pid: int) -> None:
+    with trio.move_on_after(5):
+        while not is_gone(pid):  # noqa: ASYNC110 (nothing to wait on but /proc)
+            await trio.sleep(0.02)
+    assert is_gone(pid)
+
+
+async def test_a_killed_kernel_takes_its_workers_along(workspace: Path) -> None:
+    kernel = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "kernel_process.py"),
+            str(workspace),
+            str(PLUGINS / "basic.py"),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert kernel.stdout is not None
+        with trio.fail_after(20):
+            line = await trio.to_thread.run_sync(kernel.stdout.readline, abandon_on_cancel=True)
+        worker_pid, spare_pid = map(int, line.split())
+        assert not is_gone(worker_pid)
+        assert not is_gone(spare_pid)
+        kernel.kill()
+        # The worker by its parent-death signal, the spare when its channel closes.
+        await wait_until_gone_pid(worker_pid)
+        await wait_until_gone_pid(spare_pid)
+    finally:
+        kernel.kill()
+        kernel.wait()
+
+
+@pytest.mark.stress
+async def test_workers_outlive_idle_threads(workspace: Path) -> None:
+    # Trio's cached threads exit after 10 idle seconds; a worker forked from one
+    # would get its parent-death signal then.
+    async with open_sandbox(workspace, "basic") as sb:
+        pid = sb.worker.pid
+        await trio.sleep(11)
+        assert int(await sb.text("pid")) == pid
+
+
+async def test_a_read_only_workspace(workspace: Path) -> None:
+    async with open_sandbox(workspace, "basic", policy=Policy(workspace="read")) as sb:
+        assert await sb.text("write_here", name="x.txt", text="x") == "denied: Permission denied"
+    assert not (workspace / "x.txt").exists()
+    async with open_sandbox(workspace, "basic") as sb:
+        assert await sb.text("write_here", name="x.txt", text="x") == "written"
+    assert (workspace / "x.txt").read_text() == "x"
+
+
+async def test_tools_listed_in_TOOLS(workspace: Path) -> None:
+    async with open_sandbox(workspace, "listed") as sb:
+        assert [t.name for t in sb.worker.tools] == ["served"]
+
+
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        ("broken", "this plugin cannot be imported"),
+        ("empty", "defines no tools"),
+        ("missing", "No such file"),
+    ],
+)
+async def test_a_plugin_that_cannot_load_is_refused(
+    workspace: Path, plugin: str, message: str
+) -> None:
+    async with open_worker_pool(workspace) as pool:
+        with pytest.raises(SandboxError, match=message):
+            await pool.start(str(PLUGINS / f"{plugin}.py"))
+
+
+async def test_landlock_unavailable_is_refused(workspace: Path) -> None:
+    no_landlock = attrs.evolve(probe_isolation(), landlock_abi=0)
+    async with open_worker_pool(workspace, isolation=no_landlock) as pool:
+        with pytest.raises(SandboxError) as info:
+            await pool.start(str(PLUGINS / "basic.py"))
+        assert pool.workers == []
+    assert "needs isolation" in str(info.value)
+    assert "Landlock is not available" in str(info.value)
+    assert "allow_unsandboxed" in str(info.value)
+
+
+async def test_seccomp_unavailable_is_refused(workspace: Path) -> None:
+    no_seccomp = attrs.evolve(probe_isolation(), seccomp=False)
+    async with open_worker_pool(workspace, isolation=no_seccomp) as pool:
+        with pytest.raises(SandboxError, match="seccomp filters are not available"):
+            await pool.start(str(PLUGINS / "basic.py"))
+
+
+async def test_allow_unsandboxed_marks_every_observation(workspace: Path, canary: Canary) -> None:
+    no_landlock = attrs.evolve(probe_isolation(), landlock_abi=0)
+    async with open_sandbox(workspace, isolation=no_landlock, allow_unsandboxed=True) as sb:
+        assert sb.worker.unconfined == ["Landlock is not available"]
+        assert sb.worker.confinement["seccomp"]  # what could be applied still was
+        ok = await sb.call("read_file", path=str(canary.path))
+        failed = await sb.call("fail_here")
+    assert ok.content.startswith("[ran unconfined: Landlock is not available]\n")
+    # The note is honest: without Landlock the canary is readable.
+    assert canary.secret in ok.content
+    assert failed.is_error and "[ran unconfined: Landlock is not available]" in failed.content
+
+
+@pytest.mark.parametrize(
+    ("body", "announced"),
+    [
+        ('{"type": "result", "id": [1], "ok": true}', -1),  # unhashable id
+        ('{"type": "result", "id": 1, "ok": false, "error": "x"}', -1),
+        ('{"type": "ready", "tools": []}', -1),  # a second greeting
+        ("not json", -1),
+        ("", 2**31),  # a frame far over the limit
+    ],
+)
+async def test_a_worker_that_breaks_the_protocol_is_killed(
+    workspace: Path, body: str, announced: int
+) -> None:
+    async with open_sandbox(workspace) as sb:
+        pid = sb.worker.pid
+        observation = await sb.call("forge_frame", body=body, announced=announced)
+        assert observation.error is not None and observation.error.kind == "crashed"
+        assert "broke the protocol" in observation.content
+        assert pid is not None
+        await wait_until_gone_pid(pid)
+        assert "pid" in await sb.text("identity")  # the kernel is fine; a new worker serves
+
+
+async def test_without_a_spare_process(workspace: Path) -> None:
+    async with open_sandbox(workspace, "basic", spare=False) as sb:
+        assert await sb.text("echo", text="x") == "x"
+        assert sb.pool._spare is None
+
+
+async def test_the_spare_process_is_used_and_does_not_outlive_the_pool(workspace: Path) -> None:
+    async with open_worker_pool(workspace) as pool:
+        with trio.fail_after(10):
+            while pool._spare is None:  # noqa: ASYNC110 (the spare starts in the background)
+                await trio.sleep(0.01)
+        spare_pid = pool._spare.pid
+        worker = await pool.start(str(PLUGINS / "basic.py"))
+        assert worker.pid == spare_pid
+        with trio.fail_after(10):
+            while pool._spare is None:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        next_spare = pool._spare.pid
+        assert next_spare != spare_pid
+    await wait_until_gone_pid(spare_pid)
+    await wait_until_gone_pid(next_spare)

@@ -1,0 +1,280 @@
+"""Confined paths on the kernel side: ``Workspace`` resolves beneath one directory fd."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_kit import Canary
+
+from kernel.errors import SandboxError
+from sandbox import Entry, Workspace, openat2_available
+
+# Every behaviour is checked with openat2 and with the O_NOFOLLOW walk.
+RESOLVERS = [
+    pytest.param(True, id="openat2"),
+    pytest.param(False, id="walk"),
+]
+
+
+@pytest.fixture(params=RESOLVERS)
+def ws(request: pytest.FixtureRequest, workspace: Path) -> Iterator[Workspace]:
+    use_openat2: bool = request.param
+    if use_openat2 and not openat2_available():
+        pytest.skip("no openat2 here")
+    with Workspace(workspace, use_openat2=use_openat2) as w:
+        yield w
+
+
+def test_openat2_is_used_here() -> None:
+    # This machine (Linux 6.18) has openat2: the default resolver must be it.
+    assert openat2_available()
+
+
+def test_read_write_round_trip(ws: Workspace, workspace: Path) -> None:
+    ws.mkdir("notes")
+    ws.write_text("notes/a.txt", "one\ntwo\nthree\n")
+    assert (workspace / "notes" / "a.txt").read_text() == "one\ntwo\nthree\n"
+    assert ws.read_text("notes/a.txt") == "one\ntwo\nthree\n"
+    assert ws.read_text("notes/a.txt", start_line=2, end_line=2) == "two\n"
+    assert ws.read_text("notes/a.txt", start_line=3) == "three\n"
+    assert ws.read_bytes("./notes//a.txt") == b"one\ntwo\nthree\n"
+
+
+def test_write_replaces_atomically_and_keeps_the_mode(ws: Workspace, workspace: Path) -> None:
+    ws.write_text("f.txt", "old")
+    os.chmod(workspace / "f.txt", 0o600)
+    inode = os.stat(workspace / "f.txt").st_ino
+    ws.write_text("f.txt", "new")
+    st = os.stat(workspace / "f.txt")
+    assert (workspace / "f.txt").read_text() == "new"
+    assert st.st_ino != inode  # a new file renamed over the old one
+    assert st.st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(workspace)) == ["f.txt"]  # no temporary file left
+
+
+def test_append_creates_then_appends(ws: Workspace, workspace: Path) -> None:
+    ws.append("log.txt", "a")
+    ws.append("log.txt", b"b")
+    assert (workspace / "log.txt").read_text() == "ab"
+
+
+def test_list_stat_mkdir_remove_rename(ws: Workspace, workspace: Path) -> None:
+    ws.mkdir("d/e/f", parents=True)
+    ws.mkdir("d", exist_ok=True)
+    with pytest.raises(FileExistsError):
+        ws.mkdir("d")
+    ws.write_bytes("d/x.bin", b"12345")
+    (workspace / "d" / "ln").symlink_to("x.bin")
+    assert ws.list("d") == [
+        Entry("e", "dir", ws.stat("d/e").st_size),
+        Entry("ln", "symlink", len("x.bin")),
+        Entry("x.bin", "file", 5),
+    ]
+    if ws.uses_openat2:
+        assert ws.stat("d/ln").st_size == 5
+    else:
+        with pytest.raises(SandboxError, match="symbolic link"):
+            ws.stat("d/ln")
+    assert ws.stat("d/ln", follow_symlinks=False).st_size == len("x.bin")
+    ws.rename("d/x.bin", "y.bin")
+    assert (workspace / "y.bin").read_bytes() == b"12345"
+    ws.write_bytes("z.bin", b"z")
+    with pytest.raises(FileExistsError):
+        ws.rename("y.bin", "z.bin")
+    ws.rename("y.bin", "z.bin", overwrite=True)
+    assert (workspace / "z.bin").read_bytes() == b"12345"
+    ws.remove("d/ln")
+    ws.remove("d/e/f")
+    assert not (workspace / "d" / "e" / "f").exists()
+    with pytest.raises(FileNotFoundError):
+        ws.remove("nothing")
+    assert not ws.exists("nothing")
+
+
+def test_missing_file_names_the_workspace_path(ws: Workspace) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        ws.read_text("no/such.txt")
+    assert info.value.filename == "no/such.txt"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../canary.txt",
+        "a/../../canary.txt",
+        "/etc/passwd",
+        "CANARY_ABSOLUTE",
+    ],
+)
+def test_paths_that_leave_are_refused(ws: Workspace, canary: Canary, path: str) -> None:
+    (ws.path / "a").mkdir()
+    path = str(canary.path) if path == "CANARY_ABSOLUTE" else path
+    for attempt in (
+        lambda: ws.read_text(path),
+        lambda: ws.write_text(path, "pwned"),
+        lambda: ws.append(path, "pwned"),
+        lambda: ws.stat(path),
+        lambda: ws.remove(path),
+    ):
+        with pytest.raises(SandboxError):
+            attempt()
+    canary.assert_untouched()
+
+
+def test_symlinks_that_leave_are_refused(ws: Workspace, canary: Canary, tmp_path: Path) -> None:
+    (ws.path / "out").symlink_to(canary.path)
+    (ws.path / "dir").symlink_to(tmp_path)
+    (ws.path / "proc").symlink_to("/proc/self/root")
+    for path in ("out", "dir/canary.txt", f"proc{canary.path}"):
+        with pytest.raises(SandboxError, match="refused"):
+            ws.read_text(path)
+        with pytest.raises(SandboxError, match="refused"):
+            ws.append(path, "pwned")
+        with pytest.raises(SandboxError, match="refused"):
+            ws.write_text(path + "2" if path != "out" else "dir/new.txt", "pwned")
+    with pytest.raises(SandboxError):
+        ws.rename("out", "dir/stolen")
+    assert not (tmp_path / "new.txt").exists()
+    canary.assert_untouched()
+
+
+def test_write_over_a_planted_symlink_replaces_the_link(ws: Workspace, canary: Canary) -> None:
+    (ws.path / "out").symlink_to(canary.path)
+    ws.write_text("out", "mine")
+    assert not (ws.path / "out").is_symlink()
+    assert (ws.path / "out").read_text() == "mine"
+    canary.assert_untouched()
+
+
+def test_symlinks_inside_are_followed_with_openat2(workspace: Path) -> None:
+    (workspace / "real.txt").write_text("inside")
+    (workspace / "alias.txt").symlink_to("real.txt")
+    with Workspace(workspace, use_openat2=True) as ws:
+        assert ws.read_text("alias.txt") == "inside"
+    with Workspace(workspace, use_openat2=False) as ws, pytest.raises(SandboxError):
+        ws.read_text("alias.txt")  # the walk refuses every link
+
+
+def test_fifo_does_not_hang(ws: Workspace) -> None:
+    os.mkfifo(ws.path / "pipe")
+    with pytest.raises(SandboxError, match="FIFO"):
+        ws.read_bytes("pipe")
+    with pytest.raises(SandboxError, match="FIFO"):
+        ws.append("pipe", "x")
+    with pytest.raises(SandboxError, match="FIFO"):
+        ws.write_text("pipe", "x")
+
+
+def test_devices_and_directories_are_not_files(ws: Workspace) -> None:
+    (ws.path / "null").symlink_to("/dev/null")
+    with pytest.raises(SandboxError):
+        ws.read_bytes("null")  # outside, and a device
+    ws.mkdir("d")
+    with pytest.raises(IsADirectoryError):
+        ws.read_bytes("d")
+
+
+def test_home_and_tilde_mean_nothing(
+    ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "secret").write_text("home secret")
+    monkeypatch.setenv("HOME", str(home))
+    for path in ("~/secret", "$HOME/secret", "${HOME}/secret"):
+        with pytest.raises(FileNotFoundError):
+            ws.read_text(path)
+    ws.mkdir("~")
+    ws.write_text("~/secret", "inside")
+    assert (ws.path / "~" / "secret").read_text() == "inside"
+    assert (home / "secret").read_text() == "home secret"
+
+
+def test_sibling_with_the_workspace_name_as_prefix(ws: Workspace, tmp_path: Path) -> None:
+    evil = tmp_path / "ws-evil"
+    evil.mkdir()
+    (evil / "secret.txt").write_text("evil")
+    for path in ("../ws-evil/secret.txt", str(evil / "secret.txt")):
+        with pytest.raises(SandboxError):
+            ws.read_text(path)
+    (ws.path / "sib").symlink_to(evil)
+    with pytest.raises(SandboxError):
+        ws.read_text("sib/secret.txt")
+
+
+def test_bad_path_strings(ws: Workspace) -> None:
+    with pytest.raises(SandboxError, match="NUL"):
+        ws.read_text("a\x00b")
+    with pytest.raises(SandboxError, match="longer than"):
+        ws.read_text("a/" * 3000)
+    with pytest.raises(SandboxError, match="longer than 255"):
+        ws.read_text("x" * 300)
+    with pytest.raises(SandboxError, match="strings"):
+        ws.read_text(b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(SandboxError, match="does not name"):
+        ws.remove("..")
+
+
+def test_size_caps(workspace: Path) -> None:
+    with Workspace(workspace, max_read=10, max_write=10) as ws:
+        ws.write_bytes("ten", b"0123456789")
+        assert ws.read_bytes("ten") == b"0123456789"
+        with pytest.raises(SandboxError, match="cap"):
+            ws.write_bytes("eleven", b"0" * 11)
+        with pytest.raises(SandboxError, match="cap"):
+            ws.append("ten", b"!")
+        (workspace / "big").write_bytes(b"0" * 11)
+        with pytest.raises(SandboxError, match="11 bytes"):
+            ws.read_bytes("big")
+        assert ws.read_bytes("big", max_bytes=11) == b"0" * 11
+
+
+def test_a_missing_workspace_is_a_sandbox_error(tmp_path: Path) -> None:
+    with pytest.raises(SandboxError, match="cannot open workspace"):
+        Workspace(tmp_path / "missing")
+
+
+def test_symlink_swapped_between_check_and_use(ws: Workspace, canary: Canary, stress: bool) -> None:
+    """A thread flips a name between a file inside and a link to the canary, as fast as it can."""
+    name = ws.path / "flip"
+    staging = ws.path / "flip.tmp"
+    stop = threading.Event()
+
+    def flipper() -> None:
+        while not stop.is_set():
+            staging.write_text("inside")
+            os.replace(staging, name)  # atomic: the name always exists
+            staging.symlink_to(canary.path)
+            os.replace(staging, name)
+
+    name.write_text("inside")
+    thread = threading.Thread(target=flipper)
+    thread.start()
+    outcomes = {"inside": 0, "refused": 0}
+    rounds = 20_000 if stress else 2_000
+    deadline = time.monotonic() + 20
+    try:
+        # At least `rounds` reads, and on until both outcomes were seen: the race is on.
+        while rounds > 0 or 0 in outcomes.values():
+            rounds -= 1
+            assert time.monotonic() < deadline, outcomes
+            try:
+                text = ws.read_text("flip")
+            except SandboxError:
+                outcomes["refused"] += 1
+            else:
+                assert text == "inside"
+                outcomes["inside"] += 1
+            try:
+                ws.append("flip", "")
+            except SandboxError:
+                pass
+    finally:
+        stop.set()
+        thread.join()
+    canary.assert_untouched()
