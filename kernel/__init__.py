@@ -25,6 +25,11 @@ _EXPORTS: dict[str, str] = {
     "tool": "tools",
     "ToolRegistry": "tools",
     "ToolFailure": "tools",
+    # plugins
+    "Plugin": "plugin",
+    "Permissions": "plugin",
+    "ToolContext": "plugin",
+    "context": "plugin",
     # executor
     "run_tool_calls": "executor",
     "CallLimits": "executor",
@@ -79,6 +84,10 @@ if TYPE_CHECKING:
     from .messages import ToolCall as ToolCall
     from .messages import ToolError as ToolError
     from .messages import converter as converter
+    from .plugin import Permissions as Permissions
+    from .plugin import Plugin as Plugin
+    from .plugin import ToolContext as ToolContext
+    from .plugin import context as context
     from .session import Session as Session
     from .tools import Tool as Tool
     from .tools import ToolFailure as ToolFailure

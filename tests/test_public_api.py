@@ -12,6 +12,7 @@ EXPECTED = {
     "Tool", "tool", "ToolRegistry", "ToolFailure",
     "run_tool_calls", "CallLimits", "BatchHandle", "CallStarted", "CallFinished", "CallEvent",
     "ordered_observations",
+    "Plugin", "Permissions", "ToolContext", "context",
     "Kernel", "open_kernel", "Agent", "RunLimits", "TurnFinished", "Session",
     "KernelError", "UsageError", "StoreError", "CorruptTranscript", "SandboxError",
     "ModelAPIError", "ProtocolError",
