@@ -223,11 +223,13 @@ class ToolContext:
             opens goes through it; plugins never see the host's paths.
         session: the session's key (``project/session`` or with a subpath), if any.
         logger: where the tool should log.
+        config: the plugin's own section of ``tak.toml`` (``[plugins.<name>]``).
     """
 
     workspace: Workspace
     session: str | None
     logger: logging.Logger
+    config: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 _current: contextvars.ContextVar[ToolContext] = contextvars.ContextVar("tak_tool_context")
