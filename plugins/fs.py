@@ -1,0 +1,514 @@
+"""The ``fs`` built-in plugin: read, write, edit, list, glob and grep files in the workspace.
+
+Every path goes through ``context().workspace`` (``sandbox.Workspace``), which
+resolves it beneath the workspace's directory fd with ``openat2(RESOLVE_BENEATH)``:
+``..`` that climbs out, absolute paths and symbolic links leading out are refused
+by the operating system, not by string checks here. That is why this plugin runs
+in the kernel's process (``in_process=True``): it has no side effect that the
+``Workspace`` does not confine.
+
+Refusals (``SandboxError``) become ``denied`` observations; a missing file, a
+directory where a file was expected and the like become ``exception``
+observations whose message names the workspace path.
+
+Walking (``glob``, ``grep``) never follows symbolic links to directories (no loops,
+no double counting) and does not descend into hidden directories (``.git``,
+``.tak``, ``.venv``) unless the pattern or path names them explicitly.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import functools
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from kernel.errors import SandboxError
+from kernel.plugin import Plugin, context
+from kernel.tools import ToolFailure
+
+if TYPE_CHECKING:
+    from sandbox import Workspace
+
+plugin = Plugin(
+    "fs",
+    version="0.1.0",
+    description="Read, write, edit, list and search files in the workspace.",
+    permissions={"workspace": "write"},
+    in_process=True,
+)
+
+#: Largest file ``read_file``, ``edit_file`` and ``grep`` will load.
+MAX_FILE_BYTES = 8 * 1024 * 1024
+#: Lines and characters ``read_file`` shows at once; the rest is announced with a marker.
+MAX_READ_LINES = 2000
+MAX_READ_CHARS = 60_000
+#: Longest line shown as is by ``read_file`` and ``grep``.
+MAX_LINE_CHARS = 2000
+MAX_GREP_LINE_CHARS = 400
+#: Output caps of ``grep`` (characters) and of ``glob``/``list_dir`` (entries).
+MAX_GREP_CHARS = 40_000
+MAX_ENTRIES = 1000
+#: Directory entries a walk visits before it stops, so a huge tree cannot stall a call.
+MAX_WALK_ENTRIES = 200_000
+#: How many leading bytes decide whether a file is binary.
+BINARY_SNIFF_BYTES = 8192
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _workspace() -> Workspace:
+    return context().workspace
+
+
+def _refusals_denied(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A ``SandboxError`` becomes a ``denied`` observation; OS errors name the path plainly."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except SandboxError as exc:
+            raise ToolFailure("denied", str(exc), type="SandboxError") from exc
+        except OSError as exc:
+            if exc.filename is None or not exc.errno:
+                raise
+            # "[Errno 2] openat2: No such file or directory: 'a.txt'" reads worse than this.
+            raise type(exc)(f"{exc.filename}: {os.strerror(exc.errno).lower()}") from None
+
+    return wrapper
+
+
+def _looks_binary(data: bytes) -> bool:
+    return b"\x00" in data[:BINARY_SNIFF_BYTES]
+
+
+def _binary_message(path: str, data: bytes) -> str:
+    preview = data[:32].hex(" ")
+    return (
+        f"{path} looks binary (NUL bytes in its first {BINARY_SNIFF_BYTES} bytes; "
+        f"{len(data)} bytes in all); only text files can be shown. First bytes: {preview}"
+    )
+
+
+def _read_text_file(ws: Workspace, path: str) -> str:
+    """The text of a file, refused when it is binary or larger than ``MAX_FILE_BYTES``."""
+    data = ws.read_bytes(path, max_bytes=MAX_FILE_BYTES)
+    if _looks_binary(data):
+        raise ValueError(_binary_message(path, data))
+    return data.decode("utf-8", errors="replace")
+
+
+def _clip_line(line: str, limit: int) -> str:
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}… [line cut: {len(line) - limit} more characters]"
+
+
+def _numbered(lines: list[str], first: int) -> str:
+    return "\n".join(
+        f"{number:>6}\t{_clip_line(line, MAX_LINE_CHARS)}"
+        for number, line in enumerate(lines, start=first)
+    )
+
+
+@plugin.tool
+@_refusals_denied
+def read_file(path: str, start_line: int | None = None, end_line: int | None = None) -> str:
+    """Read a text file from the workspace, with line numbers.
+
+    Shows at most 2000 lines or 60 000 characters at once; a marker at the end
+    says which line to continue from. Binary files are refused.
+
+    Args:
+        path: File path relative to the workspace.
+        start_line: First line to show (1-based). Default: the first line.
+        end_line: Last line to show (inclusive). Default: the last line.
+    """
+    if start_line is not None and start_line < 1:
+        raise ValueError(f"start_line must be 1 or more, got {start_line}")
+    if end_line is not None and end_line < 1:
+        raise ValueError(f"end_line must be 1 or more, got {end_line}")
+    if start_line is not None and end_line is not None and end_line < start_line:
+        raise ValueError(f"end_line {end_line} is before start_line {start_line}")
+    lines = _read_text_file(_workspace(), path).splitlines()
+    total = len(lines)
+    if total == 0:
+        return f"({path} is empty)"
+    first = start_line or 1
+    if first > total:
+        raise ValueError(f"start_line {first} is past the end of {path} ({total} lines)")
+    last = min(end_line or total, total)
+    shown: list[str] = []
+    size = 0
+    for line in lines[first - 1 : last]:
+        size += min(len(line), MAX_LINE_CHARS) + 8
+        if len(shown) >= MAX_READ_LINES or (shown and size > MAX_READ_CHARS):
+            break
+        shown.append(line)
+    out = _numbered(shown, first)
+    shown_last = first + len(shown) - 1
+    if shown_last < last:
+        out += (
+            f"\n[showed lines {first}-{shown_last} of {total}; "
+            f"continue with start_line={shown_last + 1}]"
+        )
+    return out
+
+
+@plugin.tool
+@_refusals_denied
+def write_file(path: str, content: str) -> str:
+    """Create or replace a text file in the workspace (atomically).
+
+    Missing parent directories are created.
+
+    Args:
+        path: File path relative to the workspace.
+        content: The whole new content of the file.
+    """
+    ws = _workspace()
+    parent = path.rstrip("/").rpartition("/")[0]
+    if parent and not ws.exists(parent):
+        # Checked first: ``exists`` resolves the parent, so a parent that leads out of
+        # the workspace is refused as such rather than reported as "file exists".
+        ws.mkdir(parent, parents=True, exist_ok=True)
+    existed = ws.exists(path)
+    data = content.encode("utf-8")
+    ws.write_bytes(path, data)
+    lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
+    verb = "replaced" if existed else "created"
+    return f"{verb} {path}: {len(data)} bytes, {lines} lines"
+
+
+def _line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def _closest_region(text: str, old: str) -> tuple[int, list[str], float] | None:
+    """The run of lines of ``text`` most like ``old``: (first line number, lines, ratio)."""
+    lines = text.splitlines()
+    wanted = old.strip("\n").splitlines() or [old]
+    width = len(wanted)
+    if not lines:
+        return None
+    target = "\n".join(wanted)
+    matcher = difflib.SequenceMatcher(autojunk=False)
+    matcher.set_seq2(target)
+    best: tuple[int, list[str], float] | None = None
+    for start in range(max(1, len(lines) - width + 1)):
+        window = lines[start : start + width]
+        matcher.set_seq1("\n".join(window))
+        # The cheap upper bounds skip most windows before the quadratic ratio().
+        floor = best[2] if best else 0.0
+        if matcher.real_quick_ratio() <= floor or matcher.quick_ratio() <= floor:
+            continue
+        ratio = matcher.ratio()
+        if ratio > floor:
+            best = (start + 1, window, ratio)
+    return best
+
+
+def _missing_message(path: str, text: str, old: str) -> str:
+    message = f"old text not found in {path}"
+    if len(text) > 2_000_000:
+        return message + " (file too large to look for a close match)"
+    closest = _closest_region(text, old)
+    if closest is None or closest[2] < 0.3:
+        return message + "; nothing in the file resembles it"
+    first, lines, ratio = closest
+    return (
+        f"{message}. The closest region ({ratio:.0%} similar) is lines "
+        f"{first}-{first + len(lines) - 1}:\n{_numbered(lines, first)}\n"
+        "Copy the text exactly as it is in the file (whitespace included)."
+    )
+
+
+@plugin.tool
+@_refusals_denied
+def edit_file(path: str, old: str, new: str) -> str:
+    """Replace one exact occurrence of ``old`` with ``new`` in a file.
+
+    Fails when ``old`` is not in the file (the error shows the closest region)
+    or occurs more than once (the error gives the line of each occurrence:
+    include more surrounding text to make it unique).
+
+    Args:
+        path: File path relative to the workspace.
+        old: The exact text to replace, whitespace included.
+        new: The replacement text.
+    """
+    if not old:
+        raise ValueError("old is empty; give the exact text to replace (use write_file to create)")
+    if old == new:
+        raise ValueError("old and new are the same; nothing to change")
+    ws = _workspace()
+    text = _read_text_file(ws, path)
+    count = text.count(old)
+    if count == 0:
+        raise ValueError(_missing_message(path, text, old))
+    if count > 1:
+        starts: list[int] = []
+        offset = text.find(old)
+        while offset != -1:
+            starts.append(_line_of(text, offset))
+            offset = text.find(old, offset + 1)
+        shown = ", ".join(str(n) for n in starts[:50])
+        more = f" and {len(starts) - 50} more" if len(starts) > 50 else ""
+        raise ValueError(
+            f"old text occurs {count} times in {path}, starting at lines {shown}{more}; "
+            "include more surrounding text so that it matches exactly once"
+        )
+    offset = text.index(old)
+    ws.write_text(path, text[:offset] + new + text[offset + len(old) :])
+    first = _line_of(text, offset)
+    last = first + max(new.count("\n") - (1 if new.endswith("\n") else 0), 0)
+    return f"edited {path}: replaced 1 occurrence; the new text is at lines {first}-{last}"
+
+
+_KIND_SUFFIX = {"dir": "/", "symlink": "@", "other": "?", "file": ""}
+
+
+@plugin.tool
+@_refusals_denied
+def list_dir(path: str = ".") -> str:
+    """List a directory of the workspace: directories end in ``/``, symbolic links in ``@``.
+
+    Args:
+        path: Directory path relative to the workspace.
+    """
+    entries = _workspace().list(path)
+    if not entries:
+        return f"({path} is empty)"
+    lines = []
+    for entry in entries[:MAX_ENTRIES]:
+        name = entry.name + _KIND_SUFFIX[entry.kind]
+        lines.append(f"{name}  {entry.size} bytes" if entry.kind == "file" else name)
+    if len(entries) > MAX_ENTRIES:
+        lines.append(f"[showed {MAX_ENTRIES} of {len(entries)} entries]")
+    return "\n".join(lines)
+
+
+# --- walking ----------------------------------------------------------------------
+
+
+class _WalkBudget:
+    """Counts visited entries; a walk past ``MAX_WALK_ENTRIES`` stops and says so."""
+
+    def __init__(self) -> None:
+        self.visited = 0
+        self.exhausted = False
+
+    def spend(self, n: int) -> bool:
+        self.visited += n
+        if self.visited > MAX_WALK_ENTRIES:
+            self.exhausted = True
+        return not self.exhausted
+
+
+def _join(base: str, name: str) -> str:
+    return name if base in ("", ".") else f"{base}/{name}"
+
+
+def _walk_files(ws: Workspace, top: str, budget: _WalkBudget) -> Iterator[str]:
+    """Regular files under ``top`` (workspace-relative), depth first, sorted by name."""
+    stack = [top]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = ws.list(current)
+        except (OSError, SandboxError):
+            continue  # vanished or unreadable since it was listed: not worth failing a search
+        if not budget.spend(len(entries)):
+            return
+        subdirs = []
+        for entry in entries:
+            path = _join(current, entry.name)
+            if entry.kind == "file":
+                yield path
+            elif entry.kind == "dir" and not entry.name.startswith("."):
+                subdirs.append(path)
+        stack.extend(reversed(subdirs))
+
+
+def _split_pattern(pattern: str, what: str) -> list[str]:
+    if pattern.startswith("/"):
+        raise ValueError(f"{what} {pattern!r} is absolute; patterns are relative to the workspace")
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"{what} {pattern!r} contains '..'; patterns stay inside the workspace")
+    if not parts:
+        raise ValueError(f"{what} {pattern!r} matches nothing; try '**/*'")
+    return parts
+
+
+def _segment_matches(segment: str, name: str) -> bool:
+    # As in a shell: a wildcard does not match a leading dot unless the segment has one.
+    if name.startswith(".") and not segment.startswith("."):
+        return False
+    return fnmatch.fnmatchcase(name, segment)
+
+
+def _glob(ws: Workspace, parts: list[str], budget: _WalkBudget) -> Iterator[str]:
+    """Paths matching the segments; ``**`` is zero or more directories."""
+    # (directory, index of the next segment to match); a set avoids revisiting
+    # a directory that several ``**`` expansions reach.
+    seen: set[tuple[str, int]] = set()
+    stack: list[tuple[str, int]] = [(".", 0)]
+    while stack:
+        current, index = stack.pop()
+        if (current, index) in seen:
+            continue
+        seen.add((current, index))
+        segment = parts[index]
+        last = index == len(parts) - 1
+        if segment == "**":
+            stack.append((current, index + 1))
+        try:
+            entries = ws.list(current)
+        except (OSError, SandboxError):
+            continue
+        if not budget.spend(len(entries)):
+            return
+        for entry in entries:
+            path = _join(current, entry.name)
+            if segment == "**":
+                if entry.kind == "dir" and not entry.name.startswith("."):
+                    stack.append((path, index))
+                continue
+            if not _segment_matches(segment, entry.name):
+                continue
+            if last:
+                yield path
+            elif entry.kind == "dir" or (entry.kind == "symlink" and _is_dir(ws, path)):
+                stack.append((path, index + 1))
+
+
+def _is_dir(ws: Workspace, path: str) -> bool:
+    try:
+        return stat.S_ISDIR(ws.stat(path).st_mode)
+    except (OSError, SandboxError):
+        return False
+
+
+@plugin.tool
+@_refusals_denied
+def glob(pattern: str) -> str:
+    """Find workspace paths matching a glob pattern, one per line, sorted.
+
+    ``*`` and ``?`` match within one name, ``**`` matches any number of
+    directories (``src/**/*.py``). Wildcards do not match names that start
+    with ``.``, and ``**`` does not enter hidden directories, unless the
+    pattern spells the dot (``.github/**/*.yml``).
+
+    Args:
+        pattern: Glob pattern relative to the workspace.
+    """
+    ws = _workspace()
+    budget = _WalkBudget()
+    parts = _split_pattern(pattern, "pattern")
+    if parts[-1] == "**":
+        parts.append("*")  # a trailing ``**`` means everything below, as ``**/*`` does
+    found = sorted(set(_glob(ws, parts, budget)))
+    notes = []
+    if budget.exhausted:
+        notes.append(f"[stopped after visiting {MAX_WALK_ENTRIES} entries; narrow the pattern]")
+    if not found:
+        return "\n".join([f"no paths match {pattern!r}", *notes])
+    lines = found[:MAX_ENTRIES]
+    if len(found) > MAX_ENTRIES:
+        notes.append(f"[showed {MAX_ENTRIES} of {len(found)} matches; narrow the pattern]")
+    return "\n".join(lines + notes)
+
+
+def _path_filter(pattern: str | None) -> Callable[[str], bool]:
+    """``*.py`` matches a file name anywhere; a pattern with ``/`` matches the whole path."""
+    if pattern is None:
+        return lambda path: True
+    parts = _split_pattern(pattern, "glob")
+    if len(parts) == 1:
+        return lambda path: _segment_matches(parts[0], path.rpartition("/")[2])
+    return lambda path: _parts_match(parts, path.split("/"))
+
+
+def _parts_match(parts: list[str], names: list[str]) -> bool:
+    if not parts:
+        return not names
+    if parts[0] == "**":
+        return any(_parts_match(parts[1:], names[i:]) for i in range(len(names) + 1))
+    return (
+        bool(names) and _segment_matches(parts[0], names[0]) and _parts_match(parts[1:], names[1:])
+    )
+
+
+@plugin.tool
+@_refusals_denied
+def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
+    """Search file contents with a regular expression (Python ``re`` syntax).
+
+    Prints ``file:line: text`` for each matching line. Binary files, files over
+    8 MiB and hidden directories are skipped. Use ``(?i)`` for case-insensitive
+    matching. Output is capped; a marker says when matches were left out.
+
+    Args:
+        pattern: Regular expression to look for.
+        path: File or directory (searched recursively) relative to the workspace.
+        glob: Only search files matching this glob (``*.py`` matches names,
+            ``src/**/*.py`` whole paths).
+    """
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    ws = _workspace()
+    wanted = _path_filter(glob)
+    budget = _WalkBudget()
+    st = ws.stat(path)
+    files = _walk_files(ws, path, budget) if stat.S_ISDIR(st.st_mode) else iter([path])
+    out: list[str] = []
+    size = 0
+    matches = 0
+    skipped: list[str] = []
+    truncated = False
+    for file in files:
+        if not wanted(file):
+            continue
+        try:
+            data = ws.read_bytes(file, max_bytes=MAX_FILE_BYTES)
+        except SandboxError:
+            skipped.append(file)
+            continue
+        except OSError:
+            continue
+        if _looks_binary(data):
+            continue
+        text = data.decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), start=1):
+            if regex.search(line) is None:
+                continue
+            matches += 1
+            if truncated:
+                continue
+            entry = f"{file}:{number}: {_clip_line(line, MAX_GREP_LINE_CHARS)}"
+            if size + len(entry) + 1 > MAX_GREP_CHARS:
+                truncated = True
+                continue
+            out.append(entry)
+            size += len(entry) + 1
+    if truncated:
+        out.append(
+            f"[output truncated: showed {len(out)} of {matches} matching lines; "
+            "narrow the pattern, path or glob]"
+        )
+    if skipped:
+        out.append(f"[skipped {len(skipped)} files over {MAX_FILE_BYTES} bytes: {skipped[:5]}]")
+    if budget.exhausted:
+        out.append(f"[stopped after visiting {MAX_WALK_ENTRIES} entries; narrow the path]")
+    if matches == 0:
+        out.insert(0, f"no matches for {pattern!r} in {path}")
+    return "\n".join(out)
