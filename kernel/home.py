@@ -12,9 +12,13 @@ Code never writes beside itself: everything goes under a ``TakHome``.
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import attrs
+
+from .errors import UsageError
 
 
 @attrs.frozen
@@ -34,6 +38,25 @@ class TakHome:
     @property
     def config(self) -> Path:
         return self.root / "config"
+
+    @property
+    def config_file(self) -> Path:
+        """``config/tak.toml``: ``[sandbox] allow_unsandboxed`` and ``[plugins.<name>]``."""
+        return self.config / "tak.toml"
+
+    def load_config(self) -> dict[str, Any]:
+        """The parsed ``tak.toml`` (empty when there is none).
+
+        Raises:
+            UsageError: the file is not valid TOML (the message names it and the line).
+        """
+        try:
+            with open(self.config_file, "rb") as f:
+                return tomllib.load(f)
+        except FileNotFoundError:
+            return {}
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{self.config_file}: {exc}") from None
 
     @property
     def data(self) -> Path:

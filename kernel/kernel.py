@@ -7,8 +7,14 @@
         observations = await k.call_tools(session, calls)
         result = await k.run_turn(session, "summarize what you found")
 
-Everything a kernel starts (compaction after a turn) runs in its own nursery
-and is gone when the ``async with`` block ends.
+Everything a kernel starts (compaction after a turn, plugin workers) runs in
+its own nursery and is gone when the ``async with`` block ends.
+
+``k.tools`` holds the embedder's ``tools`` and every plugin's (see
+``plugins._host``: built-ins and discovered plugins unless ``plugins=`` says
+which). ``call_tools``, ``run_turn`` and ``run`` run tools inside
+``kernel.context()`` for their session: in-process tools read it, and workers
+receive the session key with each call.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
@@ -29,9 +35,13 @@ from .executor import CallEvent, CallFinished, CallLimits, run_tool_calls
 from .home import TakHome
 from .messages import Message, Observation, ToolCall
 from .models import Model, open_http_client, resolve_model
+from .plugin import ToolContext, use_context
 from .session import Session
 from .store import FileStore, SessionKey, SessionStore
 from .tools import Tool, ToolRegistry
+
+if TYPE_CHECKING:
+    from plugins import PluginHost, PluginSpec
 
 DEFAULT_PROJECT = "default"
 
@@ -51,6 +61,7 @@ class Kernel:
         model: Model,
         agent: Agent,
         nursery: trio.Nursery,
+        plugins: PluginHost,
     ) -> None:
         self.home = home
         self.workspace = workspace
@@ -58,7 +69,14 @@ class Kernel:
         self.tools = tools
         self.model = model
         self.agent = agent
+        self.plugins = plugins
         self._nursery = nursery
+
+    @contextlib.contextmanager
+    def tool_context(self, session: Session) -> Iterator[ToolContext]:
+        """``kernel.context()`` for tools run on behalf of ``session`` (tasks inherit it)."""
+        with use_context(self.plugins.context(str(session.key))) as ctx:
+            yield ctx
 
     def session(self, session_id: str | None = None, *, project: str = DEFAULT_PROJECT) -> Session:
         """A session by id (a new random id when ``None``); nothing is written until used.
@@ -91,9 +109,13 @@ class Kernel:
                 on_event(event)
 
         try:
-            observations = await run_tool_calls(
-                calls, self.tools, limits=limits or self.agent.call_limits, on_event=on_call_event
-            )
+            with self.tool_context(session):
+                observations = await run_tool_calls(
+                    calls,
+                    self.tools,
+                    limits=limits or self.agent.call_limits,
+                    on_event=on_call_event,
+                )
         except BaseException:
             if len(done) == len(calls):
                 with trio.CancelScope(shield=True) as persist:
@@ -107,7 +129,8 @@ class Kernel:
         self, session: Session, prompt: str, *, on_event: AgentEventCallback | None = None
     ) -> TurnFinished:
         """One agent turn (see ``Agent.run_turn``); compaction may follow in the background."""
-        result = await self.agent.run_turn(session, prompt, on_event=on_event)
+        with self.tool_context(session):
+            result = await self.agent.run_turn(session, prompt, on_event=on_event)
         self._compact_later(session)
         return result
 
@@ -116,8 +139,10 @@ class Kernel:
         self, session: Session, prompt: str
     ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
         """One agent turn as a stream of events (see ``Agent.run``)."""
-        async with self.agent.run(session, prompt) as events:
-            yield events
+        # The agent's tasks start inside this block, so they inherit the context.
+        with self.tool_context(session):
+            async with self.agent.run(session, prompt) as events:
+                yield events
         self._compact_later(session)
 
     def _compact_later(self, session: Session) -> None:
@@ -158,28 +183,48 @@ async def open_kernel(
     call_limits: CallLimits = CallLimits(),
     subagents: bool = True,
     compact_after_tokens: int | None = None,
+    plugins: Sequence[PluginSpec] | None = None,
+    allow_unsandboxed: bool | None = None,
 ) -> AsyncIterator[Kernel]:
-    """Open a kernel: its home, store, model and tools, and a nursery for its tasks.
+    """Open a kernel: its home, store, model, tools and plugins, and a nursery for its tasks.
 
     Args:
         home: ``TAK_HOME`` (default: ``$TAK_HOME`` or ``~/.tak``); created if missing.
         workspace: the directory tools work in (default: ``<home>/workspace``).
         model: a ``provider:model`` string (see ``kernel.models.resolve_model``) or a model.
-        tools: the tools models may call.
+        tools: tools of your own; they keep their names.
         store: where sessions live (default: a ``FileStore`` under ``<home>/data/sessions``).
+        plugins: ``None`` (default) for the built-in plugins and every discovered one;
+            else exactly these (names, modules, ``Plugin`` objects; ``[]`` for none).
+        allow_unsandboxed: run plugins where isolation is missing (default:
+            ``[sandbox] allow_unsandboxed`` of ``tak.toml``, else ``False``).
 
     Raises:
-        UsageError: a bad model string, a missing API key, or a workspace that is
-            not a directory.
+        UsageError: a bad model string, a missing API key, a workspace that is
+            not a directory, or an unreadable ``tak.toml``.
     """
+    from plugins import open_plugin_host
+
     tak_home, work = await trio.to_thread.run_sync(_prepare_dirs, home, workspace)
-    registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+    config = await trio.to_thread.run_sync(tak_home.load_config)
+    if allow_unsandboxed is None:
+        allow_unsandboxed = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
     owned_store = store is None
     the_store: SessionStore = (
         store if store is not None else FileStore(tak_home.sessions, durability=durability)
     )
     try:
-        async with open_http_client() as client:
+        async with (
+            open_plugin_host(
+                work,
+                plugins=plugins,
+                tools=tools,
+                config=config,
+                allow_unsandboxed=allow_unsandboxed,
+            ) as host,
+            open_http_client() as client,
+        ):
+            registry = host.tools
             the_model = (
                 resolve_model(model, client=client, fallbacks=fallbacks)
                 if isinstance(model, str)
@@ -204,6 +249,7 @@ async def open_kernel(
                         model=the_model,
                         agent=agent,
                         nursery=nursery,
+                        plugins=host,
                     )
                     # Background work (compaction) is optional: don't hold the exit for it.
                     nursery.cancel_scope.cancel()

@@ -16,7 +16,10 @@ the worker, so the executor runs them like any other tool:
   started again for the next call;
 - a call that is cancelled (its deadline, a cancelled batch) kills the
   worker's whole process group, and the ``Cancelled`` goes on up;
-- the worker's stdout and stderr go to the ``sandbox.worker`` logger;
+- the worker's stdout and stderr go to the ``sandbox.worker`` logger, and
+  what its plugin logs through ``kernel.context().logger`` to ``tak.plugin.<name>``;
+- each call frame carries the session key of the ``kernel.context()`` the call
+  was made in, and the plugin's config (``Worker.config``);
 - when the pool closes, every worker and everything it started is killed.
 
 Workers are forked from one thread that lives as long as the pool:
@@ -47,8 +50,9 @@ import attrs
 import outcome
 import trio
 
-from kernel.errors import SandboxError
+from kernel.errors import SandboxError, UsageError
 from kernel.messages import ERROR_KINDS
+from kernel.plugin import context
 from kernel.tools import Tool, ToolFailure
 
 from . import _cgroup, _protocol
@@ -56,6 +60,7 @@ from ._confine import WorkerConfig
 from ._policy import Policy
 from ._probe import IsolationSupport, probe_isolation
 from ._workspace import Workspace
+from .worker import PLUGIN_PATH_ENV
 
 logger = logging.getLogger("sandbox.pool")
 worker_logger = logging.getLogger("sandbox.worker")
@@ -189,7 +194,9 @@ class _Connection:
             except ProcessLookupError:
                 pass
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> Any:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], extra: dict[str, Any] | None = None
+    ) -> Any:
         if not self.alive:
             raise ToolFailure("crashed", self._death_message())
         self.next_id += 1
@@ -199,7 +206,13 @@ class _Connection:
         try:
             try:
                 frame = _protocol.encode(
-                    {"type": "call", "id": call_id, "tool": tool, "arguments": arguments}
+                    {
+                        "type": "call",
+                        "id": call_id,
+                        "tool": tool,
+                        "arguments": arguments,
+                        **(extra or {}),
+                    }
                 )
             except _protocol.FrameError as exc:
                 raise ToolFailure("bad_arguments", f"arguments too large: {exc}") from None
@@ -312,6 +325,9 @@ class _Connection:
             self.hello = message
             self.hello_event.set()
             return
+        if kind == "log":
+            self._plugin_log(message)
+            return
         call_id = message.get("id")
         if kind != "result" or type(call_id) is not int:
             raise _protocol.FrameError(f"unexpected {kind!r} frame")
@@ -354,6 +370,13 @@ class _Connection:
         finally:
             drained.set()
 
+    def _plugin_log(self, message: dict[str, Any]) -> None:
+        # The logger is named by the kernel (the worker's name), never by the frame.
+        level = message.get("level")
+        level = min(max(level, logging.DEBUG), logging.CRITICAL) if type(level) is int else 20
+        text = str(message.get("message", ""))[:_MAX_LOG_LINE]
+        logging.getLogger(f"tak.plugin.{self.name}").log(level, "%s", text)
+
     @staticmethod
     def _log(level: int, prefix: str, line: bytes) -> None:
         text = line[:_MAX_LOG_LINE].decode("utf-8", errors="replace").rstrip("\r")
@@ -364,14 +387,42 @@ def _unconfined_note(reasons: list[str]) -> str:
     return "[ran unconfined: " + "; ".join(reasons) + "]"
 
 
-class Worker:
-    """One plugin's worker process (restarted when it dies); ``tools`` run in it."""
+def _session_of_caller() -> str | None:
+    """The session key of the ``kernel.context()`` the call runs in, if any."""
+    try:
+        return context().session
+    except UsageError:
+        return None
 
-    def __init__(self, pool: WorkerPool, plugin: str, policy: Policy, name: str) -> None:
+
+class Worker:
+    """One plugin's worker process (restarted when it dies); ``tools`` run in it.
+
+    Attributes:
+        plugin_info: the ``Plugin`` the worker reported (name, version, description,
+            permissions, in_process), or ``None`` for a module without one; empty
+            until the worker has started.
+        config: sent with every call; ``kernel.context().config`` in the worker.
+        path: directories the worker appends to ``sys.path`` before it imports.
+    """
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        plugin: str,
+        policy: Policy,
+        name: str,
+        *,
+        path: tuple[str, ...] = (),
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.pool = pool
         self.plugin = plugin
         self.policy = policy
         self.name = name
+        self.path = path
+        self.config: dict[str, Any] = dict(config or {})
+        self.plugin_info: dict[str, Any] | None = None
         self.tools: list[Tool] = []
         self.confinement: dict[str, Any] = {}
         self.unconfined: list[str] = []
@@ -397,8 +448,11 @@ class Worker:
             conn = await self._running()
         except SandboxError as exc:
             raise ToolFailure("crashed", f"worker for plugin {self.name}: {exc}") from None
+        extra: dict[str, Any] = {"session": _session_of_caller()}
+        if self.config:
+            extra["config"] = self.config
         try:
-            value = await conn.call(tool, arguments)
+            value = await conn.call(tool, arguments, extra)
         except ToolFailure as exc:
             if not self.unconfined:
                 raise
@@ -454,6 +508,9 @@ class Worker:
             confinement = dict(hello["confinement"])
             unconfined = [str(reason) for reason in confinement["unconfined"]]
             tools = [self._remote_tool(spec) for spec in hello["tools"]]
+            info = hello.get("plugin")
+            if info is not None and not isinstance(info, dict):
+                raise TypeError(f"plugin: expected an object, got {type(info).__name__}")
         except Exception as exc:
             conn.kill("its greeting was malformed")
             raise SandboxError(
@@ -466,6 +523,7 @@ class Worker:
             )
         self.confinement = confinement
         self.unconfined = unconfined
+        self.plugin_info = info
         if not self.tools:
             self.tools = tools
 
@@ -525,17 +583,47 @@ class WorkerPool:
         )
 
     async def start(
-        self, plugin: str, *, policy: Policy = _DEFAULT_POLICY, name: str | None = None
+        self,
+        plugin: str,
+        *,
+        policy: Policy = _DEFAULT_POLICY,
+        name: str | None = None,
+        path: tuple[str, ...] = (),
+        config: dict[str, Any] | None = None,
     ) -> Worker:
         """Start a worker for ``plugin`` (a module name, or a path to a ``.py`` file or a
-        package directory) and return it once its tools are known.
+        package directory, optionally with ``:attribute``) and return it once its
+        tools are known.
 
         Raises:
             SandboxError: the plugin needs isolation this machine cannot give and
                 unsandboxed plugins are not allowed; or the worker refused to start
                 (the message says why), or the plugin failed to load.
         """
-        label = name or os.path.splitext(os.path.basename(plugin.rstrip("/")))[0]
+        worker = self.worker(plugin, policy=policy, name=name, path=path, config=config)
+        await worker._running()
+        return worker
+
+    def worker(
+        self,
+        plugin: str,
+        *,
+        policy: Policy = _DEFAULT_POLICY,
+        name: str | None = None,
+        path: tuple[str, ...] = (),
+        config: dict[str, Any] | None = None,
+    ) -> Worker:
+        """A worker for ``plugin`` that starts on its first call (see ``start``).
+
+        Its ``tools`` stay empty until it has started: callers that know the tools
+        already (a plugin host) build their own with ``invoke=worker.invoke``.
+
+        Raises:
+            SandboxError: the plugin needs isolation this machine cannot give and
+                unsandboxed plugins are not allowed.
+        """
+        target = plugin.rpartition(":")[0] if ":" in plugin else plugin
+        label = name or os.path.splitext(os.path.basename(target.rstrip("/")))[0]
         missing = self.isolation.missing(policy)
         if missing and policy.isolate and not self.allow_unsandboxed:
             raise SandboxError(
@@ -543,8 +631,7 @@ class WorkerPool:
                 + "; ".join(missing)
                 + ". It was not started; set allow_unsandboxed to run it unconfined."
             )
-        worker = Worker(self, plugin, policy, label)
-        await worker._running()
+        worker = Worker(self, plugin, policy, label, path=path, config=config)
         self.workers.append(worker)
         return worker
 
@@ -626,13 +713,14 @@ class WorkerPool:
         else:
             self._spare = conn
 
-    def _environment(self, policy: Policy) -> dict[str, str]:
+    def _environment(self, worker: Worker) -> dict[str, str]:
         """Built from scratch: nothing from the kernel's environment reaches a plugin."""
+        policy = worker.policy
         ws = str(self.workspace)
         # Without subprocess nothing can be executed; a PATH without compilers also
         # keeps ctypes.util.find_library (which trio calls) from trying to run one.
         path = "/usr/local/bin:/usr/bin:/bin" if policy.subprocess else f"{ws}/.tak/bin"
-        return {
+        env = {
             "PATH": path,
             "HOME": ws,
             "TMPDIR": f"{ws}/.tak/tmp",
@@ -640,6 +728,9 @@ class WorkerPool:
             "LC_ALL": "C.UTF-8",
             "MALLOC_ARENA_MAX": "2",
         }
+        if worker.path:
+            env[PLUGIN_PATH_ENV] = os.pathsep.join(worker.path)
+        return env
 
     def _worker_config(self, worker: Worker, cgroup: str | None) -> WorkerConfig:
         policy = worker.policy
@@ -657,7 +748,9 @@ class WorkerPool:
             require=policy.isolate and not self.allow_unsandboxed,
             cgroup=cgroup,
             kernel_pid=os.getpid(),
-            env=self._environment(policy),
+            env=self._environment(worker),
+            # The plugin's own directories, when it is not installed where Python looks.
+            extra_read=list(worker.path),
         )
 
     async def aclose(self) -> None:

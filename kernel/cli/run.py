@@ -37,7 +37,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def default_tools() -> list[Tool]:
-    """The tools ``tak run`` offers: the demo tools until plugins are loaded."""
+    """The tools ``tak run`` offers besides the plugins' (which ``open_kernel`` loads):
+    the demo tools that the ``scripted:demo`` model calls."""
     from ..demo import DEMO_TOOLS
 
     return list(DEMO_TOOLS)

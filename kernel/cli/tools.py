@@ -1,4 +1,9 @@
-"""``tak tools``, ``tak call`` and ``tak demo``."""
+"""``tak tools``, ``tak call`` and ``tak demo``.
+
+``tak tools`` and ``tak call`` see what ``tak run`` offers a model: the demo
+tools and every plugin's tools (built-ins and discovered plugins), loaded by a
+plugin host on the workspace.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ from typing import Any
 
 import trio
 
+from ..tools import ToolRegistry
+
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tools", help="list the registered tools and their schemas")
@@ -19,6 +26,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default="summary",
         help="summary (default) or a provider's tool-spec JSON",
     )
+    p.add_argument("--workspace", type=Path, help="workspace (default: <home>/workspace)")
     p.set_defaults(func=cmd_tools)
 
     p = sub.add_parser("call", help="run one tool call and print its observation")
@@ -34,9 +42,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
-    from ..demo import demo_registry
+    from .plugins import open_cli_host, workspace_or_exit
 
-    registry = demo_registry()
+    workspace = workspace_or_exit("tak tools", args)
+    if workspace is None:
+        return 2
+
+    async def main() -> ToolRegistry:
+        async with open_cli_host(args.home, workspace) as host:
+            return host.tools
+
+    registry = trio.run(main)
     specs: list[dict[str, Any]]
     if args.format == "openai":
         specs = registry.openai_specs()
@@ -57,21 +73,28 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from ..demo import demo_registry
     from ..executor import CallLimits, run_tool_calls
-    from ..messages import ToolCall, converter
+    from ..messages import Observation, ToolCall, converter
+    from ..plugin import use_context
+    from .plugins import open_cli_host, workspace_or_exit
 
-    if args.workspace is not None and not args.workspace.is_dir():
-        print(f"tak call: --workspace {args.workspace}: not a directory", file=sys.stderr)
+    workspace = workspace_or_exit("tak call", args)
+    if workspace is None:
         return 2
     if not args.timeout > 0:
         print(f"tak call: --timeout must be positive, got {args.timeout:g}", file=sys.stderr)
         return 2
     call = ToolCall("cli-1", args.tool, args.arguments, 0)
-    observations = trio.run(
-        lambda: run_tool_calls([call], demo_registry(), limits=CallLimits(timeout=args.timeout))
-    )
-    observation = observations[0]
+
+    async def main() -> Observation:
+        async with open_cli_host(args.home, workspace) as host:
+            with use_context(host.context()):
+                observations = await run_tool_calls(
+                    [call], host.tools, limits=CallLimits(timeout=args.timeout)
+                )
+        return observations[0]
+
+    observation = trio.run(main)
     if args.json:
         print(json.dumps(converter.unstructure(observation), ensure_ascii=False))
     else:

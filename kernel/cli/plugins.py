@@ -1,0 +1,217 @@
+"""``tak plugins ls | new | check``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import tomllib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import KernelError
+
+if TYPE_CHECKING:
+    from plugins import LoadedPlugin, PluginHost, PluginLoadError, PluginSource
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = sub.add_parser("plugins", help="list, create and check plugins")
+    commands = group.add_subparsers(dest="plugins_command", metavar="COMMAND", required=True)
+
+    p = commands.add_parser("ls", help="the plugins tak loads, and those it skipped")
+    p.add_argument("--workspace", type=Path, help="workspace (default: <home>/workspace)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_ls)
+
+    p = commands.add_parser("new", help="scaffold a plugin package in ./NAME")
+    p.add_argument("name", help="the plugin's name")
+    p.add_argument("--dir", type=Path, help="where to create it (default: ./NAME)")
+    p.set_defaults(func=cmd_new)
+
+    p = commands.add_parser("check", help="import a plugin in a sandbox worker and show its tools")
+    p.add_argument("path", help="a .py file, a package directory, a project with a "
+                   "pyproject.toml, or a module name")  # fmt: skip
+    p.set_defaults(func=cmd_check)
+
+
+def workspace_or_exit(command: str, args: argparse.Namespace) -> Path | None:
+    """``--workspace`` or the home's; ``None`` (after saying why) when it is not a directory."""
+    workspace: Path | None = getattr(args, "workspace", None)
+    if workspace is not None and not workspace.is_dir():
+        print(f"{command}: --workspace {workspace}: not a directory", file=sys.stderr)
+        return None
+    if workspace is None:
+        from ..home import TakHome
+
+        workspace = TakHome.locate(args.home).ensure().workspace
+    return workspace.absolute()
+
+
+@contextlib.asynccontextmanager
+async def open_cli_host(home: str | None, workspace: Path) -> AsyncIterator[PluginHost]:
+    """The plugin host ``tak`` commands use: demo tools, built-ins, discovered plugins."""
+    from plugins import open_plugin_host
+
+    from ..home import TakHome
+    from .run import default_tools
+
+    config = TakHome.locate(home).load_config()
+    allow = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
+    async with open_plugin_host(
+        workspace, tools=default_tools(), config=config, allow_unsandboxed=allow
+    ) as host:
+        yield host
+
+
+def _plugin_json(plugin: LoadedPlugin) -> dict[str, Any]:
+    return {
+        "name": plugin.name,
+        "version": plugin.version,
+        "description": plugin.description,
+        "source": plugin.source.label,
+        "tools": dict(plugin.tools),
+        "permissions": plugin.permissions.describe(),
+        "isolation": plugin.isolation,
+    }
+
+
+def _error_json(error: PluginLoadError) -> dict[str, Any]:
+    return {"source": error.source.label, "target": error.source.target, "reason": error.reason}
+
+
+def _print_plugin(plugin: LoadedPlugin) -> None:
+    print(f"{plugin.name} {plugin.version}  ({plugin.source.label})")
+    if plugin.description:
+        print(f"  {plugin.description}")
+    print(f"  isolation:   {plugin.isolation}")
+    print(f"  permissions: {plugin.permissions.describe()}")
+    shown = [name if name == own else f"{name} (its {own})" for name, own in plugin.tools.items()]
+    print(f"  tools:       {', '.join(shown)}")
+
+
+def _print_error(error: PluginLoadError) -> None:
+    print(f"skipped: {error.source.label} [{error.source.target}]\n  {error.reason}")
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    workspace = workspace_or_exit("tak plugins ls", args)
+    if workspace is None:
+        return 2
+
+    async def main() -> tuple[list[LoadedPlugin], list[PluginLoadError]]:
+        async with open_cli_host(args.home, workspace) as host:
+            return host.plugins, host.errors
+
+    try:
+        loaded, errors = trio.run(main)
+    except KernelError as exc:
+        print(f"tak plugins ls: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out = {
+            "plugins": [_plugin_json(p) for p in loaded],
+            "errors": [_error_json(e) for e in errors],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    for plugin in loaded:
+        _print_plugin(plugin)
+    for error in errors:
+        _print_error(error)
+    if not loaded and not errors:
+        print("no plugins")
+    return 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from plugins._scaffold import package_name, scaffold_plugin
+
+    directory: Path = args.dir if args.dir is not None else Path(args.name)
+    try:
+        files = scaffold_plugin(args.name, directory)
+    except KernelError as exc:
+        print(f"tak plugins new: {exc}", file=sys.stderr)
+        return 2
+    for path in files:
+        print(f"created {path}")
+    package = package_name(args.name)
+    print(
+        f"\nnext:\n  cd {directory}\n  pip install -e .\n  tak plugins ls\n"
+        f'  tak call greet \'{{"name": "Ada"}}\'\n  pytest\n'
+        f"then add tools in {directory / package / '__init__.py'}"
+    )
+    return 0
+
+
+def _project_source(project: Path) -> PluginSource:
+    """The entry point a project's pyproject.toml declares, importable from the project.
+
+    Raises:
+        UsageError: no ``tak.plugins`` entry point, or more than one.
+    """
+    from plugins import ENTRY_POINT_GROUP, PluginSource
+
+    from ..errors import UsageError
+
+    with open(project / "pyproject.toml", "rb") as f:
+        data = tomllib.load(f)
+    points = data.get("project", {}).get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    if len(points) != 1:
+        raise UsageError(
+            f'{project}/pyproject.toml: expected one [project.entry-points."{ENTRY_POINT_GROUP}"] '
+            f"entry, found {len(points)}"
+        )
+    [(name, value)] = points.items()
+    root = project / "src" if (project / "src").is_dir() else project
+    return PluginSource("path", str(value).replace(" ", ""), f"{project} ({name})", (str(root),))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from plugins import PluginSource, open_plugin_host, source_for
+
+    path = Path(args.path)
+    try:
+        source: PluginSource = (
+            _project_source(path.absolute())
+            if (path / "pyproject.toml").is_file()
+            else source_for(args.path)
+        )
+    except (KernelError, OSError, tomllib.TOMLDecodeError) as exc:
+        print(f"tak plugins check: {exc}", file=sys.stderr)
+        return 2
+    if source.kind == "builtin":
+        source = PluginSource("module", source.target, source.target)  # check it in a worker too
+
+    async def main() -> tuple[list[LoadedPlugin], list[PluginLoadError], list[dict[str, Any]]]:
+        with tempfile.TemporaryDirectory(prefix="tak-check-") as scratch:
+            async with open_plugin_host(scratch, plugins=[source]) as host:
+                specs = [
+                    {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                        "timeout": t.timeout,
+                        "exclusive": t.exclusive,
+                        "max_output": t.max_output,
+                    }
+                    for t in host.tools
+                ]
+                return host.plugins, host.errors, specs
+
+    try:
+        loaded, errors, specs = trio.run(main)
+    except KernelError as exc:
+        print(f"tak plugins check: {exc}", file=sys.stderr)
+        return 2
+    for error in errors:
+        print(f"tak plugins check: {error.reason}", file=sys.stderr)
+        return 1
+    _print_plugin(loaded[0])
+    print(json.dumps(specs, indent=2))
+    return 0

@@ -1,0 +1,442 @@
+"""The plugin host: load plugins, run them in sandbox workers or in process, one registry.
+
+::
+
+    async with open_plugin_host(workspace) as host:
+        observations = await run_tool_calls(calls, host.tools)
+        host.plugins   # what loaded: name, version, source, tools, isolation
+        host.errors    # what did not, and why
+
+Loading, per source (see ``plugins._discovery``):
+
+- **Trusted** sources (built-ins, ``Plugin`` or module objects the embedder
+  passes) are imported in the kernel's process. Their tools run in process when
+  the plugin says ``in_process=True``; otherwise in a worker that starts on the
+  first call (start-up stays fast: no process per plugin until it is used).
+- **Third-party** sources (entry points, ``.tak/plugins/*.py``, paths and module
+  names) are never imported by the kernel: a worker with the least permissions
+  (read the workspace, nothing else) imports the plugin and reports its name,
+  permissions and tool schemas. When the plugin declares more, that worker is
+  closed and one with the declared permissions starts on the first call. An
+  ``in_process`` flag from such a plugin is ignored.
+
+A plugin that fails (import error, two tools with one name, a schema that
+cannot be generated, a name already loaded, isolation missing and
+``allow_unsandboxed`` off) is recorded in ``errors`` and skipped.
+
+Names: the first tool to claim a name keeps it, in this order: the kernel's
+own ``tools``, built-ins, entry points, workspace plugins (each group sorted).
+A later tool whose name is taken is registered as ``<plugin>.<tool>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import attrs
+import trio
+
+from kernel.errors import KernelError, UsageError
+from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
+from kernel.tools import Tool, ToolRegistry
+from sandbox import IsolationSupport, Policy, Workspace, open_worker_pool
+from sandbox.pool import Worker, WorkerPool
+from sandbox.worker import find_plugin
+
+from ._discovery import PluginSource, builtin_sources, discover_plugins, source_for
+
+logger = logging.getLogger("tak.plugins")
+
+#: What a third-party plugin is imported with, before its permissions are known.
+PROBE_POLICY = Policy(workspace="read")
+
+PluginSpec = str | ModuleType | Plugin | PluginSource
+"""What ``open_plugin_host(plugins=...)`` takes: a name, path or module, or objects."""
+
+
+@attrs.frozen
+class LoadedPlugin:
+    """A plugin the host serves.
+
+    Attributes:
+        tools: the registered name of each tool (``weather.forecast`` when its own
+            name was taken) mapped to the plugin's name for it.
+        isolation: ``in process``, or the worker's confinement level.
+    """
+
+    name: str
+    version: str
+    description: str
+    permissions: Permissions
+    source: PluginSource
+    isolation: str
+    tools: Mapping[str, str]
+
+
+@attrs.frozen
+class PluginLoadError:
+    """A plugin that was skipped, and why."""
+
+    source: PluginSource
+    reason: str
+
+
+@attrs.frozen
+class _Candidate:
+    """A plugin whose tools are known, before its names are registered."""
+
+    source: PluginSource
+    name: str
+    version: str
+    description: str
+    permissions: Permissions
+    isolation: str
+    tools: list[Tool]  # named as the plugin names them; invoke/fn ready to run
+
+
+class PluginHost:
+    """Loaded plugins and the registry of every tool; made by ``open_plugin_host``.
+
+    Attributes:
+        tools: the kernel's own tools and every plugin tool, namespaced on collision.
+        plugins: what loaded, in registration order.
+        errors: what was skipped, and why.
+        workspace: the confined workspace in-process tools use.
+        pool: the sandbox workers of the other plugins.
+    """
+
+    def __init__(
+        self,
+        *,
+        workspace: Workspace,
+        pool: WorkerPool,
+        config: Mapping[str, Any],
+        tools: ToolRegistry,
+    ) -> None:
+        self.workspace = workspace
+        self.pool = pool
+        self.config = config
+        self.tools = tools
+        self.plugins: list[LoadedPlugin] = []
+        self.errors: list[PluginLoadError] = []
+
+    def plugin_config(self, name: str) -> dict[str, Any]:
+        """``[plugins.<name>]`` of ``tak.toml``: what ``context().config`` holds."""
+        section = self.config.get("plugins", {})
+        value = section.get(name, {}) if isinstance(section, Mapping) else {}
+        return dict(value) if isinstance(value, Mapping) else {}
+
+    def context(self, session: str | None = None) -> ToolContext:
+        """The kernel-side context: the workspace and a session key for a batch of calls.
+
+        Set it with ``kernel.plugin.use_context`` around ``run_tool_calls``: in-process
+        tools see it (with their own logger and config) and workers receive the
+        session key with each call.
+        """
+        return ToolContext(
+            workspace=self.workspace, session=session, logger=logging.getLogger("tak.tools")
+        )
+
+    # -- loading --------------------------------------------------------------
+
+    async def load(self, sources: Sequence[PluginSource | Plugin | ModuleType]) -> None:
+        """Load every source; failures go to ``errors``. Registration follows ``sources``."""
+        results: list[_Candidate | PluginLoadError | None] = [None] * len(sources)
+
+        async def load_one(index: int, item: PluginSource | Plugin | ModuleType) -> None:
+            try:
+                results[index] = await self._candidate(item)
+            except (KernelError, ImportError, OSError) as exc:
+                results[index] = PluginLoadError(_source_of(item), _reason(exc))
+            except Exception as exc:  # a crashing import of trusted code is still one plugin
+                results[index] = PluginLoadError(_source_of(item), _reason(exc))
+
+        async with trio.open_nursery() as nursery:
+            for index, item in enumerate(sources):
+                nursery.start_soon(load_one, index, item)
+        for result in results:
+            assert result is not None
+            if isinstance(result, PluginLoadError):
+                self._skip(result)
+            else:
+                self._register(result)
+
+    def _skip(self, error: PluginLoadError) -> None:
+        logger.warning("plugin from %s skipped: %s", error.source.label, error.reason)
+        self.errors.append(error)
+
+    def _register(self, candidate: _Candidate) -> None:
+        taken = next((p for p in self.plugins if p.name == candidate.name), None)
+        if taken is not None:
+            reason = f"a plugin named {candidate.name!r} is already loaded ({taken.source.label})"
+            self._skip(PluginLoadError(candidate.source, reason))
+            return
+        names: dict[str, str] = {}
+        for t in candidate.tools:
+            final = t.name if t.name not in self.tools else f"{candidate.name}.{t.name}"
+            if final in self.tools or final in names:
+                reason = f"tool {t.name!r}: both {t.name!r} and {final!r} are taken"
+                self._skip(PluginLoadError(candidate.source, reason))
+                return
+            names[final] = t.name
+        for final, t in zip(names, candidate.tools, strict=True):
+            self.tools.add(t if final == t.name else attrs.evolve(t, name=final))
+        self.plugins.append(
+            LoadedPlugin(
+                name=candidate.name,
+                version=candidate.version,
+                description=candidate.description,
+                permissions=candidate.permissions,
+                source=candidate.source,
+                isolation=candidate.isolation,
+                tools=names,
+            )
+        )
+
+    async def _candidate(self, item: PluginSource | Plugin | ModuleType) -> _Candidate:
+        if isinstance(item, Plugin):
+            return self._trusted(item, _object_source(item))
+        if isinstance(item, ModuleType):
+            found = find_plugin(item, None, item.__name__)
+            if found is None:
+                raise UsageError(f"module {item.__name__} has no `plugin = Plugin(...)`")
+            return self._trusted(found, _object_source(found, item))
+        if item.trusted:
+            module_name, _, attribute = item.target.partition(":")
+            module = importlib.import_module(module_name)
+            found = find_plugin(module, attribute or None, item.target)
+            if found is None:
+                raise UsageError(f"{item.target} has no `plugin = Plugin(...)`")
+            return self._trusted(found, item)
+        return await self._probed(item)
+
+    def _trusted(self, plugin: Plugin, source: PluginSource) -> _Candidate:
+        """A plugin imported here: in process if it asks, else a worker started on demand."""
+        if plugin.in_process:
+            tools = [self._in_process(t, plugin) for t in plugin.tools]
+            isolation = "in process"
+        else:
+            worker = self._worker(source, plugin.name, plugin.permissions)
+            tools = [_remote(t, worker) for t in plugin.tools]
+            isolation = self._isolation(plugin.permissions)
+        if not tools:
+            raise UsageError(f"plugin {plugin.name} defines no tools")
+        return _Candidate(
+            source,
+            plugin.name,
+            plugin.version,
+            plugin.description,
+            plugin.permissions,
+            isolation,
+            tools,
+        )
+
+    async def _probed(self, source: PluginSource) -> _Candidate:
+        """A third-party plugin: imported in a least-privileged worker, never here."""
+        probe = await self.pool.start(
+            source.target, policy=PROBE_POLICY, name=_stem(source), path=source.path
+        )
+        info = probe.plugin_info
+        if info is None:
+            await probe.aclose()
+            raise UsageError(f"{source.target} has no `plugin = Plugin(...)` (see docs/plugins.md)")
+        name = str(info["name"])
+        permissions = Permissions.from_mapping(info["permissions"])
+        probe.name = name
+        if permissions.policy() == PROBE_POLICY:
+            worker = probe  # it already runs with what the plugin declared
+            worker.config = self.plugin_config(name)
+        else:
+            await probe.aclose()
+            worker = self._worker(source, name, permissions)
+        tools = [_remote(t, worker) for t in probe.tools]
+        if info.get("in_process"):
+            logger.info("plugin %s asks to run in process; third-party plugins never do", name)
+        return _Candidate(
+            source,
+            name,
+            str(info["version"]),
+            str(info["description"]),
+            permissions,
+            self._isolation(permissions),
+            tools,
+        )
+
+    def _worker(self, source: PluginSource, name: str, permissions: Permissions) -> Worker:
+        return self.pool.worker(
+            source.target,
+            policy=permissions.policy(),
+            name=name,
+            path=source.path,
+            config=self.plugin_config(name),
+        )
+
+    def _isolation(self, permissions: Permissions) -> str:
+        support = self.pool.isolation
+        missing = support.missing(permissions.policy())
+        if missing:
+            return "worker, unconfined (allow_unsandboxed): " + "; ".join(missing)
+        return f"worker ({support.level} isolation)"
+
+    def _in_process(self, t: Tool, plugin: Plugin) -> Tool:
+        """The tool, run inside a context with the plugin's logger and config."""
+        fn = t.fn
+        assert fn is not None
+        plugin_logger = logging.getLogger(f"tak.plugin.{plugin.name}")
+
+        def tool_context() -> ToolContext:
+            try:
+                current: ToolContext | None = context()
+            except UsageError:
+                current = None
+            return ToolContext(
+                workspace=current.workspace if current is not None else self.workspace,
+                session=current.session if current is not None else None,
+                logger=plugin_logger,
+                config=self.plugin_config(plugin.name),
+            )
+
+        run: Callable[..., Any]
+        if t.is_async:
+
+            async def run_async(**kwargs: Any) -> Any:
+                with use_context(tool_context()):
+                    return await fn(**kwargs)
+
+            run = run_async
+        else:
+
+            def run_sync(**kwargs: Any) -> Any:
+                with use_context(tool_context()):
+                    return fn(**kwargs)
+
+            run = run_sync
+        functools.update_wrapper(run, fn)
+        return attrs.evolve(t, fn=run)
+
+
+def _remote(t: Tool, worker: Worker) -> Tool:
+    """The tool as its worker serves it, under the plugin's name for it."""
+    return Tool(
+        name=t.name,
+        description=t.description,
+        parameters=t.parameters,
+        fn=None,
+        is_async=True,
+        timeout=t.timeout,
+        exclusive=t.exclusive,
+        max_output=t.max_output,
+        invoke=functools.partial(worker.invoke, t.name),
+    )
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, (KernelError,)) or text.startswith(type(exc).__name__):
+        return text
+    return f"{type(exc).__name__}: {text}"
+
+
+def _stem(source: PluginSource) -> str:
+    target = source.target.partition(":")[0] if source.kind != "path" else source.target
+    return os.path.splitext(os.path.basename(target.rstrip("/")))[0].rpartition(".")[2]
+
+
+def _source_of(item: PluginSource | Plugin | ModuleType) -> PluginSource:
+    if isinstance(item, PluginSource):
+        return item
+    if isinstance(item, Plugin):
+        return PluginSource("object", item.name, f"Plugin object {item.name}")
+    return PluginSource("object", item.__name__, f"module {item.__name__}")
+
+
+def _object_source(plugin: Plugin, module: ModuleType | None = None) -> PluginSource:
+    """Where a worker finds a plugin the embedder holds: its module, by name or by file.
+
+    Raises:
+        UsageError: the plugin's module cannot be imported by another process.
+    """
+    if module is None:
+        names = {t.fn.__module__ for t in plugin.tools if t.fn is not None}
+        module = sys.modules.get(next(iter(names))) if len(names) == 1 else None
+    if module is None or getattr(module, "__file__", None) is None:
+        if plugin.in_process:
+            return PluginSource("object", plugin.name, f"Plugin object {plugin.name}")
+        raise UsageError(
+            f"plugin {plugin.name}: its tools must live in one module a worker can import "
+            "(or the plugin must be in_process)"
+        )
+    file = os.path.abspath(str(module.__file__))
+    attribute = next((k for k, v in vars(module).items() if v is plugin), None)
+    if module.__name__ == "__main__" or module.__spec__ is None:
+        target = file if attribute is None else f"{file}:{attribute}"
+        return PluginSource("object", target, file)
+    depth = module.__name__.count(".") + (1 if Path(file).name == "__init__.py" else 0)
+    root = Path(file).parent
+    for _ in range(depth):
+        root = root.parent
+    target = module.__name__ if attribute is None else f"{module.__name__}:{attribute}"
+    return PluginSource("object", target, f"module {module.__name__}", (str(root),))
+
+
+@contextlib.asynccontextmanager
+async def open_plugin_host(
+    workspace: str | os.PathLike[str],
+    *,
+    plugins: Iterable[PluginSpec] | None = None,
+    tools: Iterable[Tool] = (),
+    config: Mapping[str, Any] | None = None,
+    allow_unsandboxed: bool = False,
+    isolation: IsolationSupport | None = None,
+) -> AsyncIterator[PluginHost]:
+    """Load plugins for ``workspace`` and serve their tools until the block ends.
+
+    Args:
+        workspace: the directory every tool is confined to.
+        plugins: ``None`` for the built-ins and every discovered plugin (entry points,
+            ``<workspace>/.tak/plugins/*.py``); else exactly these: built-in names
+            (``"fs"``), module names (``"pkg.mod"`` or ``"pkg.mod:plugin"``), paths,
+            modules or ``Plugin`` objects.
+        tools: tools of the embedder's own; they keep their names.
+        config: the parsed ``tak.toml``; ``[plugins.<name>]`` goes to each plugin.
+        allow_unsandboxed: run plugins even where isolation is missing (marked).
+        isolation: replaces the probe of this machine (tests).
+
+    Raises:
+        SandboxError: the workspace cannot be opened.
+        UsageError: two of ``tools`` share a name.
+    """
+    registry = ToolRegistry(tools)
+    if plugins is None:
+        items: list[PluginSource | Plugin | ModuleType] = [
+            *builtin_sources(),
+            *discover_plugins(workspace),
+        ]
+    else:
+        items = [source_for(p) if isinstance(p, str) else p for p in plugins]
+    async with open_worker_pool(
+        workspace, allow_unsandboxed=allow_unsandboxed, isolation=isolation
+    ) as pool:
+        with Workspace(pool.workspace) as ws:
+            host = PluginHost(workspace=ws, pool=pool, config=config or {}, tools=registry)
+            await host.load(items)
+            yield host
+
+
+__all__ = [
+    "PROBE_POLICY",
+    "LoadedPlugin",
+    "PluginHost",
+    "PluginLoadError",
+    "PluginSpec",
+    "open_plugin_host",
+]

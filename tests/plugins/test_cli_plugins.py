@@ -1,0 +1,62 @@
+"""``tak plugins ls`` and ``tak plugins check`` as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import FIXTURES, fixture_plugin
+
+
+def tak(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kernel.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_ls_shows_builtins_workspace_plugins_and_load_errors(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    folder = workspace / ".tak" / "plugins"
+    folder.mkdir(parents=True)
+    for name in ("weather", "crash_on_import"):
+        shutil.copy(FIXTURES / f"{name}.py", folder)
+    result = tak("--home", str(tmp_path / "home"), "plugins", "ls", "--workspace", str(workspace))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "fs 0.1.0  (built-in)\n" in out and "isolation:   in process" in out
+    assert "weather 1.2.0  (.tak/plugins/weather.py)" in out
+    assert "tools:       forecast" in out
+    assert "skipped: .tak/plugins/crash_on_import.py" in out
+    assert "RuntimeError: this plugin crashes on import" in out
+    as_json = tak(
+        "--home", str(tmp_path / "home"), "plugins", "ls", "--workspace", str(workspace), "--json"
+    )
+    data = json.loads(as_json.stdout)
+    weather = next(p for p in data["plugins"] if p["name"] == "weather")
+    assert weather["isolation"].startswith("worker")
+    assert weather["permissions"] == "workspace: read, no network, no subprocess"
+    called = tak(
+        "--home", str(tmp_path / "home"), "call", "forecast", '{"city": "Bergen"}',
+        "--workspace", str(workspace),
+    )  # fmt: skip
+    assert called.stdout == "sunny in Bergen\n"
+
+
+def test_check_prints_the_specs_or_why_not() -> None:
+    good = tak("plugins", "check", fixture_plugin("weather"))
+    assert good.returncode == 0, good.stderr
+    assert "weather 1.2.0" in good.stdout
+    assert '"name": "forecast"' in good.stdout
+    bad = tak("plugins", "check", fixture_plugin("duplicate_tools"))
+    assert bad.returncode == 1
+    assert "two tools are named 'look'" in bad.stderr
+
+
+def test_tools_lists_every_builtin_tool_with_its_schema() -> None:
+    result = tak("tools", "--format", "openai")
+    names = {s["function"]["name"] for s in json.loads(result.stdout)}
+    assert {"read_file", "write_file", "edit_file", "list_dir", "glob", "grep"} <= names
+    assert {"run_command", "fetch_url", "run_python", "remember", "recall", "forget"} <= names

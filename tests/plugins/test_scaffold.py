@@ -1,0 +1,86 @@
+"""``tak plugins new`` round trip, and the example made with it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hello_plugin"
+
+
+def tak(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kernel.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def pip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def install_editable(project: Path) -> None:
+    done = pip("install", "--no-deps", "--no-build-isolation", "-e", str(project))
+    if done.returncode != 0 and "bdist_wheel" in done.stdout + done.stderr:
+        # setuptools < 70.1 without the `wheel` package cannot build editables
+        # in place; an isolated build brings its own.
+        done = pip("install", "--no-deps", "-e", str(project))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_new_install_list_call_and_its_own_test(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    made = tak("plugins", "new", "tak-roundtrip", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    project = tmp_path / "tak-roundtrip"
+    assert {p.name for p in project.iterdir()} >= {"pyproject.toml", "README.md", "tests"}
+    checked = tak("plugins", "check", str(project))
+    assert checked.returncode == 0, checked.stderr
+    assert '"name": "greet"' in checked.stdout
+    install_editable(project)
+    try:
+        listed = tak("--home", str(home), "plugins", "ls", "--json")
+        assert listed.returncode == 0, listed.stderr
+        plugin = next(
+            p for p in json.loads(listed.stdout)["plugins"] if p["name"] == "tak-roundtrip"
+        )
+        assert plugin["tools"] == {"greet": "greet"}
+        assert plugin["source"].startswith("entry point tak-roundtrip")
+        called = tak("--home", str(home), "call", "greet", '{"name": "Ada", "times": 2}')
+        assert (called.returncode, called.stdout) == (0, "Hello, Ada! Hello, Ada!\n")
+        tested = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert tested.returncode == 0, tested.stdout + tested.stderr
+    finally:
+        pip("uninstall", "-y", "tak-roundtrip")
+
+
+def test_new_refuses_a_directory_in_use(tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    result = tak("plugins", "new", "taken", cwd=tmp_path)
+    assert result.returncode == 2 and "not empty" in result.stderr
+
+
+def test_the_hello_plugin_example_passes_its_own_tests() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=EXAMPLE,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 passed" in result.stdout
