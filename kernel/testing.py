@@ -111,9 +111,7 @@ async def plugin_harness(
             raise UsageError(f"the plugin did not load: {host.errors[0].reason}")
         if config and name is None:
             # The name is known only now: give the plugin its config from here on.
-            host.config = {"plugins": {host.plugins[0].name: dict(config)}}
-            for worker in host.pool.workers:
-                worker.config = dict(config)
+            host.configure_plugin(host.plugins[0].name, config)
         yield PluginHarness(host, session, limits)
 
 

@@ -128,6 +128,7 @@ class PluginHost:
         self.tools = tools
         self.plugins: list[LoadedPlugin] = []
         self.errors: list[PluginLoadError] = []
+        self._declared: dict[str, tuple[Permissions, Worker]] = {}
 
     def plugin_config(self, name: str) -> dict[str, Any]:
         """``[plugins.<name>]`` of ``tak.toml``: what ``context().config`` holds."""
@@ -272,13 +273,43 @@ class PluginHost:
         )
 
     def _worker(self, source: PluginSource, name: str, permissions: Permissions) -> Worker:
-        return self.pool.worker(
+        worker = self.pool.worker(
             source.target,
-            policy=permissions.policy(),
+            policy=self.granted(name, permissions).policy(),
             name=name,
             path=source.path,
             config=self.plugin_config(name),
         )
+        self._declared[name] = (permissions, worker)
+        return worker
+
+    def granted(self, name: str, permissions: Permissions) -> Permissions:
+        """What a plugin's worker may do: what it declared, plus the ``host:port`` entries
+        of its config's ``allow_hosts`` when it declared network access at all.
+
+        A plugin cannot know at import time which local ports its user allows (the
+        web plugin's ``allow_hosts = ["127.0.0.1:8080"]``): the user's config says it,
+        and Landlock needs the port.
+        """
+        if not permissions.network:
+            return permissions
+        extra = [e for e in self.plugin_config(name).get("allow_hosts", []) if _has_port(e)]
+        network = tuple(dict.fromkeys([*permissions.network, *extra]))
+        return attrs.evolve(permissions, network=network)
+
+    def configure_plugin(self, name: str, config: Mapping[str, Any]) -> None:
+        """Replace ``[plugins.<name>]``: what its tools see, and its worker's grants.
+
+        A worker already running keeps its grants until it restarts.
+        """
+        plugins = dict(self.config.get("plugins", {}))
+        plugins[name] = dict(config)
+        self.config = {**self.config, "plugins": plugins}
+        declared = self._declared.get(name)
+        if declared is not None:
+            permissions, worker = declared
+            worker.config = dict(config)
+            worker.policy = self.granted(name, permissions).policy()
 
     def _isolation(self, permissions: Permissions) -> str:
         support = self.pool.isolation
@@ -440,3 +471,9 @@ __all__ = [
     "PluginSpec",
     "open_plugin_host",
 ]
+
+
+def _has_port(entry: object) -> bool:
+    """``host:port`` or ``[v6]:port``, as the network permission takes them."""
+    host, sep, port = str(entry).rpartition(":")
+    return bool(sep and host and not host.endswith(":") and port.isdigit())

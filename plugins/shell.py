@@ -183,9 +183,10 @@ def _start(
     try:
         return _popen(argv, cwd, env, pass_fds, process_group=0), True
     except PermissionError as exc:
-        # seccomp in a sandbox worker refuses setpgid (no filename); a program that
-        # may not be executed is a PermissionError too, with its name: not retried.
-        if exc.filename is not None:
+        # seccomp in a sandbox worker refuses setpgid with EPERM before exec; CPython
+        # reports such an error with no filename, or with cwd's when cwd was given. A
+        # program that may not be executed is refused with its own name: not retried.
+        if exc.errno != errno.EPERM or exc.filename not in (None, cwd):
             raise
     return _popen(argv, cwd, env, pass_fds, process_group=None), False
 
