@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
 import attrs
@@ -28,6 +28,7 @@ from .errors import ModelAPIError, UsageError
 from .executor import CallEvent, CallFinished, CallLimits, CallStarted, run_tool_calls
 from .messages import Message, Observation, Text
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
+from .plugin import context, use_context
 from .session import Session, message_from_entry, utc_timestamp
 from .tools import Tool, ToolFailure, ToolRegistry, tool
 
@@ -367,7 +368,8 @@ class Agent:
                 call_limits=parent.call_limits,
             )
             child_session = session.child(uuid.uuid4().hex[:12])
-            result = await child.run_turn(child_session, task)
+            with _tool_context_for(child_session):
+                result = await child.run_turn(child_session, task)
             if result.reason != "final":
                 detail = f": {result.error}" if result.error else ""
                 raise ToolFailure(
@@ -463,6 +465,18 @@ def _prompt_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
 
 def _ignore(event: AgentEvent) -> None:
     pass
+
+
+@contextlib.contextmanager
+def _tool_context_for(session: Session) -> Iterator[None]:
+    """Tools the subagent calls see its own transcript's key, not its parent's."""
+    try:
+        current = context()
+    except UsageError:  # not run by a Kernel: no tool context to adjust
+        yield
+        return
+    with use_context(attrs.evolve(current, session=str(session.key))):
+        yield
 
 
 @attrs.define

@@ -54,11 +54,13 @@ class Entry:
 
 
 def _probe_openat2() -> bool:
+    root = os.open("/", os.O_PATH | os.O_CLOEXEC)
     try:
-        fd = _openat2(os.open("/", os.O_PATH | os.O_CLOEXEC), ".", os.O_PATH, 0)
+        os.close(_openat2(root, ".", os.O_PATH, 0))
     except OSError:
         return False
-    os.close(fd)
+    finally:
+        os.close(root)
     return True
 
 
