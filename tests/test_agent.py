@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,8 +22,10 @@ from kernel.agent import (
 from kernel.errors import UsageError
 from kernel.messages import Message
 from kernel.models import ModelRequest, ModelResponse, ProviderError, ScriptedModel, Usage
+from kernel.plugin import ToolContext, context, use_context
 from kernel.session import Session
 from kernel.store import MemoryStore, SessionKey
+from sandbox import Workspace
 
 reply = ScriptedModel.reply
 
@@ -324,3 +328,30 @@ def test_history_without_compaction_is_every_message() -> None:
 def test_run_limits_reject_nonsense() -> None:
     with pytest.raises(UsageError, match="max_steps"):
         RunLimits(max_steps=0)
+
+
+async def test_subagent_tools_see_the_child_session(tmp_path: Path) -> None:
+    @tool
+    async def whoami() -> str:
+        """The session this call serves."""
+        return str(context().session)
+
+    def script(request: ModelRequest) -> ModelResponse | str:
+        last = request.messages[-1]
+        if last.role == "user" and last.text == "child task":
+            return reply(calls=[("whoami", {})])
+        if last.role == "user":
+            return reply(calls=[("whoami", {}), ("delegate", {"task": "child task"})])
+        if last.observations[0].name == "whoami" and len(last.observations) == 1:
+            return f"child: {last.observations[0].content}"
+        return "done"
+
+    store = MemoryStore()
+    session = new_session(store)
+    ctx = ToolContext(Workspace(tmp_path), str(session.key), logging.getLogger("t"))
+    with use_context(ctx):
+        await Agent(ScriptedModel(script), [whoami], subagents=True).run_turn(session, "go")
+    observations = (await session.messages())[2].observations
+    [child_path] = await store.list_subkeys(session.key)
+    assert observations[0].content == "p/s1"
+    assert observations[1].content == f"child: p/s1:{child_path}"
