@@ -23,9 +23,9 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
@@ -184,6 +184,7 @@ async def open_kernel(
     subagents: bool = True,
     compact_after_tokens: int | None = None,
     plugins: Sequence[PluginSpec] | None = None,
+    plugin_config: Mapping[str, Mapping[str, Any]] | None = None,
     allow_unsandboxed: bool | None = None,
 ) -> AsyncIterator[Kernel]:
     """Open a kernel: its home, store, model, tools and plugins, and a nursery for its tasks.
@@ -196,6 +197,8 @@ async def open_kernel(
         store: where sessions live (default: a ``FileStore`` under ``<home>/data/sessions``).
         plugins: ``None`` (default) for the built-in plugins and every discovered one;
             else exactly these (names, modules, ``Plugin`` objects; ``[]`` for none).
+        plugin_config: per-plugin settings (``{"web": {"allow_hosts": [...]}}``) that
+            replace the same plugins' ``[plugins.<name>]`` sections of ``tak.toml``.
         allow_unsandboxed: run plugins where isolation is missing (default:
             ``[sandbox] allow_unsandboxed`` of ``tak.toml``, else ``False``).
 
@@ -207,6 +210,9 @@ async def open_kernel(
 
     tak_home, work = await trio.to_thread.run_sync(_prepare_dirs, home, workspace)
     config = await trio.to_thread.run_sync(tak_home.load_config)
+    if plugin_config:
+        sections = config.get("plugins", {})
+        config["plugins"] = {**sections, **{k: dict(v) for k, v in plugin_config.items()}}
     if allow_unsandboxed is None:
         allow_unsandboxed = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
     owned_store = store is None

@@ -121,7 +121,7 @@ def test_tak_run_against_a_local_openai_compatible_server(
     assert "✗ [1] divide exception" in result.stdout
     assert "The sum is 42; dividing by zero failed." in result.stdout
     assert "turn ended: final after 2 step(s), 320 in / 42 out tokens" in result.stdout
-    assert "tak sessions show wire --project default" in result.stdout
+    assert f"tak --home {tmp_path} sessions show wire --project default" in result.stdout
     # the follow-up request carried both results, in declared order, ids matched
     assert len(requests) == 2
     tool_messages = [m for m in requests[1]["messages"] if m["role"] == "tool"]

@@ -18,9 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tak {__version__}")
     parser.add_argument("--home", help="TAK_HOME directory (default: $TAK_HOME or ~/.tak)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import doctor, plugins, run, sessions, tools
+    from . import doctor, plugins, run, serve, sessions, tools
 
-    for group in (tools, run, sessions, doctor, plugins):
+    for group in (tools, run, sessions, doctor, plugins, serve):
         group.add_commands(sub)
     return parser
 

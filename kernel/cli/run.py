@@ -6,13 +6,15 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
 import trio
 
 if TYPE_CHECKING:
-    from ..agent import AgentEvent
+    from ..agent import AgentEvent, TurnFinished
     from ..kernel import Kernel
+    from ..session import Session
     from ..tools import Tool
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -65,7 +67,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             system=args.system,
             limits=limits,
         ) as k:
-            return await stream_turn(k, args.session, args.project, args.prompt, sys.stdout)
+            session = k.session(args.session, project=args.project)
+            finished = await stream_turn(k, session, args.prompt, sys.stdout)
+            print_transcript_location(k, session, sys.stdout, home=args.home)
+            return 0 if finished.reason == "final" else 1
 
     try:
         return trio.run(main)
@@ -78,13 +83,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def stream_turn(
-    k: Kernel, session_id: str | None, project: str, prompt: str, out: IO[str]
-) -> int:
-    """Run the turn, printing deltas, calls and the ending; return the exit code."""
+    k: Kernel,
+    session: Session,
+    prompt: str,
+    out: IO[str],
+    *,
+    on_event: Callable[[AgentEvent], None] | None = None,
+) -> TurnFinished:
+    """Run one turn, printing model text, each call and the ending as they happen."""
     from ..agent import ModelDelta, TurnFinished
     from ..executor import CallFinished, CallStarted
 
-    session = k.session(session_id, project=project)
     view = _TurnView(out)
     finished: TurnFinished | None = None
     async with trio.open_nursery() as nursery:
@@ -92,6 +101,8 @@ async def stream_turn(
             nursery.start_soon(view.spin)
         async with k.run(session, prompt) as events:
             async for event in events:
+                if on_event is not None:
+                    on_event(event)
                 if isinstance(event, ModelDelta):
                     view.text(event.text)
                 elif isinstance(event, CallStarted):
@@ -103,11 +114,21 @@ async def stream_turn(
         nursery.cancel_scope.cancel()
     assert finished is not None
     view.end(finished)
+    return finished
+
+
+def print_transcript_location(
+    k: Kernel, session: Session, out: IO[str], *, home: str | None = None
+) -> None:
+    """Where the transcript is on disk, and the command that shows it."""
     key = session.key
     transcript = k.home.sessions / key.project / key.session_id / "transcript.jsonl"
+    home_option = f" --home {home}" if home else ""
     print(f"\ntranscript: {transcript}", file=out)
-    print(f"show it:    tak sessions show {key.session_id} --project {key.project}", file=out)
-    return 0 if finished.reason == "final" else 1
+    print(
+        f"show it:    tak{home_option} sessions show {key.session_id} --project {key.project}",
+        file=out,
+    )
 
 
 class _TurnView:

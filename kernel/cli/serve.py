@@ -1,0 +1,152 @@
+"""``tak serve`` (the kernel over WebSocket) and ``tak repl URL`` (a client for it)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+DEFAULT_PORT = 8765
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve the kernel over WebSocket",
+        description="Serve the kernel over WebSocket. Prints one line, "
+        "ws://HOST:PORT/?token=TOKEN, then logs to stderr. See docs/protocol.md.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any)"
+    )
+    p.add_argument("--workspace", help="workspace directory for tools")
+    p.add_argument(
+        "--model", default="scripted:demo", help="provider:model (default scripted:demo)"
+    )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help="read the token from this file; a missing file is created with a new token "
+        "(mode 0600). Default: a new token each start",
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="browser origin allowed to connect, e.g. http://localhost:3000 (repeatable)",
+    )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host and Host header (no TLS: put a proxy in front)",
+    )
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "repl",
+        help="an interactive client of tak serve",
+        description="Lines are prompts for agent turns; /help lists the commands. "
+        "Ctrl-C cancels the running request; works with piped input.",
+    )
+    p.add_argument("url", help="the ws://HOST:PORT/?token=TOKEN line tak serve printed")
+    p.add_argument("--session", help="session id (default: a new session)")
+    p.add_argument("--project", default="default", help="project the sessions belong to")
+    p.set_defaults(func=cmd_repl)
+
+
+def read_token(path: Path) -> str:
+    """The token in ``path``; a missing file gets a new one, readable only by its owner.
+
+    Raises:
+        UsageError: the file is empty.
+    """
+    from ..errors import UsageError
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        token = path.read_text().strip()
+        if not token:
+            raise UsageError(f"token file {str(path)!r} is empty") from None
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ..errors import KernelError
+    from ..kernel import open_kernel
+    from ..server import serve_websocket
+    from .run import default_tools
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+    async def main() -> None:
+        token = read_token(args.token_file) if args.token_file else None
+        async with open_kernel(
+            home=args.home, workspace=args.workspace, model=args.model, tools=default_tools()
+        ) as k:
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(
+                    lambda task_status: serve_websocket(
+                        k,
+                        args.host,
+                        args.port,
+                        token=token,
+                        allow_origins=args.allow_origin,
+                        allow_remote=args.allow_remote,
+                        task_status=task_status,
+                    )
+                )
+                # The one line on stdout, first and flushed: scripts read it to connect.
+                print(url, flush=True)
+                await _until_stopped()
+                logging.getLogger("tak.server").info("stopping")
+                nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    except BaseException as exc:
+        cause = _sole(exc)
+        if isinstance(cause, KernelError):
+            print(f"tak serve: {cause}", file=sys.stderr)
+            return 2
+        if isinstance(cause, OSError):
+            print(f"tak serve: cannot listen on {args.host}:{args.port}: {cause}", file=sys.stderr)
+            return 1
+        raise
+    return 0
+
+
+def _sole(exc: BaseException) -> BaseException:
+    """The one exception inside nested one-member groups (Trio's nurseries wrap them)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _until_stopped() -> None:
+    """Return on SIGINT or SIGTERM, so the server stops cleanly either way."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+def cmd_repl(args: argparse.Namespace) -> int:
+    from ..repl import main
+
+    return main(args.url, session=args.session, project=args.project, home=args.home)

@@ -1,0 +1,383 @@
+"""The WebSocket protocol's frames: records, and their one way to and from JSON text.
+
+Every frame is one JSON object in one text frame, ``{"v": 1, "type": ..., ...}``
+(docs/protocol.md has the whole protocol, with examples). Requests go from
+the client to the server and carry an ``id``; the server answers each with
+``event`` frames and exactly one ``reply``, or refuses a frame with one
+``error``. The records here are ``@attrs.frozen`` classes in two tagged unions
+on ``type`` (``Request`` and ``ServerFrame``), structured and unstructured by
+``kernel.messages.converter`` so that a bad request is reported with the path
+of what was wrong (``$.calls[1].name: required field missing``).
+
+This module does no I/O: the server (``kernel.server``) and the clients
+(``kernel.repl``) share it. Importing it registers the protocol's hooks (the
+two tagged unions, and frames that leave out empty fields) on that converter;
+the kernel's own records are not affected.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final, Literal, TypeAlias, get_args
+
+import attrs
+from cattrs.strategies import configure_tagged_union
+
+from .errors import ProtocolError
+from .messages import ToolCall, converter, describe_structure_error
+
+PROTOCOL_VERSION: Final = 1
+DEFAULT_PROJECT: Final = "default"
+#: Request ids are echoed in every frame about the request: keep them short.
+MAX_ID_LENGTH: Final = 128
+
+ErrorCode: TypeAlias = Literal[
+    "bad_json",
+    "bad_message",
+    "unknown_type",
+    "duplicate_id",
+    "too_many_inflight",
+    "too_large",
+    "unauthorized",
+    "invalid_request",
+    "kernel_error",
+    "internal",
+]
+ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
+
+Status: TypeAlias = Literal["ok", "error", "cancelled"]
+EventKind: TypeAlias = Literal["call_started", "call_finished", "model_delta", "turn_finished"]
+EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
+
+
+# --- requests (client → server) ---------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Hello:
+    """Authenticate (when the handshake carried no token) and learn about the server."""
+
+    id: str
+    token: str | None = None
+    client: str | None = None
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class CallTools:
+    """Run ``calls`` as one batch, as if a model had declared them, recorded in ``session``."""
+
+    id: str
+    session: str
+    calls: tuple[ToolCall, ...]
+    project: str = DEFAULT_PROJECT
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class Run:
+    """One agent turn on ``session``; ``model``, when given, must be the server's model."""
+
+    id: str
+    session: str
+    prompt: str
+    model: str | None = None
+    project: str = DEFAULT_PROJECT
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class Cancel:
+    """Cancel the in-flight request whose id is ``target``."""
+
+    id: str
+    target: str
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class Sessions:
+    """The summaries of a project's sessions."""
+
+    id: str
+    project: str = DEFAULT_PROJECT
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class History:
+    """A session's transcript entries, all of them or those after the entry ``after``."""
+
+    id: str
+    session: str
+    after: str | None = None
+    project: str = DEFAULT_PROJECT
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class Tools:
+    """The tools the server offers, with their JSON Schemas."""
+
+    id: str
+    v: int = PROTOCOL_VERSION
+
+
+Request: TypeAlias = Hello | CallTools | Run | Cancel | Sessions | History | Tools
+REQUEST_TYPES: dict[type, str] = {
+    Hello: "hello",
+    CallTools: "call_tools",
+    Run: "run",
+    Cancel: "cancel",
+    Sessions: "sessions",
+    History: "history",
+    Tools: "tools",
+}
+_REQUEST_CLASSES: dict[str, type] = {tag: cls for cls, tag in REQUEST_TYPES.items()}
+
+
+# --- server frames (server → client) -----------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ErrorInfo:
+    """What went wrong: a code from ``ERROR_CODES``, a message for people, maybe details."""
+
+    # A str, not ErrorCode: a client must still read frames from a newer server.
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Reply:
+    """The one answer to a request, sent after every event of that request."""
+
+    re: str
+    status: Status
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+    seq: int = 0
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """Progress of a request. On the wire ``data``'s keys sit beside ``re``, ``seq``, ``kind``."""
+
+    re: str
+    kind: str
+    data: dict[str, Any] = attrs.field(factory=dict)
+    seq: int = 0
+    v: int = PROTOCOL_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class ErrorFrame:
+    """A frame the server refused; ``re`` is its id when one could be read."""
+
+    error: ErrorInfo
+    re: str | None = None
+    seq: int = 0
+    v: int = PROTOCOL_VERSION
+
+
+ServerFrame: TypeAlias = Reply | Event | ErrorFrame
+_SERVER_TAGS: dict[type, str] = {Reply: "reply", Event: "event", ErrorFrame: "error"}
+_EVENT_HEADER = ("v", "type", "re", "seq", "kind")
+
+
+class FrameError(ProtocolError):
+    """A client frame the server refuses: becomes an ``error`` frame with ``code``."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        re: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: ErrorCode = code
+        self.message = message
+        self.re = re
+        self.details = details
+
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(code=self.code, message=self.message, details=self.details)
+
+
+def _unstructure_event(event: Event) -> dict[str, Any]:
+    body: dict[str, Any] = {"v": event.v, "re": event.re, "seq": event.seq, "kind": event.kind}
+    # Header keys win over data keys, so a payload can never forge them.
+    body.update((k, v) for k, v in event.data.items() if k not in _EVENT_HEADER)
+    return body
+
+
+def _structure_event(value: Any, _: Any) -> Event:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    fields = {k: value[k] for k in ("v", "re", "seq", "kind") if k in value}
+    data = {k: v for k, v in value.items() if k not in _EVENT_HEADER}
+    return Event(
+        re=converter.structure(fields["re"], str),
+        kind=converter.structure(fields["kind"], str),
+        seq=converter.structure(fields.get("seq", 0), int),
+        v=converter.structure(fields.get("v", PROTOCOL_VERSION), int),
+        data=data,
+    )
+
+
+def _configure() -> None:
+    from cattrs.gen import make_dict_unstructure_fn, override
+
+    # Leave out what is not there ("error": null on an ok reply says nothing),
+    # but always say which protocol version and which frame number this is.
+    always = override(omit_if_default=False)
+    # ErrorInfo first: the hooks generated below look up the hooks of their fields.
+    converter.register_unstructure_hook(
+        ErrorInfo, make_dict_unstructure_fn(ErrorInfo, converter, _cattrs_omit_if_default=True)
+    )
+    for request_class in REQUEST_TYPES:
+        converter.register_unstructure_hook(
+            request_class,
+            make_dict_unstructure_fn(
+                request_class, converter, _cattrs_omit_if_default=True, v=always
+            ),
+        )
+    for frame_class in (Reply, ErrorFrame):
+        converter.register_unstructure_hook(
+            frame_class,
+            make_dict_unstructure_fn(
+                frame_class, converter, _cattrs_omit_if_default=True, v=always, seq=always
+            ),
+        )
+    converter.register_unstructure_hook(Event, _unstructure_event)
+    converter.register_structure_hook(Event, _structure_event)
+    configure_tagged_union(
+        Request, converter, tag_name="type", tag_generator=REQUEST_TYPES.__getitem__
+    )
+    configure_tagged_union(
+        ServerFrame, converter, tag_name="type", tag_generator=_SERVER_TAGS.__getitem__
+    )
+
+
+_configure()
+
+
+def encode(frame: Request | ServerFrame) -> str:
+    """The JSON text of a frame, ``v`` and ``type`` first.
+
+    Non-ASCII text is escaped (``\\uXXXX``), so any Python string, a lone
+    surrogate included, gives valid UTF-8 on the wire.
+    """
+    union: Any = ServerFrame if isinstance(frame, Reply | Event | ErrorFrame) else Request
+    body: dict[str, Any] = converter.unstructure(frame, union)
+    head = {"v": body.pop("v"), "type": body.pop("type")}
+    return json.dumps({**head, **body}, separators=(",", ":"))
+
+
+def decode_request(text: str) -> Request:
+    """The request a client frame holds.
+
+    Raises:
+        FrameError: ``bad_json`` (not JSON), ``bad_message`` (not a request of
+            this protocol version; the message names the path of each
+            problem), ``unknown_type``. ``re`` is the frame's id when it had a
+            readable one.
+    """
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: deeply nested arrays are valid JSON but not a request
+        raise FrameError("bad_json", f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise FrameError("bad_message", f"$: expected an object, got {_json_type(value)}")
+    raw_id = value.get("id")
+    re = raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_LENGTH else None
+    version = value.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        found = "missing" if "v" not in value else json.dumps(version)[:20]
+        raise FrameError("bad_message", f"$.v: expected {PROTOCOL_VERSION}, got {found}", re=re)
+    kind = value.get("type")
+    if not isinstance(kind, str):
+        raise FrameError("bad_message", "$.type: expected a request type (a string)", re=re)
+    if kind not in _REQUEST_CLASSES:
+        known = ", ".join(_REQUEST_CLASSES)
+        raise FrameError(
+            "unknown_type", f"$.type: unknown request type {kind[:40]!r}; known: {known}", re=re
+        )
+    try:
+        request: Request = converter.structure(value, Request)  # type: ignore[arg-type]
+    except Exception as exc:
+        described = describe_structure_error(exc)
+        raise FrameError(
+            "bad_message", described, re=re, details={"errors": described.split("; ")}
+        ) from None
+    if not 0 < len(request.id) <= MAX_ID_LENGTH:
+        raise FrameError("bad_message", f"$.id: expected 1 to {MAX_ID_LENGTH} characters", re=None)
+    return request
+
+
+def decode_server_frame(text: str | bytes) -> ServerFrame:
+    """The server frame a text frame holds (for clients).
+
+    Raises:
+        ProtocolError: the frame is not a server frame of this protocol.
+    """
+    if isinstance(text, bytes):
+        raise ProtocolError("the server sent a binary frame")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError(f"the server sent a frame that is not JSON: {exc}") from None
+    if not isinstance(value, dict) or value.get("type") not in _SERVER_TAGS.values():
+        raise ProtocolError(f"not a server frame: {text[:200]}")
+    try:
+        frame: ServerFrame = converter.structure(value, ServerFrame)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise ProtocolError(f"bad server frame: {describe_structure_error(exc)}") from None
+    return frame
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array"
+
+
+__all__ = [
+    "DEFAULT_PROJECT",
+    "ERROR_CODES",
+    "EVENT_KINDS",
+    "MAX_ID_LENGTH",
+    "PROTOCOL_VERSION",
+    "REQUEST_TYPES",
+    "CallTools",
+    "Cancel",
+    "ErrorCode",
+    "ErrorFrame",
+    "ErrorInfo",
+    "Event",
+    "EventKind",
+    "FrameError",
+    "Hello",
+    "History",
+    "Reply",
+    "Request",
+    "Run",
+    "ServerFrame",
+    "Sessions",
+    "Status",
+    "Tools",
+    "decode_request",
+    "decode_server_frame",
+    "encode",
+]

@@ -1,0 +1,614 @@
+"""``tak repl URL``: a line-oriented client of ``tak serve``.
+
+A line is a prompt for an agent turn (``run``) on the current session; lines
+starting with ``/`` are commands::
+
+    /call TOOL {json}   run one tool call (call_tools)
+    /tools              the server's tools
+    /sessions           the sessions of the project
+    /history            the current session's transcript
+    /session ID         switch to session ID
+    /cancel             cancel the running request
+    /help, /quit
+
+Output streams as events arrive. Ctrl-C cancels the running request and keeps
+the REPL; Ctrl-D (end of input) or ``/quit`` leaves. Input is read by a thread
+(``input()`` blocks) and handed to Trio through a memory channel, so the REPL
+reads ``/cancel`` while a request runs, and works the same when stdin is a
+pipe: lines then run one after another, and the REPL exits at the end of
+input once the last request has replied. Lines are appended to
+``$TAK_HOME/data/repl_history`` (loaded into readline on a terminal).
+
+Exit status: 0; 1 when a request failed or the connection was lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import parse_qs, urlsplit
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
+
+from . import __version__
+from .errors import ProtocolError
+from .messages import ToolCall
+from .protocol import (
+    DEFAULT_PROJECT,
+    CallTools,
+    Cancel,
+    ErrorFrame,
+    Event,
+    Hello,
+    History,
+    Reply,
+    Request,
+    Run,
+    ServerFrame,
+    Sessions,
+    Tools,
+    decode_server_frame,
+    encode,
+)
+
+PROMPT = "tak> "
+HISTORY_LINES = 1000
+#: Replies such as a long history are big; the server bounds what it sends, not us.
+MAX_SERVER_FRAME = 256 << 20
+
+HELP = """\
+a line              run an agent turn with it as the prompt
+/call TOOL {json}   run one tool call
+/tools              list the server's tools
+/sessions           list the project's sessions
+/history            show the current session's transcript
+/session ID         switch to session ID
+/cancel             cancel the running request (Ctrl-C does the same)
+/quit               leave (Ctrl-D too)"""
+
+
+class _Client:
+    """Requests over one connection; each request's frames reach its own channel."""
+
+    def __init__(self, ws: WebSocketConnection) -> None:
+        self.ws = ws
+        self.closed: str | None = None
+        self._routes: dict[str, trio.MemorySendChannel[ServerFrame]] = {}
+        self._ids = itertools.count(1)
+
+    def new_id(self, prefix: str = "r") -> str:
+        return f"{prefix}{next(self._ids)}"
+
+    async def read_frames(self, on_unrouted: Callable[[ServerFrame], None]) -> None:
+        """Route frames until the connection closes, then end every open request."""
+        try:
+            while True:
+                frame = decode_server_frame(await self.ws.get_message())
+                route = self._routes.get(frame.re) if frame.re is not None else None
+                if route is not None:
+                    route.send_nowait(frame)
+                else:
+                    on_unrouted(frame)
+        except ConnectionClosed as exc:
+            reason = exc.reason
+            self.closed = (
+                f"{reason.code} {reason.reason or reason.name}" if reason is not None else "closed"
+            )
+        except ProtocolError as exc:
+            self.closed = f"the server broke the protocol: {exc}"
+        finally:
+            for route in self._routes.values():
+                route.close()
+
+    async def send(self, request: Request) -> None:
+        await self.ws.send_message(encode(request))
+
+    @contextlib.asynccontextmanager
+    async def request(self, request: Request) -> AsyncIterator[AsyncIterator[ServerFrame]]:
+        """Send ``request``; iterate its events and then its reply (or refusal)."""
+        send, receive = trio.open_memory_channel[ServerFrame](math.inf)
+        self._routes[request.id] = send
+        try:
+            await self.send(request)
+
+            async def frames() -> AsyncIterator[ServerFrame]:
+                async for frame in receive:
+                    yield frame
+                    if isinstance(frame, Reply | ErrorFrame):
+                        return
+
+            yield frames()
+        finally:
+            del self._routes[request.id]
+
+
+class Repl:
+    """The REPL's state and commands; ``out`` gets results, ``err`` diagnostics."""
+
+    def __init__(
+        self,
+        client: _Client,
+        *,
+        out: IO[str],
+        err: IO[str],
+        session: str,
+        project: str = DEFAULT_PROJECT,
+        interactive: bool = False,
+    ) -> None:
+        self.client = client
+        self.out = out
+        self.err = err
+        self.session = session
+        self.project = project
+        self.interactive = interactive
+        self.failed = False
+        self.running: str | None = None
+        self._pending: deque[str] = deque()
+        self._lines: trio.MemoryReceiveChannel[str] | None = None
+        self._eof = False
+        self._mid_line = False
+
+    # --- the loop ----------------------------------------------------------------
+
+    async def loop(self, lines: trio.MemoryReceiveChannel[str]) -> None:
+        """Run lines until ``/quit``, end of input, or a lost connection."""
+        self._lines = lines
+        while self.client.closed is None:
+            if not self._pending:
+                if self._eof:
+                    return
+                if self.interactive:
+                    self._write(PROMPT)
+                    self.out.flush()
+                try:
+                    self._pending.append(await lines.receive())
+                except trio.EndOfChannel:
+                    self._eof = True
+                    continue
+                if self.interactive:
+                    # The terminal echoed the user's Enter: the prompt's line is over.
+                    self._mid_line = False
+            if not await self.execute(self._pending.popleft()):
+                return
+
+    async def execute(self, line: str) -> bool:
+        """Run one line; ``False`` means leave."""
+        text = line.strip()
+        if not text:
+            return True
+        if not text.startswith("/"):
+            await self._run_request(
+                Run(
+                    id=self.client.new_id(), session=self.session, prompt=line, project=self.project
+                )
+            )
+            return True
+        command, _, rest = text.partition(" ")
+        rest = rest.strip()
+        if command in ("/quit", "/exit"):
+            return False
+        if command == "/help":
+            self._line(HELP)
+        elif command == "/cancel":
+            self._diag("nothing is running")
+        elif command == "/session":
+            if not rest:
+                self._line(f"session: {self.session} (project {self.project})")
+            else:
+                self.session = rest
+                self._line(f"session: {self.session}")
+        elif command == "/tools":
+            await self._run_request(Tools(id=self.client.new_id()))
+        elif command == "/sessions":
+            await self._run_request(Sessions(id=self.client.new_id(), project=self.project))
+        elif command == "/history":
+            await self._run_request(
+                History(id=self.client.new_id(), session=self.session, project=self.project)
+            )
+        elif command == "/call":
+            call = self._parse_call(rest)
+            if call is not None:
+                await self._run_request(
+                    CallTools(
+                        id=self.client.new_id(),
+                        session=self.session,
+                        calls=(call,),
+                        project=self.project,
+                    )
+                )
+        else:
+            self._diag(f"unknown command {command}; /help lists them")
+            self.failed = True
+        return True
+
+    def _parse_call(self, rest: str) -> ToolCall | None:
+        name, _, raw = rest.partition(" ")
+        if not name:
+            self._diag("usage: /call TOOL {json arguments}")
+            self.failed = True
+            return None
+        raw = raw.strip() or "{}"
+        try:
+            arguments = json.loads(raw)
+        except ValueError:
+            # Sent as it is: the executor reports bad arguments as an observation.
+            arguments = raw
+        if not isinstance(arguments, dict):
+            arguments = raw
+        return ToolCall(id=f"call_{uuid.uuid4().hex[:8]}", name=name, arguments=arguments)
+
+    async def _run_request(self, request: Request) -> None:
+        """Send ``request``, print its frames as they come; meanwhile, keep reading input."""
+        self.running = request.id
+        try:
+            async with trio.open_nursery() as nursery:
+                if self._lines is not None and not self._eof:
+                    nursery.start_soon(self._read_while_running, self._lines)
+                try:
+                    async with self.client.request(request) as frames:
+                        async for frame in frames:
+                            self._show(request, frame)
+                except ConnectionClosed as exc:
+                    if self.client.closed is None:
+                        self.client.closed = str(exc.reason)
+                # The frames end with the reply, or early when the connection is gone
+                # (run_repl says so once).
+                self._end_line()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.running = None
+
+    async def _read_while_running(self, lines: trio.MemoryReceiveChannel[str]) -> None:
+        while True:
+            try:
+                line = await lines.receive()
+            except trio.EndOfChannel:
+                self._eof = True
+                return
+            if line.strip() == "/cancel":
+                await self.cancel_running()
+            else:
+                self._pending.append(line)
+
+    async def cancel_running(self) -> None:
+        """Ask the server to cancel the running request (its reply says ``cancelled``)."""
+        if self.running is None or self.client.closed is not None:
+            return
+        with contextlib.suppress(ConnectionClosed):
+            await self.client.send(Cancel(id=self.client.new_id("cancel"), target=self.running))
+
+    # --- output ------------------------------------------------------------------
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self._mid_line = bool(text) and not text.endswith("\n")
+
+    def _end_line(self) -> None:
+        if self._mid_line:
+            self._write("\n")
+
+    def _line(self, text: str) -> None:
+        self._end_line()
+        self._write(text + "\n")
+        self.out.flush()
+
+    def _diag(self, text: str) -> None:
+        self._end_line()
+        self.out.flush()
+        print(text, file=self.err, flush=True)
+
+    def show_unrouted(self, frame: ServerFrame) -> None:
+        if isinstance(frame, ErrorFrame):
+            self._diag(f"error ({frame.error.code}): {frame.error.message}")
+        # Anything else is the reply to a /cancel we sent and forgot: nothing to say.
+
+    def _show(self, request: Request, frame: ServerFrame) -> None:
+        if isinstance(frame, Event):
+            self._show_event(frame)
+        elif isinstance(frame, ErrorFrame) or frame.status == "error":
+            error = frame.error
+            assert error is not None
+            self._diag(f"error ({error.code}): {error.message}")
+            self.failed = True
+        elif frame.status == "cancelled":
+            self._line("(cancelled)")
+        else:
+            self._show_result(request, frame.result or {})
+        self.out.flush()
+
+    def _show_event(self, event: Event) -> None:
+        data = event.data
+        if event.kind == "model_delta":
+            self._write(str(data.get("text", "")))
+        elif event.kind == "call_started":
+            call = data.get("call") or {}
+            arguments = call.get("arguments")
+            shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            self._line(f"→ [{data.get('index')}] {call.get('name')} {_clip(shown, 120)}")
+        elif event.kind == "call_finished":
+            self._line(_observation_line(data.get("observation") or {}))
+        elif event.kind == "turn_finished":
+            self._end_line()
+            if data.get("reason") != "final":
+                error = f": {data['error']}" if data.get("error") else ""
+                self._line(f"(turn ended: {data.get('reason')}{error})")
+
+    def _show_result(self, request: Request, result: dict[str, Any]) -> None:
+        if isinstance(request, Tools):
+            for spec in result.get("tools", []):
+                description = (spec.get("description") or "").strip().splitlines()
+                self._line(f"{spec.get('name')}  {description[0] if description else ''}")
+        elif isinstance(request, Sessions):
+            sessions = result.get("sessions", [])
+            if not sessions:
+                self._line(f"no sessions in project {self.project!r}")
+            for summary in sessions:
+                data = summary.get("data") or {}
+                title = data.get("title") or ""
+                self._line(
+                    f"{summary.get('session_id')}  {data.get('entry_count', 0)} entries  {title}"
+                )
+        elif isinstance(request, History):
+            entries = result.get("entries", [])
+            if not entries:
+                self._line(f"session {self.session} is empty")
+            for entry in entries:
+                self._line(_entry_text(entry))
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _observation_line(o: dict[str, Any]) -> str:
+    error = o.get("error")
+    mark = (
+        f"✗ [{o.get('index')}] {o.get('name')} {error.get('kind')}"
+        if error
+        else (f"✓ [{o.get('index')}] {o.get('name')}")
+    )
+    content = str(o.get("content", ""))
+    duration = float(o.get("duration_s") or 0.0)
+    return f"{mark} ({duration:.2f}s): {_indent_rest(content)}"
+
+
+def _indent_rest(text: str) -> str:
+    return text.replace("\n", "\n    ")
+
+
+def _entry_text(entry: dict[str, Any]) -> str:
+    kind = entry.get("type")
+    message = entry.get("message")
+    if not isinstance(message, dict):
+        return f"[{kind}]" + (f" {entry['title']}" if kind == "title" else "")
+    pieces = []
+    for part in message.get("parts", []):
+        if part.get("type") == "text":
+            pieces.append(part.get("text", ""))
+        elif part.get("type") == "tool_call":
+            arguments = part.get("arguments")
+            shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            pieces.append(f"→ {part.get('name')} {_clip(shown, 120)}")
+        elif part.get("type") == "observation":
+            pieces.append(_observation_line(part))
+    return f"{kind}: " + _indent_rest("\n".join(pieces))
+
+
+# --- running it ----------------------------------------------------------------------
+
+
+def history_path(home: str | os.PathLike[str] | None = None) -> Path:
+    from .home import TakHome
+
+    return TakHome.locate(home).data / "repl_history"
+
+
+def _load_readline_history(path: Path) -> None:
+    """Give a terminal's line editor the saved lines (up-arrow), trimming the file."""
+    try:
+        import readline
+    except ImportError:  # no readline on this platform: plain input() still works
+        return
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return
+    if len(lines) > HISTORY_LINES:
+        lines = lines[-HISTORY_LINES:]
+        with contextlib.suppress(OSError):
+            path.write_text("\n".join(lines) + "\n")
+    for line in lines:
+        readline.add_history(line)
+
+
+def _read_lines(
+    stdin: IO[str],
+    send: trio.MemorySendChannel[str],
+    token: trio.lowlevel.TrioToken,
+    history: Path | None,
+) -> None:
+    """In a daemon thread: read lines into ``send`` until end of input.
+
+    On a terminal ``input()`` gives readline's line editing and history.
+    """
+    interactive = stdin is sys.stdin and stdin.isatty()
+    try:
+        while True:
+            if interactive:
+                try:
+                    line = input()
+                except EOFError:
+                    break
+            else:
+                line = stdin.readline()
+                if not line:
+                    break
+                line = line.removesuffix("\n")
+            if history is not None and line.strip():
+                with contextlib.suppress(OSError), history.open("a") as f:
+                    f.write(line.replace("\n", " ") + "\n")
+            trio.from_thread.run(send.send, line, trio_token=token)
+        trio.from_thread.run_sync(send.close, trio_token=token)
+    except (trio.RunFinishedError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass  # the REPL ended first
+
+
+def _token_from(url: str) -> str | None:
+    tokens = parse_qs(urlsplit(url).query).get("token")
+    return tokens[0] if tokens else os.environ.get("TAK_TOKEN")
+
+
+async def run_repl(
+    url: str,
+    *,
+    out: IO[str],
+    err: IO[str],
+    lines: trio.MemoryReceiveChannel[str],
+    session: str | None = None,
+    project: str = DEFAULT_PROJECT,
+    interactive: bool = False,
+    handle_sigint: bool = False,
+) -> int:
+    """Connect to ``url`` and run ``lines``; return the exit status.
+
+    The token comes from the URL's query or ``$TAK_TOKEN`` (sent in ``hello``).
+    With ``handle_sigint``, Ctrl-C cancels the running request instead of
+    stopping the program.
+    """
+    try:
+        async with open_websocket_url(url, max_message_size=MAX_SERVER_FRAME) as ws:
+            client = _Client(ws)
+            repl = Repl(
+                client,
+                out=out,
+                err=err,
+                session=session or uuid.uuid4().hex[:16],
+                project=project,
+                interactive=interactive,
+            )
+            async with trio.open_nursery() as nursery:
+
+                async def read_until_closed() -> None:
+                    await client.read_frames(repl.show_unrouted)
+                    # The server is gone: stop waiting for input too.
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(read_until_closed)
+                if handle_sigint:
+                    nursery.start_soon(_cancel_on_sigint, repl)
+                if await _greet(client, repl, _token_from(url)):
+                    await repl.loop(lines)
+                nursery.cancel_scope.cancel()
+            if client.closed is not None:
+                repl._diag(f"connection closed: {client.closed}")
+                return 1
+            return 1 if repl.failed else 0
+    except (OSError, ProtocolError, HandshakeError) as exc:
+        why = (
+            f"refused: HTTP {exc.status_code} {(exc.body or b'').decode(errors='replace').strip()}"
+            if isinstance(exc, ConnectionRejected)
+            else str(exc)
+        )
+        print(f"tak repl: cannot talk to {_without_token(url)}: {why}", file=err, flush=True)
+        return 1
+
+
+def _without_token(url: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(query="").geturl()
+
+
+async def _greet(client: _Client, repl: Repl, token: str | None) -> bool:
+    async with client.request(
+        Hello(id=client.new_id("hello"), token=token, client=f"tak-repl/{__version__}")
+    ) as frames:
+        async for frame in frames:
+            if isinstance(frame, Reply) and frame.status == "ok" and frame.result is not None:
+                info = frame.result
+                repl._diag(
+                    f"connected to {info.get('server')} {info.get('version')} "
+                    f"(model {info.get('model')}); session {repl.session}; /help for commands"
+                )
+                return True
+            if isinstance(frame, Reply | ErrorFrame) and frame.error is not None:
+                repl._diag(f"refused ({frame.error.code}): {frame.error.message}")
+                repl.failed = True
+                return False
+    return False
+
+
+async def _cancel_on_sigint(repl: Repl) -> None:
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async for _ in signals:
+            if repl.running is not None:
+                repl._diag("^C: cancelling")
+                await repl.cancel_running()
+            else:
+                repl._diag("^C (Ctrl-D or /quit to leave)")
+
+
+def main(
+    url: str,
+    *,
+    session: str | None = None,
+    project: str = DEFAULT_PROJECT,
+    home: str | None = None,
+    stdin: IO[str] | None = None,
+    out: IO[str] | None = None,
+    err: IO[str] | None = None,
+) -> int:
+    """``tak repl``: run the REPL on this process's terminal or pipes."""
+    stdin = stdin if stdin is not None else sys.stdin
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    interactive = stdin.isatty()
+    history: Path | None = history_path(home)
+    try:
+        history_path(home).parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        history = None  # a read-only home: run without saving lines
+    if interactive and history is not None:
+        _load_readline_history(history)
+
+    async def repl_main() -> int:
+        send, receive = trio.open_memory_channel[str](16)
+        thread = threading.Thread(
+            target=_read_lines,
+            args=(stdin, send, trio.lowlevel.current_trio_token(), history),
+            name="tak-repl-stdin",
+            daemon=True,  # blocked in input() at exit: must not keep the process alive
+        )
+        thread.start()
+        return await run_repl(
+            url,
+            out=out,
+            err=err,
+            lines=receive,
+            session=session,
+            project=project,
+            interactive=interactive,
+            handle_sigint=threading.current_thread() is threading.main_thread(),
+        )
+
+    return trio.run(repl_main)
+
+
+__all__ = ["Repl", "history_path", "main", "run_repl"]
