@@ -24,8 +24,10 @@ $(STAMP)-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test,dev]'
 	touch $@
 
+# The research agent: one real session with parallel calls (fs, web, python), an error
+# observation, results in declared order and a transcript on disk; no API key needed.
 demo: $(STAMP)-base
-	$(BIN)/tak demo
+	$(BIN)/python examples/research_agent.py
 
 test: $(STAMP)-test
 	$(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider
