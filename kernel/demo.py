@@ -1,8 +1,9 @@
-"""The demo tools and the scripted turn behind ``tak demo``.
+"""The scripted turn behind ``tak demo``, on the built-in tools.
 
 No API key and no network: the "model" is a fixed list of five declared calls
-that shows what ``run_tool_calls`` guarantees — a slow call declared first,
-a fast one, one that raises, one with bad arguments, one that times out.
+that shows what ``run_tool_calls`` guarantees — a slow call declared first
+(a shell command in a sandbox worker), a fast one (a file read), one that
+fails, one with bad arguments, one that hits its deadline.
 """
 
 from __future__ import annotations
@@ -10,77 +11,26 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import trio
-
 from .executor import CallFinished, CallLimits
 from .messages import Message, Observation, Text, ToolCall
-from .tools import ToolRegistry, tool
 
 if TYPE_CHECKING:
     from .agent import AgentEvent
     from .kernel import Kernel
     from .session import Session
 
-
-@tool
-async def sleep(seconds: float) -> str:
-    """Wait, then say how long.
-
-    Args:
-        seconds: How long to wait.
-    """
-    await trio.sleep(seconds)
-    return f"slept {seconds:g} s"
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: First addend.
-        b: Second addend.
-    """
-    return a + b
-
-
-@tool
-def divide(a: float, b: float) -> float:
-    """Divide a by b.
-
-    Args:
-        a: Dividend.
-        b: Divisor.
-    """
-    return a / b
-
-
-@tool
-async def echo(text: str) -> str:
-    """Return the text unchanged.
-
-    Args:
-        text: What to echo.
-    """
-    return text
-
-
-DEMO_TOOLS = (sleep, add, divide, echo)
-
-
-def demo_registry() -> ToolRegistry:
-    """The tools ``tak tools`` and ``tak call`` offer until plugins are loaded."""
-    return ToolRegistry(DEMO_TOOLS)
-
+#: The built-in plugins the demo uses, and the file it reads.
+DEMO_PLUGINS = ("fs", "shell", "python")
+DEMO_FILE = ("hello.txt", "Hello from the workspace.\n")
 
 DEMO_CALLS: tuple[ToolCall, ...] = (
-    ToolCall("call_slow", "sleep", '{"seconds": 0.6}', 0),
-    ToolCall("call_fast", "add", '{"a": 2, "b": 3}', 1),
-    ToolCall("call_raises", "divide", '{"a": 1, "b": 0}', 2),
-    ToolCall("call_bad_args", "add", '{"a": "two", "b": 3}', 3),
-    ToolCall("call_hangs", "sleep", '{"seconds": 30}', 4),
+    ToolCall("call_slow", "run_command", '{"command": "sleep 0.6; echo slow done"}', 0),
+    ToolCall("call_fast", "read_file", '{"path": "hello.txt"}', 1),
+    ToolCall("call_fails", "read_file", '{"path": "missing.txt"}', 2),
+    ToolCall("call_bad_args", "run_python", '{"code": 42}', 3),
+    ToolCall("call_hangs", "run_command", '{"command": "sleep 30", "timeout": 1}', 4),
 )
-DEMO_LIMITS = CallLimits(timeout=1.0)
+DEMO_LIMITS = CallLimits(timeout=10.0)
 DEMO_PROMPT = "Run five tools at once: a slow one, a fast one, one that raises, one with bad arguments, one that hangs."
 
 

@@ -184,6 +184,7 @@ async def open_kernel(
     subagents: bool = True,
     compact_after_tokens: int | None = None,
     plugins: Sequence[PluginSpec] | None = None,
+    extra_plugins: Sequence[PluginSpec] = (),
     plugin_config: Mapping[str, Mapping[str, Any]] | None = None,
     allow_unsandboxed: bool | None = None,
 ) -> AsyncIterator[Kernel]:
@@ -197,6 +198,7 @@ async def open_kernel(
         store: where sessions live (default: a ``FileStore`` under ``<home>/data/sessions``).
         plugins: ``None`` (default) for the built-in plugins and every discovered one;
             else exactly these (names, modules, ``Plugin`` objects; ``[]`` for none).
+        extra_plugins: loaded after those (``["demo"]`` adds the toy tools).
         plugin_config: per-plugin settings (``{"web": {"allow_hosts": [...]}}``) that
             replace the same plugins' ``[plugins.<name>]`` sections of ``tak.toml``.
         allow_unsandboxed: run plugins where isolation is missing (default:
@@ -224,6 +226,7 @@ async def open_kernel(
             open_plugin_host(
                 work,
                 plugins=plugins,
+                extra_plugins=extra_plugins,
                 tools=tools,
                 config=config,
                 allow_unsandboxed=allow_unsandboxed,

@@ -19,6 +19,8 @@ ENTRY_POINT_GROUP = "tak.plugins"
 WORKSPACE_PLUGIN_DIR = ".tak/plugins"
 #: The built-in plugins, in the order their tools are registered.
 BUILTIN_PLUGINS = ("fs", "shell", "web", "python", "notes")
+#: Built-ins loaded only when named (``tak --plugin demo``).
+OPTIONAL_PLUGINS = ("demo",)
 
 SourceKind = Literal["builtin", "entry_point", "workspace", "path", "module", "object"]
 
@@ -92,7 +94,7 @@ def source_for(spec: str) -> PluginSource:
     ``"fs"`` is the built-in; ``"./x.py"`` or ``"dir/pkg"`` a path;
     ``"pkg.mod"`` or ``"pkg.mod:plugin"`` a module.
     """
-    if spec in BUILTIN_PLUGINS:
+    if spec in BUILTIN_PLUGINS or spec in OPTIONAL_PLUGINS:
         return builtin_sources((spec,))[0]
     if spec.endswith(".py") or os.sep in spec or Path(spec).is_dir():
         path = os.path.abspath(spec)

@@ -424,6 +424,7 @@ async def open_plugin_host(
     workspace: str | os.PathLike[str],
     *,
     plugins: Iterable[PluginSpec] | None = None,
+    extra_plugins: Iterable[PluginSpec] = (),
     tools: Iterable[Tool] = (),
     config: Mapping[str, Any] | None = None,
     allow_unsandboxed: bool = False,
@@ -454,6 +455,7 @@ async def open_plugin_host(
         ]
     else:
         items = [source_for(p) if isinstance(p, str) else p for p in plugins]
+    items += [source_for(p) if isinstance(p, str) else p for p in extra_plugins]
     async with open_worker_pool(
         workspace, allow_unsandboxed=allow_unsandboxed, isolation=isolation
     ) as pool:

@@ -1,4 +1,4 @@
-"""The `tak` command, run as a real subprocess."""
+"""The `tak` command, run as a real subprocess (each test on its own TAK_HOME)."""
 
 from __future__ import annotations
 
@@ -7,92 +7,125 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import kernel
 
+BUILTIN_TOOLS = {"read_file", "write_file", "edit_file", "list_dir", "glob", "grep"} | {
+    "run_command", "fetch_url", "run_python", "remember", "recall", "forget",
+}  # fmt: skip
 
-def tak(*args: str) -> subprocess.CompletedProcess[str]:
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace" / "notes.txt").write_text("first line\nsecond line\n")
+    return tmp_path
+
+
+def tak(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kernel.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "kernel.cli", "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
-def test_version() -> None:
-    result = tak("--version")
+def test_version(home: Path) -> None:
+    result = tak(home, "--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"tak {kernel.__version__}"
 
 
-def test_tools_lists_names_and_schemas() -> None:
-    result = tak("tools")
-    assert result.returncode == 0
-    assert "add" in result.stdout and '"required": ["a", "b"]' in result.stdout
+def test_tools_lists_every_builtin_tool_with_its_schema(home: Path) -> None:
+    result = tak(home, "tools")
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line[:1].isalpha()}
+    assert listed == BUILTIN_TOOLS  # the toy demo tools only come with --plugin demo
+    assert '"required": ["path"]' in result.stdout
 
 
-def test_tools_in_provider_formats() -> None:
-    openai = json.loads(tak("tools", "--format", "openai").stdout)
-    assert {s["function"]["name"] for s in openai} >= {"add", "sleep", "divide", "echo"}
-    anthropic = json.loads(tak("tools", "--format", "anthropic").stdout)
+def test_tools_in_provider_formats(home: Path) -> None:
+    openai = json.loads(tak(home, "tools", "--format", "openai").stdout)
+    assert {s["function"]["name"] for s in openai} == BUILTIN_TOOLS
+    anthropic = json.loads(tak(home, "tools", "--format", "anthropic").stdout)
     assert all("input_schema" in s for s in anthropic)
-    gemini = json.loads(tak("tools", "--format", "gemini").stdout)
+    gemini = json.loads(tak(home, "tools", "--format", "gemini").stdout)
     assert gemini[0]["functionDeclarations"]
+    with_demo = json.loads(tak(home, "--plugin", "demo", "tools", "--format", "openai").stdout)
+    assert {s["function"]["name"] for s in with_demo} == BUILTIN_TOOLS | {
+        "add", "divide", "echo", "sleep",
+    }  # fmt: skip
 
 
-def test_call_prints_the_observation() -> None:
-    result = tak("call", "add", '{"a": 2, "b": 3}')
-    assert result.returncode == 0
-    assert result.stdout == "5\n"
+def test_call_prints_the_observation(home: Path) -> None:
+    result = tak(home, "call", "read_file", '{"path": "notes.txt", "start_line": 2}')
+    assert result.returncode == 0, result.stderr
+    assert "second line" in result.stdout and "first line" not in result.stdout
 
 
-def test_call_json() -> None:
-    result = tak("call", "echo", '{"text": "hi"}', "--json")
+def test_call_json(home: Path) -> None:
+    result = tak(home, "--plugin", "demo", "call", "echo", '{"text": "hi"}', "--json")
     assert result.returncode == 0
     observation = json.loads(result.stdout)
     assert observation["content"] == "hi"
     assert observation["is_error"] is False and observation["error"] is None
 
 
-def test_call_unknown_tool_is_an_observation_and_fails() -> None:
-    result = tak("call", "nope", "{}", "--json")
+def test_call_unknown_tool_is_an_observation_and_fails(home: Path) -> None:
+    result = tak(home, "call", "nope", "{}", "--json")
     assert result.returncode == 1
     observation = json.loads(result.stdout)
     assert observation["error"]["kind"] == "unknown_tool"
-    assert "add" in observation["error"]["message"]
+    assert "read_file" in observation["error"]["message"]
 
 
-def test_call_bad_arguments() -> None:
-    result = tak("call", "add", '{"a": "x"}')
+def test_call_bad_arguments(home: Path) -> None:
+    result = tak(home, "call", "read_file", '{"path": 3}')
     assert result.returncode == 1
-    assert result.stdout.startswith("Error (bad_arguments): ")
+    assert result.stdout.startswith("Error (bad_arguments): $.path: expected str")
 
 
-def test_call_deadline() -> None:
-    result = tak("call", "sleep", '{"seconds": 30}', "--timeout", "0.2")
+def test_call_deadline(home: Path) -> None:
+    result = tak(home, "--plugin", "demo", "call", "sleep", '{"seconds": 30}', "--timeout", "0.2")
     assert result.returncode == 1
     assert "did not finish within 0.2 s" in result.stdout
 
 
-def test_call_rejects_missing_workspace() -> None:
-    result = tak("call", "add", "{}", "--workspace", "/nonexistent/ws")
+def test_call_in_a_sandbox_worker_stays_in_the_workspace(home: Path) -> None:
+    result = tak(home, "call", "run_command", '{"command": "cat notes.txt; cat /etc/passwd"}')
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "first line" in result.stdout and "root:" not in result.stdout
+
+
+def test_call_rejects_missing_workspace(home: Path) -> None:
+    result = tak(home, "call", "read_file", "{}", "--workspace", "/nonexistent/ws")
     assert result.returncode == 2
     assert "not a directory" in result.stderr
 
 
-def test_demo_prints_the_table_in_declared_order_and_persists_it(tmp_path: Path) -> None:
-    result = tak("--home", str(tmp_path), "demo")
+def test_demo_prints_the_table_in_declared_order_and_persists_it(home: Path) -> None:
+    result = tak(home, "demo")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     rows = [line for line in lines if line[:1].isdigit()]
     assert [r.split()[0] for r in rows] == ["0", "1", "2", "3", "4"]
+    assert [r.split()[2] for r in rows] == [
+        "run_command", "read_file", "read_file", "run_python", "run_command",
+    ]  # fmt: skip
     assert [r.split()[3] for r in rows] == ["ok", "ok", "exception", "bad_arguments", "timeout"]
     order_line = next(line for line in lines if line.startswith("completion order: "))
     order = json.loads(order_line.split(": ", 1)[1].split("]")[0] + "]")
-    # bad arguments finish before anything runs; the two thread tools race; then slow, hang
+    # bad arguments finish before anything runs; the two reads race; then slow, then hang
     assert order[0] == 3 and set(order[1:3]) == {1, 2} and order[3:] == [0, 4]
     assert "wall time" in result.stdout
     show = next(line for line in lines if line.startswith("show it:"))
     command = show.split("tak ", 1)[1].split()
-    shown = tak(*command)
+    shown = subprocess.run(
+        [sys.executable, "-m", "kernel.cli", *command], capture_output=True, text=True
+    )
     assert shown.returncode == 0, shown.stderr
-    assert "Error (timeout): sleep did not finish within 1 s" in shown.stdout
-    listing = tak("--home", str(tmp_path), "sessions", "ls")
+    assert "Error (timeout): command did not finish within 1 s" in shown.stdout
+    listing = tak(home, "sessions", "ls")
     assert "demo: five parallel calls" in listing.stdout

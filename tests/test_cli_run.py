@@ -94,7 +94,8 @@ def tak(
     environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     environment.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "kernel.cli", "--home", str(home), *args],
+        # the fake model calls the toy tools (add, divide, sleep) of the demo plugin
+        [sys.executable, "-m", "kernel.cli", "--home", str(home), "--plugin", "demo", *args],
         capture_output=True,
         text=True,
         timeout=60,

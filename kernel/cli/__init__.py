@@ -17,6 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tak", description="trio-agent-kernel")
     parser.add_argument("--version", action="version", version=f"tak {__version__}")
     parser.add_argument("--home", help="TAK_HOME directory (default: $TAK_HOME or ~/.tak)")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="load this plugin too (a name, module or .py path; e.g. demo)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     from . import doctor, plugins, run, serve, sessions, tools
 

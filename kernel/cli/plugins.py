@@ -8,7 +8,7 @@ import json
 import sys
 import tempfile
 import tomllib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,17 +54,18 @@ def workspace_or_exit(command: str, args: argparse.Namespace) -> Path | None:
 
 
 @contextlib.asynccontextmanager
-async def open_cli_host(home: str | None, workspace: Path) -> AsyncIterator[PluginHost]:
-    """The plugin host ``tak`` commands use: demo tools, built-ins, discovered plugins."""
+async def open_cli_host(
+    home: str | None, workspace: Path, extra_plugins: Sequence[str] = ()
+) -> AsyncIterator[PluginHost]:
+    """The plugin host ``tak`` commands use: built-ins, discovered plugins, ``--plugin``."""
     from plugins import open_plugin_host
 
     from ..home import TakHome
-    from .run import default_tools
 
     config = TakHome.locate(home).load_config()
     allow = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
     async with open_plugin_host(
-        workspace, tools=default_tools(), config=config, allow_unsandboxed=allow
+        workspace, extra_plugins=extra_plugins, config=config, allow_unsandboxed=allow
     ) as host:
         yield host
 
@@ -105,7 +106,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> tuple[list[LoadedPlugin], list[PluginLoadError]]:
-        async with open_cli_host(args.home, workspace) as host:
+        async with open_cli_host(args.home, workspace, args.plugin) as host:
             return host.plugins, host.errors
 
     try:

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from ..agent import AgentEvent, TurnFinished
     from ..kernel import Kernel
     from ..session import Session
-    from ..tools import Tool
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -38,14 +37,6 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=cmd_run)
 
 
-def default_tools() -> list[Tool]:
-    """The tools ``tak run`` offers besides the plugins' (which ``open_kernel`` loads):
-    the demo tools that the ``scripted:demo`` model calls."""
-    from ..demo import DEMO_TOOLS
-
-    return list(DEMO_TOOLS)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from ..agent import RunLimits
     from ..errors import KernelError
@@ -63,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             workspace=args.workspace,
             model=args.model,
             fallbacks=args.fallback,
-            tools=default_tools(),
+            extra_plugins=args.plugin,
             system=args.system,
             limits=limits,
         ) as k:

@@ -87,7 +87,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..errors import KernelError
     from ..kernel import open_kernel
     from ..server import serve_websocket
-    from .run import default_tools
 
     logging.basicConfig(
         level=logging.INFO,
@@ -98,7 +97,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         token = read_token(args.token_file) if args.token_file else None
         async with open_kernel(
-            home=args.home, workspace=args.workspace, model=args.model, tools=default_tools()
+            home=args.home,
+            workspace=args.workspace,
+            model=args.model,
+            extra_plugins=args.plugin,
         ) as k:
             async with trio.open_nursery() as nursery:
                 url = await nursery.start(

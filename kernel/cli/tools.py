@@ -49,7 +49,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> ToolRegistry:
-        async with open_cli_host(args.home, workspace) as host:
+        async with open_cli_host(args.home, workspace, args.plugin) as host:
             return host.tools
 
     registry = trio.run(main)
@@ -87,7 +87,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     call = ToolCall("cli-1", args.tool, args.arguments, 0)
 
     async def main() -> Observation:
-        async with open_cli_host(args.home, workspace) as host:
+        async with open_cli_host(args.home, workspace, args.plugin) as host:
             with use_context(host.context()):
                 observations = await run_tool_calls(
                     [call], host.tools, limits=CallLimits(timeout=args.timeout)
@@ -105,11 +105,17 @@ def cmd_call(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from ..demo import DEMO_TOOLS, format_table, run_demo_turn
+    from ..demo import DEMO_FILE, DEMO_PLUGINS, format_table, run_demo_turn
+    from ..home import TakHome
     from ..kernel import open_kernel
 
+    home = TakHome.locate(args.home).ensure()
+    workspace = home.workspace / "demo"
+    workspace.mkdir(exist_ok=True)
+    (workspace / DEMO_FILE[0]).write_text(DEMO_FILE[1])
+
     async def main() -> int:
-        async with open_kernel(home=args.home, tools=DEMO_TOOLS) as k:
+        async with open_kernel(home=home, workspace=workspace, plugins=DEMO_PLUGINS) as k:
             session = k.session(datetime.now(UTC).strftime("demo-%Y%m%d-%H%M%S-%f"))
             observations, finished, wall = await run_demo_turn(k, session)
             transcript = k.home.sessions / "default" / session.key.session_id / "transcript.jsonl"
@@ -119,8 +125,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\ncompletion order: {finished}   (results above are in declared order)")
         print(f"wall time {wall:.3f} s   vs   sum of call durations {total:.3f} s")
         print(f"\ntranscript: {transcript}")
-        home = f" --home {args.home}" if args.home else ""
-        print(f"show it:    tak{home} sessions show {session.key.session_id}")
+        home_option = f" --home {args.home}" if args.home else ""
+        print(f"show it:    tak{home_option} sessions show {session.key.session_id}")
         return 0
 
     return trio.run(main)

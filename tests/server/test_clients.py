@@ -66,7 +66,7 @@ async def test_tak_serve_then_tak_repl_piped(tmp_path: Path) -> None:
     """The README's flow, both as real processes: serve prints the URL, repl runs a script."""
     stderr = (tmp_path / "serve.log").open("wb")
     server = await trio.lowlevel.open_process(
-        tak("--home", str(tmp_path / "home"), "serve", "--port", "0"),
+        tak("--home", str(tmp_path / "home"), "--plugin", "demo", "serve", "--port", "0"),
         stdout=subprocess.PIPE,
         stderr=stderr,
     )

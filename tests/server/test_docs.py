@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kernel.demo import DEMO_TOOLS
+from plugins.demo import plugin as demo_plugin
 
 from .wsclient import connect, open_test_kernel, running_server
 
@@ -77,7 +77,7 @@ def test_the_doc_has_examples_of_every_request() -> None:
 async def test_the_examples_in_docs_protocol_md_replay(tmp_path: Path) -> None:
     blocks = BLOCK.findall(DOC.read_text())
     assert len(blocks) >= 5
-    async with open_test_kernel(tmp_path, model="scripted:demo", tools=DEMO_TOOLS) as kernel:
+    async with open_test_kernel(tmp_path, model="scripted:demo", tools=demo_plugin.tools) as kernel:
         async with running_server(kernel) as url:
             for block in blocks:
                 script = frames(block)

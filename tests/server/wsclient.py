@@ -14,10 +14,10 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from kernel import CallLimits, Kernel, Tool, open_kernel, tool
-from kernel.demo import DEMO_TOOLS
 from kernel.models import ScriptedModel
 from kernel.models._scripted import demo_script
 from kernel.server import ServerLimits, serve_websocket
+from plugins.demo import plugin as demo_plugin
 
 TOKEN = "test-token-3f9a1c"
 DEFAULT_LIMITS = ServerLimits()
@@ -45,7 +45,7 @@ async def open_test_kernel(
     async with open_kernel(
         home=home,
         model=model or ScriptedModel(demo_script, name="scripted:demo"),
-        tools=[*DEMO_TOOLS, blob] if tools is None else tools,
+        tools=[*demo_plugin.tools, blob] if tools is None else tools,
         call_limits=CallLimits(max_output=None),
         **only_ours,
     ) as k:
