@@ -179,6 +179,18 @@ class Agent:
         self.subagents = subagents
         self.compact_after_tokens = compact_after_tokens
 
+    def with_model(self, model: Model) -> Agent:
+        """The same agent (tools, prompt, limits) answering with ``model``."""
+        return Agent(
+            model,
+            self.tools,
+            system=self.system,
+            limits=self.limits,
+            call_limits=self.call_limits,
+            subagents=self.subagents,
+            compact_after_tokens=self.compact_after_tokens,
+        )
+
     @contextlib.asynccontextmanager
     async def run(
         self, session: Session, prompt: str

@@ -41,6 +41,8 @@ from .store import FileStore, SessionKey, SessionStore
 from .tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
+    import httpx
+
     from plugins import PluginHost, PluginSpec
 
 DEFAULT_PROJECT = "default"
@@ -62,6 +64,7 @@ class Kernel:
         agent: Agent,
         nursery: trio.Nursery,
         plugins: PluginHost,
+        http_client: httpx.AsyncClient | None = None,
     ) -> None:
         self.home = home
         self.workspace = workspace
@@ -70,6 +73,8 @@ class Kernel:
         self.model = model
         self.agent = agent
         self.plugins = plugins
+        self._http_client = http_client
+        self._agents: dict[str, Agent] = {}
         self._nursery = nursery
 
     @contextlib.contextmanager
@@ -125,12 +130,38 @@ class Kernel:
         await session.record_turn(assistant, observations)
         return observations
 
+    def agent_for(self, model: str | None = None) -> Agent:
+        """The kernel's agent, or the same agent on another model (``provider:model``).
+
+        Raises:
+            UsageError: a bad model string or a missing API key.
+        """
+        if model is None or model == self.model.name:
+            return self.agent
+        agent = self._agents.get(model)
+        if agent is None:
+            agent = self._agents[model] = self.agent.with_model(
+                resolve_model(model, client=self._http_client)
+            )
+        return agent
+
     async def run_turn(
-        self, session: Session, prompt: str, *, on_event: AgentEventCallback | None = None
+        self,
+        session: Session,
+        prompt: str,
+        *,
+        on_event: AgentEventCallback | None = None,
+        model: str | None = None,
     ) -> TurnFinished:
-        """One agent turn (see ``Agent.run_turn``); compaction may follow in the background."""
+        """One agent turn (see ``Agent.run_turn``), on ``model`` when given; compaction
+        may follow in the background.
+
+        Raises:
+            UsageError: ``model`` is a bad model string or lacks its API key.
+        """
+        agent = self.agent_for(model)
         with self.tool_context(session):
-            result = await self.agent.run_turn(session, prompt, on_event=on_event)
+            result = await agent.run_turn(session, prompt, on_event=on_event)
         self._compact_later(session)
         return result
 
@@ -259,6 +290,7 @@ async def open_kernel(
                         agent=agent,
                         nursery=nursery,
                         plugins=host,
+                        http_client=client,
                     )
                     # Background work (compaction) is optional: don't hold the exit for it.
                     nursery.cancel_scope.cancel()

@@ -682,14 +682,13 @@ class _Connection:
             )
             return {"observations": [converter.unstructure(o) for o in observations]}
         if isinstance(request, Run):
-            if request.model is not None and request.model != kernel.model.name:
-                raise UsageError(
-                    f"$.model: this server runs {kernel.model.name!r} and cannot switch a "
-                    f"request to {request.model!r}"
-                )
+            try:
+                kernel.agent_for(request.model)
+            except UsageError as exc:
+                raise UsageError(f"$.model: {exc}") from None
             session = kernel.session(request.session, project=request.project)
             finished = await kernel.run_turn(
-                session, request.prompt, on_event=self._emitter(request.id)
+                session, request.prompt, on_event=self._emitter(request.id), model=request.model
             )
             return {"session": session.key.session_id, **_turn_fields(finished)}
         if isinstance(request, Sessions):

@@ -325,7 +325,7 @@ async def test_requests_the_kernel_refuses_reply_invalid_request(url: str) -> No
             {"type": "run", "id": "1", "session": "../etc", "prompt": "x"}
         )
         _, model = await client.request(
-            {"type": "run", "id": "2", "session": "s", "prompt": "x", "model": "openai:gpt-4.1"}
+            {"type": "run", "id": "2", "session": "s", "prompt": "x", "model": "nope:model"}
         )
         _, after = await client.request(
             {"type": "history", "id": "3", "session": "s", "after": "nope"}
@@ -335,6 +335,21 @@ async def test_requests_the_kernel_refuses_reply_invalid_request(url: str) -> No
         assert reply["error"]["code"] == "invalid_request"
     assert "$.model" in model["error"]["message"]
     assert "$.after" in after["error"]["message"]
+
+
+async def test_a_run_may_name_another_model(url: str) -> None:
+    async with connect(url) as client:
+        _, reply = await client.request(
+            {
+                "type": "run",
+                "id": "1",
+                "session": "m",
+                "prompt": "echo me",
+                "model": "scripted:echo",
+            }
+        )
+    assert reply["status"] == "ok", reply
+    assert "echo me" in reply["result"]["text"]
 
 
 async def test_a_kernel_error_replies_kernel_error(
