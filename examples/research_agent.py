@@ -1,5 +1,5 @@
-"""A research agent, offline: one turn that reads notes, fetches two pages, computes, fails once
-— all in parallel — then writes a report file.
+"""A research agent, offline: one turn that reads notes, fetches two pages, computes, runs a
+command, fails once — all in parallel — then writes a report file.
 
 Run it with the scripted model (no API key; what ``make demo`` does)::
 
@@ -107,12 +107,13 @@ def scripted_researcher(base_url: str, names: dict[str, str]) -> ScriptedModel:
                     (names["fetch_url"], {"url": f"{base_url}/trio"}),
                     (names["fetch_url"], {"url": f"{base_url}/landlock"}),
                     (names["run_python"], {"code": "rate = 1 / 3.7e-6\nround(rate)"}),
+                    (names["run_command"], {"command": "wc -w notes.md"}),
                     (names["read_file"], {"path": "sources/extra.md"}),
                 ],
             )
         observations = last.observations
-        if observations and observations[0].name == names["read_file"] and len(observations) == 5:
-            _notes, trio_page, landlock_page, rate, missing = observations
+        if observations and observations[0].name == names["read_file"] and len(observations) == 6:
+            _notes, trio_page, landlock_page, rate, words, missing = observations
             report = "\n".join(
                 [
                     "# Report: structured concurrency and confinement",
@@ -126,6 +127,9 @@ def scripted_researcher(base_url: str, names: dict[str, str]) -> ScriptedModel:
                     "## Throughput",
                     f"At 3.7 µs per task: {rate.content.rpartition('value:')[2].strip()} "
                     "tool calls per second.",
+                    "",
+                    "## The notes",
+                    words.content.strip(),
                     "",
                     "## Not found",
                     missing.content,
@@ -175,7 +179,7 @@ async def run(model_spec: str | None, home: TakHome, workspace: Path, home_arg: 
             home=home,
             workspace=workspace,
             model=model_spec or "scripted:echo",
-            plugins=["fs", "web", "python"],
+            plugins=["fs", "web", "python", "shell"],
             plugin_config={"web": {"allow_hosts": [base_url.removeprefix("http://")]}},
             system=SYSTEM,
         ) as k:
@@ -186,6 +190,7 @@ async def run(model_spec: str | None, home: TakHome, workspace: Path, home_arg: 
                     ("fs", "write_file"),
                     ("web", "fetch_url"),
                     ("python", "run_python"),
+                    ("shell", "run_command"),
                 )
             }
             if model_spec is None:

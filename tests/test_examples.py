@@ -33,20 +33,17 @@ def test_research_agent_demo(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     start = lines.index("The parallel step, in declared order:")
-    rows = [line.split() for line in lines[start:] if line[:1].isdigit()][:5]
-    assert [r[0] for r in rows] == ["0", "1", "2", "3", "4"]
+    rows = [line.split() for line in lines[start:] if line[:1].isdigit()][:6]
+    assert [r[0] for r in rows] == ["0", "1", "2", "3", "4", "5"]
     assert [r[2] for r in rows] == [
-        "read_file",
-        "fetch_url",
-        "fetch_url",
-        "run_python",
-        "read_file",
-    ]
-    assert [r[3] for r in rows] == ["ok", "ok", "ok", "ok", "exception"]
+        "read_file", "fetch_url", "fetch_url", "run_python", "run_command", "read_file",
+    ]  # fmt: skip
+    assert [r[3] for r in rows] == ["ok", "ok", "ok", "ok", "ok", "exception"]
     assert "value: 270270" in result.stdout  # the table folds the newline
     report = tmp_path / "workspace/research-demo/report.md"
     assert "At 3.7 µs per task: 270270 tool calls per second." in report.read_text()
     assert "structured concurrency" in report.read_text()
+    assert "notes.md" in report.read_text()  # wc -w ran in the shell worker
     show = next(line for line in lines if line.startswith("show it:")).split("tak ", 1)[1]
     shown = subprocess.run(
         [sys.executable, "-m", "kernel.cli", *show.split()], capture_output=True, text=True
