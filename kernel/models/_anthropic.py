@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
-
 from ..messages import Message
 from ..tools import ToolRegistry
 from ._assemble import ResponseBuilder
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
-from ._prices import Price
-from ._retry import RetryPolicy
 from ._sse import SSEEvent
 from ._wire import ToolNameMap, arguments_object, system_text
 
@@ -45,20 +41,7 @@ class AnthropicModel(HTTPModel):
     """
 
     provider = "anthropic"
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        client: httpx.AsyncClient,
-        api_key: str | None = None,
-        base_url: str = ANTHROPIC_BASE_URL,
-        retry: RetryPolicy | None = None,
-        prices: Mapping[str, Price] | None = None,
-    ) -> None:
-        super().__init__(
-            model, client=client, api_key=api_key, base_url=base_url, retry=retry, prices=prices
-        )
+    default_base_url = ANTHROPIC_BASE_URL
 
     def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
         names = ToolNameMap(t.name for t in request.tools)

@@ -61,6 +61,7 @@ class GeminiModel(HTTPModel):
     """
 
     provider = "gemini"
+    default_base_url = GEMINI_BASE_URL
 
     def __init__(
         self,
@@ -68,7 +69,7 @@ class GeminiModel(HTTPModel):
         *,
         client: httpx.AsyncClient,
         api_key: str | None = None,
-        base_url: str = GEMINI_BASE_URL,
+        base_url: str | None = None,
         retry: RetryPolicy | None = None,
         prices: Mapping[str, Price] | None = None,
     ) -> None:

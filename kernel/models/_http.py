@@ -87,20 +87,22 @@ class HTTPModel:
     """Base of the provider adapters. Subclasses say how requests and answers look."""
 
     provider: ClassVar[str]
+    #: Where the provider's API lives unless ``base_url`` says otherwise.
+    default_base_url: ClassVar[str]
 
     def __init__(
         self,
         model: str,
         *,
         client: httpx.AsyncClient,
-        api_key: str | None,
-        base_url: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
         retry: RetryPolicy | None = None,
         prices: Mapping[str, Price] | None = None,
     ) -> None:
         self.model = model
         self.api_key = api_key
-        self.base_url = base_url.rstrip("/")
+        self.base_url = (base_url or self.default_base_url).rstrip("/")
         self.retry = retry if retry is not None else RetryPolicy()
         self.prices = prices
         self._client = client

@@ -6,15 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from ..messages import Message
 from ..tools import ToolRegistry
 from ._assemble import ResponseBuilder
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
-from ._prices import Price
-from ._retry import RetryPolicy
 from ._sse import SSEEvent
 from ._wire import ToolNameMap, arguments_text, system_text
 
@@ -39,20 +35,7 @@ class OpenAIModel(HTTPModel):
     """
 
     provider = "openai"
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        client: httpx.AsyncClient,
-        api_key: str | None = None,
-        base_url: str = OPENAI_BASE_URL,
-        retry: RetryPolicy | None = None,
-        prices: Mapping[str, Price] | None = None,
-    ) -> None:
-        super().__init__(
-            model, client=client, api_key=api_key, base_url=base_url, retry=retry, prices=prices
-        )
+    default_base_url = OPENAI_BASE_URL
 
     def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
         names = ToolNameMap(t.name for t in request.tools)
