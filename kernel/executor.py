@@ -28,7 +28,7 @@ import trio
 
 from .errors import UsageError
 from .messages import Observation, ToolCall, ToolError, converter
-from .tools import ArgumentError, Tool, ToolFailure, ToolRegistry
+from .tools import ArgumentError, Tool, ToolFailure, ToolRegistry, describe_exception
 
 #: How many tool names an ``unknown_tool`` message lists before it says "and N more".
 _MAX_LISTED_NAMES = 40
@@ -410,7 +410,7 @@ class _Batch:
         except ToolFailure as exc:
             return self._failure(p, ToolError(exc.kind, exc.type, exc.message), started_at)
         except Exception as exc:
-            error = ToolError("exception", type(exc).__name__, _describe(exc))
+            error = ToolError("exception", type(exc).__name__, describe_exception(exc))
             return self._failure(p, error, started_at)
         return self._success(p, result, started_at)
 
@@ -464,15 +464,6 @@ class _Batch:
                         self.calls[index], index, error, duration_s=now - started_at
                     ),
                 )
-
-
-def _describe(exc: BaseException) -> str:
-    """One line per leaf exception, so an ExceptionGroup is one readable observation."""
-    if isinstance(exc, BaseExceptionGroup):
-        leaves = [f"{type(e).__name__}: {_describe(e)}" for e in exc.exceptions]
-        return f"{exc.message} ({len(exc.exceptions)} sub-exceptions): " + "; ".join(leaves)
-    text = str(exc)
-    return text if text else type(exc).__name__
 
 
 async def run_tool_calls(

@@ -67,6 +67,15 @@ class ToolFailure(Exception):
         self.type = type or "ToolFailure"
 
 
+def describe_exception(exc: BaseException) -> str:
+    """How a tool's exception reads in its observation: its message, or for an
+    exception group one ``Type: message`` per sub-exception, on one line."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [f"{type(e).__name__}: {describe_exception(e)}" for e in exc.exceptions]
+        return f"{exc.message} ({len(exc.exceptions)} sub-exceptions): " + "; ".join(leaves)
+    return str(exc) or type(exc).__name__
+
+
 JSONSchema: TypeAlias = dict[str, Any]
 
 TOOL_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")

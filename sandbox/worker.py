@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from kernel.errors import SandboxError
 from kernel.messages import converter
 from kernel.plugin import Plugin, ToolContext, use_context
-from kernel.tools import ArgumentError, Tool, ToolFailure
+from kernel.tools import ArgumentError, Tool, ToolFailure, describe_exception
 
 from . import _protocol
 from ._confine import IPC_FD, WorkerConfig, close_stray_fds, confine
@@ -209,14 +209,6 @@ def tool_spec(tool: Tool) -> dict[str, Any]:
         "exclusive": tool.exclusive,
         "max_output": tool.max_output,
     }
-
-
-def _describe(exc: BaseException) -> str:
-    """As the executor words it: one line per leaf of an exception group."""
-    if isinstance(exc, BaseExceptionGroup):
-        leaves = [f"{type(e).__name__}: {_describe(e)}" for e in exc.exceptions]
-        return f"{exc.message} ({len(exc.exceptions)} sub-exceptions): " + "; ".join(leaves)
-    return str(exc) or type(exc).__name__
 
 
 def _error(call_id: Any, kind: str, type_: str, message: str) -> dict[str, Any]:
@@ -501,7 +493,7 @@ class _Server:
                 text = denial_message(self.config, self.attempts.last(), denied)
                 return _protocol.encode(_error(call_id, "denied", type(denied).__name__, text))
             return _protocol.encode(
-                _error(call_id, "exception", type(exc).__name__, _describe(exc))
+                _error(call_id, "exception", type(exc).__name__, describe_exception(exc))
             )
         return _value_frame(call_id, tool, result)
 
@@ -604,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "type": "fatal",
                 "message": f"cannot load plugin {config.plugin}: {type(exc).__name__}: "
-                f"{_describe(exc)}",
+                f"{describe_exception(exc)}",
             }
         )
         return 1
