@@ -1,7 +1,16 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import trio.testing
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # No test may touch the real ~/.tak: a test (or a `tak` subprocess) that does not
+    # name a home gets this throwaway one.
+    os.environ["TAK_HOME"] = tempfile.mkdtemp(prefix="tak-test-home-")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
