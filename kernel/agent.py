@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
 import attrs
@@ -143,6 +143,48 @@ def history_from_entries(entries: Sequence[Mapping[str, Any]]) -> list[Message]:
 async def load_history(session: Session) -> list[Message]:
     """``history_from_entries`` of the session's transcript."""
     return history_from_entries(await session.entries())
+
+
+async def run_calls_recorded(
+    session: Session,
+    assistant: Message,
+    tools: Sequence[Tool] | ToolRegistry,
+    *,
+    limits: CallLimits,
+    on_event: Callable[[CallEvent], None] | None = None,
+    usage: Mapping[str, int] | None = None,
+    model: str | None = None,
+    cost_usd: float | None = None,
+) -> list[Observation]:
+    """Run the tool calls of ``assistant`` and append it with their results, as one entry pair.
+
+    The record lands even when the caller is cancelled: while the calls run (every
+    unfinished one is then ``cancelled``) or after they finished; the cancellation
+    is delivered once the record is written. A transcript never holds a call
+    without its result.
+    """
+    calls = assistant.tool_calls
+    done: dict[int, Observation] = {}
+
+    def on_call_event(event: CallEvent) -> None:
+        if isinstance(event, CallFinished):
+            done[event.index] = event.observation
+        if on_event is not None:
+            on_event(event)
+
+    async def record(observations: Sequence[Observation]) -> None:
+        await session.record_turn(
+            assistant, observations, usage=usage, model=model, cost_usd=cost_usd
+        )
+
+    try:
+        observations = await run_tool_calls(calls, tools, limits=limits, on_event=on_call_event)
+    except BaseException:
+        if len(done) == len(calls):
+            await _persist_whole(record([done[i] for i in range(len(calls))]))
+        raise
+    await _persist_whole(record(observations))
+    return observations
 
 
 class Agent:
@@ -274,7 +316,7 @@ class Agent:
                 state.text = response.message.text
             calls = response.message.tool_calls
             if not calls:
-                await self._record(session, response, ())
+                await _persist_whole(self._record(session, response, ()))
                 history.append(response.message)
                 return state.finish("final")
             observations = await self._run_calls(session, response, registry, emit)
@@ -310,28 +352,16 @@ class Agent:
         registry: ToolRegistry,
         emit: AgentEventCallback,
     ) -> list[Observation]:
-        calls = response.message.tool_calls
-        done: dict[int, Observation] = {}
-
-        def on_call_event(event: CallEvent) -> None:
-            if isinstance(event, CallFinished):
-                done[event.index] = event.observation
-            emit(event)
-
-        try:
-            observations = await run_tool_calls(
-                calls, registry, limits=self.call_limits, on_event=on_call_event
-            )
-        except BaseException:
-            # Cancelled (or interrupted): every call has its observation by now;
-            # keep the turn whole so the transcript never has a call without result.
-            if len(done) == len(calls):
-                with trio.CancelScope(shield=True) as persist:
-                    persist.deadline = trio.current_time() + _PERSIST_GRACE_S
-                    await self._record(session, response, [done[i] for i in range(len(calls))])
-            raise
-        await self._record(session, response, observations)
-        return observations
+        return await run_calls_recorded(
+            session,
+            response.message,
+            registry,
+            limits=self.call_limits,
+            on_event=emit,
+            usage=usage_entry_fields(response.usage),
+            model=response.model or self.model.name,
+            cost_usd=response.usage.cost_usd,
+        )
 
     async def _record(
         self, session: Session, response: ModelResponse, observations: Sequence[Observation]
@@ -403,6 +433,8 @@ class Agent:
         its own nursery); a turn that runs meanwhile is not disturbed, since the
         summary only covers entries that existed when it started.
         """
+        if keep_last_turns < 1:
+            raise UsageError(f"keep_last_turns must be at least 1, got {keep_last_turns}")
         if self.compact_after_tokens is None:
             return False
         entries = await session.entries()
@@ -477,6 +509,16 @@ def _prompt_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
 
 def _ignore(event: AgentEvent) -> None:
     pass
+
+
+async def _persist_whole(write: Awaitable[None]) -> None:
+    """Finish ``write`` even if the caller is being cancelled, within a grace period.
+
+    A cancellation that arrives meanwhile is delivered at the caller's next checkpoint.
+    """
+    with trio.CancelScope(shield=True) as persist:
+        persist.deadline = trio.current_time() + _PERSIST_GRACE_S
+        await write
 
 
 @contextlib.contextmanager

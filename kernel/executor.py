@@ -34,9 +34,19 @@ from .tools import ArgumentError, Tool, ToolFailure, ToolRegistry, describe_exce
 _MAX_LISTED_NAMES = 40
 
 
-def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"CallLimits.{attribute.name} must be positive, got {value!r}")
+def _positive_seconds(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise UsageError(f"CallLimits.{attribute.name} must be a positive number, got {value!r}")
+
+
+def _positive_count(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"CallLimits.{attribute.name} must be a positive integer, got {value!r}")
+
+
+def _positive_count_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        _positive_count(instance, attribute, value)
 
 
 @attrs.frozen(kw_only=True)
@@ -47,14 +57,17 @@ class CallLimits:
         timeout: seconds each call may run, unless its tool sets its own ``timeout``.
         max_concurrency: how many calls run at once (``None``: all of them).
         max_output: bytes of content an observation keeps before it is cut with a
-            visible marker, unless the tool sets its own ``max_output``.
+            visible marker, unless the tool sets its own ``max_output`` (``None``: no cap).
         max_threads: worker threads for sync tools in one batch.
+
+    Raises:
+        UsageError: a limit that is not a positive number (or integer, for counts).
     """
 
-    timeout: float = attrs.field(default=120.0, validator=_positive_or_none)
-    max_concurrency: int | None = attrs.field(default=None, validator=_positive_or_none)
-    max_output: int | None = attrs.field(default=100_000, validator=_positive_or_none)
-    max_threads: int = attrs.field(default=32, validator=_positive_or_none)
+    timeout: float = attrs.field(default=120.0, validator=_positive_seconds)
+    max_concurrency: int | None = attrs.field(default=None, validator=_positive_count_or_none)
+    max_output: int | None = attrs.field(default=100_000, validator=_positive_count_or_none)
+    max_threads: int = attrs.field(default=32, validator=_positive_count)
 
 
 @attrs.frozen
@@ -193,6 +206,8 @@ def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
     """Models send arguments as JSON text; never trust it."""
     if isinstance(arguments, dict):
         return arguments
+    if not isinstance(arguments, str):
+        raise ArgumentError(f"$: arguments must be a JSON object, got {_json_type_name(arguments)}")
     if not arguments.strip():
         # Some models send "" for a call without arguments.
         return {}
@@ -411,6 +426,20 @@ class _Batch:
             return self._failure(p, ToolError(exc.kind, exc.type, exc.message), started_at)
         except Exception as exc:
             error = ToolError("exception", type(exc).__name__, describe_exception(exc))
+            return self._failure(p, error, started_at)
+        except BaseExceptionGroup as group:
+            # The tool's own nursery was cancelled (deadline, cancel by id, or the
+            # batch) and some cleanup also failed. The failure is this call's, not
+            # the batch's: report it. A cancellation from outside is still pending
+            # and fires at the next checkpoint, so nothing is swallowed for good.
+            _, failures = group.split(trio.Cancelled)
+            if failures is None or not all(isinstance(e, Exception) for e in _leaves(failures)):
+                raise
+            error = ToolError(
+                "exception",
+                type(failures).__name__,
+                f"failed while being cancelled: {describe_exception(failures)}",
+            )
             return self._failure(p, error, started_at)
         return self._success(p, result, started_at)
 

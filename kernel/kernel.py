@@ -29,9 +29,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from .agent import Agent, AgentEvent, AgentEventCallback, RunLimits, TurnFinished
+from .agent import (
+    Agent,
+    AgentEvent,
+    AgentEventCallback,
+    RunLimits,
+    TurnFinished,
+    run_calls_recorded,
+)
 from .errors import UsageError
-from .executor import CallEvent, CallFinished, CallLimits, run_tool_calls
+from .executor import CallLimits
 from .home import TakHome
 from .messages import Message, Observation, ToolCall
 from .models import Model, open_http_client, resolve_model
@@ -104,31 +111,14 @@ class Kernel:
         The calls and their results are appended as one assistant message and its
         tool message, also when the batch is cancelled.
         """
-        assistant = Message("assistant", list(calls))
-        done: dict[int, Observation] = {}
-
-        def on_call_event(event: CallEvent) -> None:
-            if isinstance(event, CallFinished):
-                done[event.index] = event.observation
-            if on_event is not None:
-                on_event(event)
-
-        try:
-            with self.tool_context(session):
-                observations = await run_tool_calls(
-                    calls,
-                    self.tools,
-                    limits=limits or self.agent.call_limits,
-                    on_event=on_call_event,
-                )
-        except BaseException:
-            if len(done) == len(calls):
-                with trio.CancelScope(shield=True) as persist:
-                    persist.deadline = trio.current_time() + 10
-                    await session.record_turn(assistant, [done[i] for i in range(len(calls))])
-            raise
-        await session.record_turn(assistant, observations)
-        return observations
+        with self.tool_context(session):
+            return await run_calls_recorded(
+                session,
+                Message("assistant", list(calls)),
+                self.tools,
+                limits=limits or self.agent.call_limits,
+                on_event=on_event,
+            )
 
     def agent_for(self, model: str | None = None) -> Agent:
         """The kernel's agent, or the same agent on another model (``provider:model``).

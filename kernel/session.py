@@ -151,13 +151,16 @@ class Session:
         """
         if assistant.role != "assistant":
             raise UsageError(f"assistant: expected role 'assistant', got {assistant.role!r}")
-        call_ids = [c.id for c in assistant.tool_calls]
+        calls = assistant.tool_calls
         ordered = sorted(observations, key=lambda o: o.index)
-        answered = [o.call_id for o in ordered]
-        if sorted(answered) != sorted(call_ids) or len(set(answered)) != len(answered):
+        # One observation per call, matched by position: ids may repeat (a model can
+        # send duplicates, which the executor answers with invalid_call observations).
+        if [o.index for o in ordered] != list(range(len(calls))) or any(
+            o.call_id != calls[o.index].id for o in ordered
+        ):
             raise UsageError(
-                f"observations: answer calls {sorted(answered)}, "
-                f"but the assistant made calls {sorted(call_ids)}"
+                f"observations: answer {[(o.index, o.call_id) for o in ordered]}, "
+                f"but the assistant made calls {[(i, c.id) for i, c in enumerate(calls)]}"
             )
         timestamp = self._timestamp()
         extra: dict[str, Any] = {}

@@ -47,7 +47,7 @@ import trio
 
 from kernel.errors import KernelError, UsageError
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
-from kernel.tools import Tool, ToolRegistry
+from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolRegistry
 from sandbox import IsolationSupport, Policy, Workspace, open_worker_pool
 from sandbox.pool import Worker, WorkerPool
 from sandbox.worker import find_plugin
@@ -186,6 +186,13 @@ class PluginHost:
             final = t.name if t.name not in self.tools else f"{candidate.name}.{t.name}"
             if final in self.tools or final in names:
                 reason = f"tool {t.name!r}: both {t.name!r} and {final!r} are taken"
+                self._skip(PluginLoadError(candidate.source, reason))
+                return
+            if not TOOL_NAME_PATTERN.fullmatch(final):
+                reason = (
+                    f"tool {t.name!r} is taken, and its namespaced name {final!r} is not "
+                    "a valid tool name (at most 64 letters, digits, '_', '.' or '-')"
+                )
                 self._skip(PluginLoadError(candidate.source, reason))
                 return
             names[final] = t.name

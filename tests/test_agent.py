@@ -355,3 +355,56 @@ async def test_subagent_tools_see_the_child_session(tmp_path: Path) -> None:
     [child_path] = await store.list_subkeys(session.key)
     assert observations[0].content == "p/s1"
     assert observations[1].content == f"child: p/s1:{child_path}"
+
+
+async def test_duplicate_call_ids_from_a_model_are_recorded_not_fatal(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    from kernel.messages import Text as TextPart
+    from kernel.messages import ToolCall
+
+    duplicated = ModelResponse(
+        message=Message(
+            "assistant",
+            [
+                TextPart("twice"),
+                ToolCall("same", "lookup", '{"term": "a"}', 0),
+                ToolCall("same", "lookup", '{"term": "b"}', 1),
+            ],
+        ),
+        stop_reason="tool_use",
+    )
+    session = new_session()
+    result = await Agent(ScriptedModel([duplicated, "recovered"]), TOOLS).run_turn(session, "go")
+    assert result.reason == "final"
+    messages = await session.messages()
+    assert [o.error.kind if o.error else None for o in messages[2].observations] == [
+        "invalid_call",
+        "invalid_call",
+    ]
+
+
+async def test_calls_that_ran_are_recorded_even_if_the_turn_ends_while_recording(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    class SlowStore(MemoryStore):
+        async def append(self, key: SessionKey, entries: Any) -> None:
+            if any(e.get("type") == "tool" for e in entries):
+                await trio.sleep(5)  # the wall time ends during this write
+            await super().append(key, entries)
+
+    store = SlowStore()
+    session = new_session(store)
+    model = ScriptedModel([reply(calls=[("lookup", {"term": "x"})]), "unreached"])
+    agent = Agent(model, TOOLS, limits=RunLimits(wall_time=2))
+    result = await agent.run_turn(session, "go")
+    assert result.reason == "wall_time"
+    messages = await session.messages()
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]
+    assert messages[2].observations[0].content == "x: found"
+
+
+async def test_compaction_keeps_at_least_one_turn() -> None:
+    agent = Agent(ScriptedModel(["a"]), TOOLS, compact_after_tokens=1)
+    with pytest.raises(UsageError, match="keep_last_turns"):
+        await agent.compact(new_session(), keep_last_turns=0)

@@ -147,3 +147,13 @@ def test_tak_run_missing_key_is_a_clear_error(tmp_path: Path) -> None:
     result = tak(tmp_path, "run", "--model", "openai:gpt-4.1-mini", "hi")
     assert result.returncode == 2
     assert "OPENAI_API_KEY" in result.stderr
+
+
+def test_tak_run_on_a_damaged_transcript_says_so_in_one_line(tmp_path: Path) -> None:
+    session = tmp_path / "data/sessions/default/broken"
+    session.mkdir(parents=True)
+    (session / "transcript.jsonl").write_text('not json at all\n{"type": "user"}\n')
+    result = tak(tmp_path, "run", "--session", "broken", "hello")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("tak run: ") and "transcript.jsonl:1" in result.stderr

@@ -642,3 +642,59 @@ async def test_a_batch_of_one_times_out(autojump_clock: trio.abc.Clock) -> None:
     )
     assert kinds(obs) == ["timeout"]
     assert obs[0].duration_s == pytest.approx(4)
+
+
+async def test_a_cleanup_that_fails_while_timing_out_is_that_calls_observation(
+    autojump_clock: trio.abc.Clock, mode: dict[str, Any]
+) -> None:
+    @tool
+    async def messy() -> str:
+        """Its own nursery's cleanup raises when the deadline cancels it."""
+
+        async def child() -> None:
+            try:
+                await trio.sleep_forever()
+            finally:
+                raise OSError("could not close the connection")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(child)
+            await trio.sleep_forever()  # so the group holds Cancelled and the OSError
+        return "unreachable"
+
+    obs = await run_tool_calls(
+        [call(0, "messy", {}), call(1, "nap", {"seconds": 1}), call(2, "messy", {})],
+        [messy, nap],
+        **run_kwargs(mode, timeout=5),
+    )
+    assert kinds(obs) == ["exception", None, "exception"]
+    assert "failed while being cancelled" in obs[0].content
+    assert "could not close the connection" in obs[0].content
+    assert obs[1].content == "slept 1.0"
+
+
+@pytest.mark.parametrize("arguments", [None, 42, [1, 2]])
+async def test_arguments_of_the_wrong_type_are_bad_arguments(arguments: Any) -> None:
+    bad = ToolCall.__new__(ToolCall)
+    object.__setattr__(bad, "id", "x")
+    object.__setattr__(bad, "name", "echo")
+    object.__setattr__(bad, "arguments", arguments)
+    object.__setattr__(bad, "index", 0)
+    obs = await run_tool_calls([bad, call(1, "echo", {"text": "fine"})], TOOLS)
+    assert kinds(obs) == ["bad_arguments", None]
+    assert "arguments must be a JSON object" in obs[0].content
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"timeout": None},
+        {"timeout": True},
+        {"max_threads": None},
+        {"max_concurrency": 2.5},
+        {"max_output": 0},
+    ],
+)
+def test_call_limits_name_the_bad_field(limits: dict[str, Any]) -> None:
+    with pytest.raises(UsageError, match=f"CallLimits.{next(iter(limits))}"):
+        CallLimits(**limits)

@@ -81,3 +81,35 @@ async def test_an_error_in_the_body_comes_back_as_itself(tmp_path: Path) -> None
     with pytest.raises(KeyError):
         async with open_kernel(home=tmp_path):
             raise KeyError("mine")
+
+
+async def test_call_tools_cancelled_mid_batch_still_records_every_call(tmp_path: Path) -> None:
+    @tool
+    async def slow(seconds: float) -> str:
+        """Sleep."""
+        await trio.sleep(seconds)
+        return "slept"
+
+    calls = [
+        ToolCall("fast", "slow", {"seconds": 0.01}),
+        ToolCall("stuck", "slow", {"seconds": 60}),
+    ]
+    async with open_kernel(home=tmp_path, tools=[slow], plugins=[]) as k:
+        session = k.session("cancelled")
+        with trio.move_on_after(0.5) as scope:
+            await k.call_tools(session, calls)
+        assert scope.cancelled_caught
+        messages = await session.messages()
+    assert [m.role for m in messages] == ["assistant", "tool"]
+    observations = messages[1].observations
+    assert observations[0].content == "slept"
+    assert observations[1].error is not None and observations[1].error.kind == "cancelled"
+
+
+async def test_call_tools_with_duplicate_ids_records_invalid_calls(tmp_path: Path) -> None:
+    calls = [ToolCall("same", "double", {"x": 1}), ToolCall("same", "double", {"x": 2})]
+    async with open_kernel(home=tmp_path, tools=[double], plugins=[]) as k:
+        observations = await k.call_tools(k.session("dup"), calls)
+        messages = await k.session("dup").messages()
+    assert [o.error.kind for o in observations if o.error] == ["invalid_call", "invalid_call"]
+    assert list(messages[1].observations) == observations

@@ -10,6 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..errors import KernelError
+
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
@@ -39,8 +41,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    code: int = func(args)
+    try:
+        code: int = func(args)
+    except BaseException as exc:
+        # Errors come out of nurseries wrapped in groups; a person wants the one line.
+        leaf = _single_leaf(exc)
+        if isinstance(leaf, KeyboardInterrupt):
+            print(f"\ntak {args.command}: interrupted", file=sys.stderr)
+            return 130
+        if isinstance(leaf, KernelError):
+            print(f"tak {args.command}: {leaf}", file=sys.stderr)
+            return 2
+        raise
     return code
+
+
+def _single_leaf(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) groups of one, or ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 if __name__ == "__main__":

@@ -47,6 +47,24 @@ async def test_a_taken_name_is_namespaced(workspace: Path) -> None:
     assert [o.content for o in observations] == ["sunny in Oslo", "temperate in Oslo"]
 
 
+async def test_a_namespaced_name_too_long_skips_that_plugin_only(workspace: Path) -> None:
+    from kernel import Plugin
+
+    mine = Plugin("short")
+    long = Plugin("p" * 60)
+    for plugin in (mine, long):
+
+        @plugin.tool(name="read")
+        def read() -> str:
+            """Read."""
+            return "r"
+
+    async with open_plugin_host(workspace, plugins=[mine, long]) as host:
+        assert host.tools.names() == ["read"]
+        [error] = host.errors
+    assert "not a valid tool name" in error.reason
+
+
 @pytest.fixture
 def listening_port() -> Iterator[int]:
     with socket.socket() as server:
