@@ -292,7 +292,10 @@ async def open_kernel(
                 raise
     finally:
         if owned_store:
-            with trio.CancelScope(shield=True):
+            # Closing writes summaries; appends are on disk already, so a store that
+            # hangs is given up on after a while rather than hanging the exit.
+            with trio.CancelScope(shield=True) as closing:
+                closing.deadline = trio.current_time() + 30
                 await the_store.aclose()
 
 

@@ -220,7 +220,8 @@ class PluginHost:
             return self._trusted(found, _object_source(found, item))
         if item.trusted:
             module_name, _, attribute = item.target.partition(":")
-            module = importlib.import_module(module_name)
+            # An import reads files and runs module code: keep it off the Trio thread.
+            module = await trio.to_thread.run_sync(importlib.import_module, module_name)
             found = find_plugin(module, attribute or None, item.target)
             if found is None:
                 raise UsageError(f"{item.target} has no `plugin = Plugin(...)`")
