@@ -278,6 +278,30 @@ def encode(frame: Request | ServerFrame) -> str:
     return json.dumps({**head, **body}, separators=(",", ":"))
 
 
+#: How deep objects and arrays in a client frame may nest.
+MAX_NESTING = 64
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _id_of(value: dict[str, Any]) -> str | None:
+    raw_id = value.get("id")
+    return raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_LENGTH else None
+
+
 def decode_request(text: str) -> Request:
     """The request a client frame holds.
 
@@ -294,6 +318,12 @@ def decode_request(text: str) -> Request:
         raise FrameError("bad_json", f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise FrameError("bad_message", f"$: expected an object, got {_json_type(value)}")
+    if _deeper_than(value, MAX_NESTING):
+        # The kernel records what a client sends (tool arguments go into the
+        # transcript); nesting this deep would overflow the recursion there.
+        raise FrameError(
+            "bad_message", f"$: nested deeper than {MAX_NESTING} levels", re=_id_of(value)
+        )
     raw_id = value.get("id")
     re = raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_LENGTH else None
     version = value.get("v")

@@ -519,7 +519,16 @@ class _Connection:
             else:
                 self._push(ErrorFrame(error=exc.info(), re=exc.re))
             return
-        if not self._authenticated or isinstance(request, Hello):
+        if self._authenticated and request.id in self._inflight:
+            # Checked before hello too: a reused id would give the running request
+            # a second reply.
+            self._error(
+                "duplicate_id",
+                f"request {request.id!r} is still running; ids must be unique among "
+                "running requests",
+                re=request.id,
+            )
+        elif not self._authenticated or isinstance(request, Hello):
             self._hello(request)
         elif request.id in self._inflight:
             self._error(

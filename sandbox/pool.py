@@ -62,6 +62,9 @@ from ._probe import IsolationSupport, probe_isolation
 from ._workspace import Workspace
 from .worker import PLUGIN_PATH_ENV
 
+#: How long a worker may take from start to its greeting (imports included).
+START_TIMEOUT_S = 30.0
+
 logger = logging.getLogger("sandbox.pool")
 worker_logger = logging.getLogger("sandbox.worker")
 
@@ -172,6 +175,12 @@ class _Connection:
             await self.stream.send_all(_protocol.encode(config.to_json()))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # it died; the greeting never comes and the supervisor says why
+        with trio.move_on_after(START_TIMEOUT_S):
+            await self.hello_event.wait()
+            return
+        # A plugin whose import blocks must not hang whoever starts it (the kernel
+        # at start-up); once killed, the supervisor reports the death and wakes us.
+        self.kill(f"no greeting within {START_TIMEOUT_S:g} s (does importing the plugin block?)")
         await self.hello_event.wait()
 
     @property

@@ -128,7 +128,10 @@ class FileStore(BaseStore):
         self._opening += 1
 
     async def _close(self, handle: _OpenTranscript) -> None:
-        await trio.to_thread.run_sync(self._close_all_sync, [handle])
+        # The handle has left the open table: if this were cancelled before the
+        # thread ran, nobody would close the descriptor or write the summary.
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._close_all_sync, [handle])
 
     def _close_all_sync(self, handles: list[_OpenTranscript]) -> None:
         for h in handles:

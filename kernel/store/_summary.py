@@ -69,7 +69,10 @@ class SessionSummary:
 
 
 def _count(value: object) -> int:
-    return value if type(value) is int and value > 0 else 0
+    # Subclasses (IntEnum) count as the JSON number they are written as; bool does not.
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    return 0
 
 
 class SummaryBuilder:
@@ -117,10 +120,10 @@ class SummaryBuilder:
             self._output += _count(usage.get("output_tokens"))
         cost = entry.get("cost_usd")
         if cost is not None:
-            if type(cost) is int:
-                self._cost += cost * 1_000_000_000
-            elif type(cost) is float:
-                nanos = cost * 1e9
+            if isinstance(cost, int) and not isinstance(cost, bool):
+                self._cost += int(cost) * 1_000_000_000
+            elif isinstance(cost, float):
+                nanos = float(cost) * 1e9
                 if math.isfinite(nanos):
                     self._cost += round(nanos)
         timestamp = entry.get("timestamp")

@@ -317,3 +317,17 @@ async def test_the_spare_process_is_used_and_does_not_outlive_the_pool(workspace
         assert next_spare != spare_pid
     await wait_until_gone_pid(spare_pid)
     await wait_until_gone_pid(next_spare)
+
+
+async def test_a_plugin_whose_import_hangs_is_refused_not_waited_for(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandbox.pool
+
+    monkeypatch.setattr(sandbox.pool, "START_TIMEOUT_S", 1.0)
+    plugin_dir = tmp_path / "stuck_plugin"
+    plugin_dir.mkdir()
+    (plugin_dir / "stuck.py").write_text("import time\ntime.sleep(3600)\n")
+    async with open_worker_pool(workspace) as pool:
+        with trio.fail_after(20), pytest.raises(SandboxError, match="no greeting within 1 s"):
+            await pool.start(str(plugin_dir / "stuck.py"))

@@ -377,3 +377,41 @@ def test_every_error_code_is_tested_here_or_in_test_auth() -> None:
         "internal",  # test_robustness
     }
     assert tested == set(ERROR_CODES)
+
+
+async def test_a_hello_cannot_reuse_a_running_requests_id(url: str) -> None:
+    async with connect(url) as client:
+        await client.send(
+            {
+                "v": 1,
+                "type": "call_tools",
+                "id": "X",
+                "session": "s",
+                "calls": [{"id": "a", "name": "sleep", "arguments": {"seconds": 0.3}}],
+            }
+        )
+        assert (await client.recv())["kind"] == "call_started"
+        await client.send({"v": 1, "type": "hello", "id": "X"})
+        refused = await client.recv()
+        assert refused["type"] == "error" and refused["error"]["code"] == "duplicate_id"
+        _, reply = await client.until_reply("X")
+        assert reply["type"] == "reply" and reply["status"] == "ok"
+
+
+async def test_deeply_nested_input_is_a_bad_message_and_the_connection_stays(url: str) -> None:
+    deep: Any = "x"
+    for _ in range(500):
+        deep = [deep]
+    async with connect(url) as client:
+        _, refused = await client.request(
+            {
+                "type": "call_tools",
+                "id": "deep",
+                "session": "s",
+                "calls": [{"id": "a", "name": "echo", "arguments": {"text": deep}}],
+            }
+        )
+        assert refused["type"] == "error" and refused["error"]["code"] == "bad_message"
+        assert "nested deeper than 64" in refused["error"]["message"]
+        _, fine = await client.request({"type": "tools", "id": "after"})
+        assert fine["status"] == "ok"

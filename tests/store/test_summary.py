@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import copy
+import enum
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -8,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel.errors import UsageError
-from kernel.store import SessionKey, SessionSummary, SummaryData, fold_session_summary
+from kernel.store import FileStore, SessionKey, SessionSummary, SummaryData, fold_session_summary
 
 KEY = SessionKey("p", "s")
 
@@ -101,3 +103,31 @@ def test_type_counts_of_prev_are_not_shared() -> None:
     prev = fold_session_summary(None, KEY, [{"type": "a"}])
     fold_session_summary(prev, KEY, [{"type": "a"}, {"type": "b"}])
     assert prev.data.type_counts == {"a": 1}
+
+
+async def test_the_stored_summary_equals_the_fold_of_what_loads(tmp_path: Path) -> None:
+    """Numbers of a subclass (IntEnum) are written as JSON numbers: the fold counts them so."""
+
+    class Tokens(enum.IntEnum):
+        MANY = 7
+
+    key = SessionKey("p", "s")
+    async with FileStore(tmp_path) as store:
+        await store.append(
+            key,
+            [
+                {
+                    "type": "assistant",
+                    "uuid": "u1",
+                    "usage": {"input_tokens": Tokens.MANY},
+                    "cost_usd": Tokens.MANY,
+                }
+            ],
+        )
+    async with FileStore(tmp_path) as store:
+        loaded = await store.load(key)
+        [stored] = await store.list_session_summaries("p")
+    assert loaded is not None
+    expected = fold_session_summary(None, key, loaded)
+    assert stored.data == expected.data
+    assert stored.data.input_tokens == 7
