@@ -103,11 +103,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
         width = max(len("ID"), *(len(s.session_id) for s in summaries))
         print(f"{'ID':<{width}}  {'MODIFIED':<19}  {'ENTRIES':>7}  TITLE")
         for s in summaries:
-            title = s.data.title or ""
+            title = f"DAMAGED: {s.problem}" if s.problem else (s.data.title or "")
             print(
                 f"{s.session_id:<{width}}  {_local_time(s.mtime_ms)}  "
                 f"{s.data.entry_count:>7}  {title}"
             )
+        damaged = [s.session_id for s in summaries if s.problem]
+        if damaged:
+            print(f"tak sessions ls: damaged: {', '.join(damaged)}", file=sys.stderr)
+            return 1
         return 0
 
     return _run(args, body)

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeAlias
 
 import trio
 
-from ..errors import StoreError, UsageError
+from ..errors import CorruptTranscript, StoreError, UsageError
 from . import _disk
 from ._base import BaseStore, TranscriptState
 from ._commit import GroupCommit
@@ -290,13 +290,27 @@ class FileStore(BaseStore):
             key = SessionKey(project, sid)
             async with self._locks.hold(key.name):
                 if key.name not in self._open:
-                    rebuilt = await trio.to_thread.run_sync(self._rebuild_sync, key)
+                    try:
+                        rebuilt = await trio.to_thread.run_sync(self._rebuild_sync, key)
+                    except CorruptTranscript as exc:
+                        # One damaged session must not hide the others: list it, flagged.
+                        rebuilt = SessionSummary(
+                            sid,
+                            await trio.to_thread.run_sync(self._mtime_ms_sync, key),
+                            problem=f"{exc}; `tak sessions repair {sid}` quarantines it",
+                        )
                     if rebuilt is not None:
                         by_id[sid] = rebuilt
         for sid, handle in self._open_mains(project).items():
             assert handle.summary is not None
             by_id[sid] = SessionSummary(sid, handle.mtime_ms, handle.summary.data())
         return [by_id[sid] for sid in sorted(by_id)]
+
+    def _mtime_ms_sync(self, key: SessionKey) -> int:
+        try:
+            return os.stat(_disk.transcript_path(self._root, key)).st_mtime_ns // 1_000_000
+        except OSError:
+            return 0
 
     def _rebuild_sync(self, key: SessionKey) -> SessionSummary | None:
         try:

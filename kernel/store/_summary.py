@@ -60,12 +60,15 @@ class SessionSummary:
     """A main transcript's summary.
 
     ``mtime_ms`` is stamped by the store after it persists an append (epoch
-    milliseconds from the store's clock); the fold never changes it.
+    milliseconds from the store's clock); the fold never changes it. ``problem``
+    is set, and ``data`` empty, for a transcript too damaged to read.
     """
 
     session_id: str
     mtime_ms: int
     data: SummaryData = attrs.field(factory=SummaryData)
+    #: Why the summary could not be built (a damaged transcript), else ``None``.
+    problem: str | None = None
 
 
 def _count(value: object) -> int:

@@ -90,7 +90,9 @@ def test_repair_and_show_damage(home: Path, capsys: pytest.CaptureFixture[str]) 
     err = capsys.readouterr().err
     assert f"{path}:2:" in err and "tak sessions repair chat1" in err
     assert tak(home, "sessions", "ls") == 1
-    capsys.readouterr()
+    listed = capsys.readouterr()
+    assert "chat1" in listed.out and "DAMAGED:" in listed.out  # listed, not hidden
+    assert "damaged: chat1" in listed.err
     assert tak(home, "sessions", "repair", "chat1") == 0
     out = capsys.readouterr().out
     assert "damaged from line 2; kept 1 entries" in out

@@ -156,6 +156,24 @@ async def test_damage_mid_file_names_file_and_line(tmp_path: Path, garbage: byte
                 pass
 
 
+async def test_one_damaged_session_is_listed_flagged_and_hides_no_other(tmp_path: Path) -> None:
+    other = SessionKey(MAIN.project, "healthy")
+    async with FileStore(tmp_path) as store:
+        await store.append(MAIN, [entry(0)])
+        await store.append(other, [entry(1)])
+    path = transcript(tmp_path)
+    with path.open("ab") as f:
+        f.write(b"{not json\n" + json.dumps(entry(2)).encode() + b"\n")
+    (path.parent / "summary.json").unlink()  # so the listing must rebuild it
+    async with FileStore(tmp_path) as store:
+        summaries = {s.session_id: s for s in await store.list_session_summaries(MAIN.project)}
+    assert summaries["healthy"].problem is None
+    assert summaries["healthy"].data.entry_count == 1
+    damaged = summaries[MAIN.session_id]
+    assert damaged.problem is not None and f"{path}:2:" in damaged.problem
+    assert "tak sessions repair" in damaged.problem
+
+
 async def test_repair_quarantines_and_keeps_the_good_prefix(tmp_path: Path) -> None:
     async with FileStore(tmp_path) as store:
         await store.append(MAIN, [entry(0), entry(1)])
