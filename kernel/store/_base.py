@@ -101,6 +101,8 @@ class BaseStore(abc.ABC):
         name = key.name
         lock = locks.acquire_nowait(name) or await locks.acquire(name)
         try:
+            if self._closed:  # closed while this append waited for the lock
+                raise StoreError("the store is closed")
             state = self._cached_state(name)
             if state is None:
                 state = await self._state_for_append(key)

@@ -166,7 +166,12 @@ class FileStore(BaseStore):
             await self._gates.enter_open(session)
             try:
                 opened = await trio.to_thread.run_sync(self._open_sync, key)
-                handle = self._open[key.name] = _OpenTranscript(key, opened)
+                handle = _OpenTranscript(key, opened)
+                if self._closed:
+                    # aclose ran while this was opening: it cannot have seen it.
+                    await self._close(handle)
+                    raise StoreError("the store is closed")
+                self._open[key.name] = handle
             finally:
                 self._gates.exit_open(session)
         finally:

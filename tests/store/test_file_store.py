@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -540,3 +541,39 @@ async def test_iter_entries_streams_large_transcripts(tmp_path: Path) -> None:
         async for e in store.iter_entries(MAIN):
             got.append(e["uuid"])
         assert got == [e["uuid"] for e in big]
+
+
+async def test_an_append_opening_while_the_store_closes_fails_and_leaks_nothing(
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path)
+    key = SessionKey("p", "late")
+    real_open = store._open_sync
+
+    def slow_open(k: SessionKey) -> Any:
+        time.sleep(0.2)  # aclose runs while this transcript is being opened
+        return real_open(k)
+
+    store._open_sync = slow_open  # type: ignore[method-assign]
+    failures: list[str] = []
+
+    async def appender() -> None:
+        try:
+            await store.append(key, [{"type": "x", "uuid": "late-1"}])
+        except StoreError as exc:
+            failures.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(appender)
+        await trio.sleep(0.05)
+        await store.aclose()
+    assert failures == ["the store is closed"]
+    assert store.open_files == 0
+    path = str(transcript(tmp_path, key))
+    open_paths = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            open_paths.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass  # the fd of listdir itself, gone by now
+    assert path not in open_paths
