@@ -30,6 +30,7 @@ import functools
 import inspect
 import json
 import keyword
+import math
 import re
 import types
 import typing
@@ -98,8 +99,12 @@ def _check_name(instance: Any, attribute: Any, name: str) -> None:
 
 
 def _check_positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"{attribute.name} must be positive, got {value!r}")
+    # Finite too: a worker reports its tools' limits as JSON, which allows Infinity,
+    # and an endless deadline would let one plugin hold a turn forever.
+    if value is not None and not (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+    ):
+        raise UsageError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
 # --- docstrings --------------------------------------------------------------------

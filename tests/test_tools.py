@@ -176,9 +176,18 @@ def test_good_names_are_kept_as_given(name: str) -> None:
     assert tool(name=name)(_set_free).name == name
 
 
-@pytest.mark.parametrize("options", [{"timeout": 0}, {"timeout": -1.0}, {"max_output": 0}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"timeout": 0},
+        {"timeout": -1.0},
+        {"timeout": float("inf")},
+        {"timeout": float("nan")},
+        {"max_output": 0},
+    ],
+)
 def test_non_positive_limits_raise_usage_error(options: dict[str, Any]) -> None:
-    with pytest.raises(UsageError, match="must be positive"):
+    with pytest.raises(UsageError, match="must be a positive finite number"):
         tool(**options)(_set_free)
 
 
