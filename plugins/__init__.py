@@ -13,8 +13,9 @@ See docs/plugins.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kernel._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "open_plugin_host": "_host",
@@ -48,14 +49,4 @@ if TYPE_CHECKING:
     from ._host import open_plugin_host as open_plugin_host
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'plugins' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -13,8 +13,9 @@ its kin bring in Trio.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from kernel._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "Workspace": "_workspace",
@@ -44,14 +45,4 @@ if TYPE_CHECKING:
     from .pool import open_worker_pool as open_worker_pool
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
