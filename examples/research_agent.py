@@ -91,11 +91,8 @@ def page_server() -> Iterator[str]:
         server.server_close()
 
 
-def scripted_researcher(base_url: str, names: dict[str, str]) -> ScriptedModel:
-    """What a good model does with this task, as a script: three steps.
-
-    ``names`` maps a built-in tool (``read_file``) to its registered name.
-    """
+def scripted_researcher(base_url: str) -> ScriptedModel:
+    """What a good model does with this task, as a script: three steps."""
 
     def step(request: ModelRequest) -> ModelResponse | str:
         last = request.messages[-1]
@@ -103,16 +100,16 @@ def scripted_researcher(base_url: str, names: dict[str, str]) -> ScriptedModel:
             return ScriptedModel.reply(
                 "Reading the notes, fetching both sources and computing, all at once.",
                 calls=[
-                    (names["read_file"], {"path": "notes.md"}),
-                    (names["fetch_url"], {"url": f"{base_url}/trio"}),
-                    (names["fetch_url"], {"url": f"{base_url}/landlock"}),
-                    (names["run_python"], {"code": "rate = 1 / 3.7e-6\nround(rate)"}),
-                    (names["run_command"], {"command": "wc -w notes.md"}),
-                    (names["read_file"], {"path": "sources/extra.md"}),
+                    ("read_file", {"path": "notes.md"}),
+                    ("fetch_url", {"url": f"{base_url}/trio"}),
+                    ("fetch_url", {"url": f"{base_url}/landlock"}),
+                    ("run_python", {"code": "rate = 1 / 3.7e-6\nround(rate)"}),
+                    ("run_command", {"command": "wc -w notes.md"}),
+                    ("read_file", {"path": "sources/extra.md"}),
                 ],
             )
         observations = last.observations
-        if observations and observations[0].name == names["read_file"] and len(observations) == 6:
+        if observations and observations[0].name == "read_file" and len(observations) == 6:
             _notes, trio_page, landlock_page, rate, words, missing = observations
             report = "\n".join(
                 [
@@ -137,7 +134,7 @@ def scripted_researcher(base_url: str, names: dict[str, str]) -> ScriptedModel:
             )
             return ScriptedModel.reply(
                 "Writing the report.",
-                calls=[(names["write_file"], {"path": "report.md", "content": report})],
+                calls=[("write_file", {"path": "report.md", "content": report})],
             )
         return (
             "Structured concurrency keeps every tool call inside its turn; OS confinement "
@@ -178,23 +175,12 @@ async def run(model_spec: str | None, home: TakHome, workspace: Path, home_arg: 
         async with open_kernel(
             home=home,
             workspace=workspace,
-            model=model_spec or "scripted:echo",
+            # Only these four plugins and no tools of our own: no name is namespaced.
+            model=model_spec or scripted_researcher(base_url),
             plugins=["fs", "web", "python", "shell"],
             plugin_config={"web": {"allow_hosts": [base_url.removeprefix("http://")]}},
             system=SYSTEM,
         ) as k:
-            names = {
-                tool: next(n for n in (tool, f"{plugin}.{tool}") if n in k.tools)
-                for plugin, tool in (
-                    ("fs", "read_file"),
-                    ("fs", "write_file"),
-                    ("web", "fetch_url"),
-                    ("python", "run_python"),
-                    ("shell", "run_command"),
-                )
-            }
-            if model_spec is None:
-                k.agent.model = scripted_researcher(base_url, names)
             session = k.session(datetime.now(UTC).strftime("research-%Y%m%d-%H%M%S"))
             await session.set_title("research agent demo")
             finished = await stream_turn(k, session, TASK, sys.stdout, on_event=timing)
