@@ -353,12 +353,14 @@ async def test_batch_cancellation_leaves_no_task_and_no_slot_empty(
                 await run_tool_calls(calls, TOOLS, on_event=events.append, **run_kwargs(mode))
             except BaseException as exc:
                 caught.append(type(exc))
+                # counted before the enclosing nursery closes: a task the executor
+                # left behind (or started elsewhere) would still be visible here
+                seen_inside.append(len(_running_tool_tasks()))
                 raise
     assert scope.cancelled_caught
     # the caller sees trio.Cancelled itself, not a group of the children's
     assert caught == [trio.Cancelled]
-    assert seen_inside == [2]
-    assert _running_tool_tasks() == []
+    assert seen_inside == [2, 0]
     finished = {e.index: e.observation for e in events if isinstance(e, CallFinished)}
     assert sorted(finished) == [0, 1, 2, 3]
     assert kinds([finished[i] for i in range(4)]) == [
@@ -542,8 +544,8 @@ async def test_leaving_the_ordered_stream_early_cancels_the_rest(
         async for observation in stream:
             assert observation.index == 0
             break
+    # leaving did not wait for the 1000 s call: it was cancelled
     assert trio.current_time() - start == pytest.approx(1)
-    assert _running_tool_tasks() == []
 
 
 async def test_ten_thousand_calls_in_one_batch() -> None:
