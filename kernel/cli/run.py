@@ -13,6 +13,7 @@ import trio
 
 if TYPE_CHECKING:
     from ..agent import AgentEvent, TurnFinished
+    from ..executor import CallFinished
     from ..kernel import Kernel
     from ..session import Session
 
@@ -167,10 +168,7 @@ class _TurnView:
             shown = shown[:77] + "..."
         self._line(self._color("2", f"→ [{index}] {name} {shown}"))
 
-    def finished(self, event: object) -> None:
-        from ..executor import CallFinished
-
-        assert isinstance(event, CallFinished)
+    def finished(self, event: CallFinished) -> None:
         self.running.pop(event.index, None)
         o = event.observation
         content = o.content.replace("\n", " ")
@@ -190,10 +188,7 @@ class _TurnView:
                 self._clear_status()
                 self._draw_status()
 
-    def end(self, finished: AgentEvent) -> None:
-        from ..agent import TurnFinished
-
-        assert isinstance(finished, TurnFinished)
+    def end(self, finished: TurnFinished) -> None:
         self._line("")
         usage = finished.usage
         cost = f", ${finished.cost_usd:.4f}" if finished.cost_usd is not None else ""
