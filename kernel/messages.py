@@ -7,12 +7,13 @@ JSON-ready dicts and back; unknown keys are rejected, and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeAlias, cast, get_args
 
 import attrs
 import cattrs
 from cattrs.strategies import configure_tagged_union
+from cattrs.v import format_exception
 
 ErrorKind: TypeAlias = Literal[
     "invalid_call",
@@ -161,13 +162,22 @@ converter: cattrs.Converter = _make_converter()
 """The one converter for kernel records (``unstructure`` / ``structure``)."""
 
 
+def structure_error_paths(
+    exc: BaseException,
+    root: str = "$",
+    format_exception: Callable[[BaseException, type | None], str] = format_exception,
+) -> list[tuple[str, str]]:
+    """Each failure in a cattrs error as ``(path, reason)``, e.g. ``("$.a[2].b", ...)``."""
+    found = []
+    for line in cattrs.transform_error(exc, path=root, format_exception=format_exception):
+        reason, sep, path = line.rpartition(" @ ")
+        found.append((path, reason) if sep else (root, line))
+    return found
+
+
 def describe_structure_error(exc: BaseException, root: str = "$") -> str:
     """Render a cattrs failure as ``$.a[2].b: reason`` lines joined by ``; ``."""
-    lines = []
-    for line in cattrs.transform_error(exc, path=root):
-        reason, sep, path = line.rpartition(" @ ")
-        lines.append(f"{path}: {reason}" if sep else line)
-    return "; ".join(lines)
+    return "; ".join(f"{path}: {reason}" for path, reason in structure_error_paths(exc, root))
 
 
 def observations_content(observations: Sequence[Observation]) -> list[str]:

@@ -43,7 +43,7 @@ import cattrs.gen
 from cattrs.errors import ForbiddenExtraKeysError, IterableValidationError, IterableValidationNote
 
 from .errors import UsageError
-from .messages import ErrorKind
+from .messages import ErrorKind, structure_error_paths
 from .messages import converter as _messages_converter
 
 
@@ -517,8 +517,7 @@ def _reason(exc: BaseException, hint: Any) -> str:
 def _describe_argument_error(exc: BaseException) -> str:
     """``$.path: reason`` for each failure; top-level ones speak of arguments."""
     lines = []
-    for line in cattrs.transform_error(exc, path="$", format_exception=_reason):
-        reason, _, path = line.rpartition(" @ ")
+    for path, reason in structure_error_paths(exc, "$", _reason):
         top_level = path == "$" or (path.startswith("$.") and path[2:].isidentifier())
         if top_level:
             reason = reason.replace("required field", "required argument").replace(
