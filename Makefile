@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp
 
-.PHONY: demo test stress lint bench clean
+.PHONY: demo test stress redteam lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: $(STAMP)-test
 
 stress: $(STAMP)-test
 	$(BIN)/python -m pytest -q --stress -p no:cacheprovider
+
+# The adversarial suite alone (it also runs in `make test`); prints `redteam: N/M refused`.
+redteam: $(STAMP)-test
+	$(BIN)/python -m pytest -q tests/security -p no:cacheprovider
 
 lint: $(STAMP)-dev
 	$(BIN)/ruff check .
