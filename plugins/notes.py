@@ -1,7 +1,8 @@
 """The ``notes`` built-in plugin: remember, recall (SQLite FTS5, BM25) and forget notes.
 
-The database is ``.tak/notes.sqlite3`` inside the workspace, so notes travel
-with it. SQLite opens files by path and cannot be handed a confined directory
+The database is ``.notes/notes.sqlite3`` inside the workspace, so notes travel
+with it (not under ``.tak/``, which is read-only to every tool; a database left
+at the old place, ``.tak/notes.sqlite3``, is copied over on first use). SQLite opens files by path and cannot be handed a confined directory
 fd, so the path is built from the workspace's root: that is why this plugin
 runs in a sandbox worker (``in_process=False``), where Landlock confines every
 file SQLite opens (the database, its journal) to the workspace. The checks
@@ -33,7 +34,9 @@ plugin = Plugin(
     permissions={"workspace": "write"},
 )
 
-DATABASE = ".tak/notes.sqlite3"
+DATABASE = ".notes/notes.sqlite3"
+#: Where earlier versions kept it: read once, to carry old notes over.
+_OLD_DATABASE = ".tak/notes.sqlite3"
 MAX_NOTE_CHARS = 20_000
 MAX_TAGS = 20
 MAX_RECALL = 50
@@ -63,7 +66,9 @@ END;
 def _database_path() -> str:
     """The host path of the database, after checking it is the workspace's own file."""
     ws = context().workspace
-    ws.mkdir(".tak", exist_ok=True)
+    ws.mkdir(os.path.dirname(DATABASE), exist_ok=True)
+    if not ws.exists(DATABASE) and ws.exists(_OLD_DATABASE):
+        ws.write_bytes(DATABASE, ws.read_bytes(_OLD_DATABASE, max_bytes=1 << 30))
     os.close(ws.open(DATABASE, os.O_RDWR | os.O_CREAT, 0o600))
     inside = ws.stat(DATABASE)
     host_path = os.path.join(ws.path, DATABASE)

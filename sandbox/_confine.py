@@ -17,6 +17,7 @@ stops the worker (fail closed).
 from __future__ import annotations
 
 import ctypes
+import errno
 import importlib.util
 import os
 import resource
@@ -28,7 +29,7 @@ import attrs
 
 from kernel.errors import SandboxError
 
-from . import _cgroup, _syscalls, landlock, seccomp
+from . import _cgroup, _mounts, _syscalls, landlock, seccomp
 
 #: The fd number the IPC channel has in a worker.
 IPC_FD = 3
@@ -107,6 +108,8 @@ class Confinement:
     cgroup: str | None = None
     rlimits: dict[str, int] = attrs.Factory(dict)
     unconfined: list[str] = attrs.Factory(list)
+    #: How ``.tak/`` is kept read-only (``sandbox._mounts``), or why it is not.
+    protected: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -222,6 +225,21 @@ def drop_capabilities(report: Confinement) -> None:
     )
 
 
+def protect_tak_dir(workspace: str, report: Confinement) -> None:
+    """``.tak/`` read-only in a mount namespace of the worker's own, where it may have one.
+
+    Raises:
+        SandboxError: ``.tak`` is not a real directory (a symlink planted in its place).
+    """
+    try:
+        report.protected = _mounts.protect_tak_dir(workspace)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOSYS):
+            raise SandboxError(f"cannot make {workspace}/.tak read-only: {exc}") from exc
+        # Not root (no CAP_SYS_ADMIN): plugins in .tak/plugins still load only when trusted.
+        report.protected = f"not protected: {exc.strerror or exc}"
+
+
 def set_no_new_privs(report: Confinement) -> None:
     _syscalls.prctl(_syscalls.PR_SET_NO_NEW_PRIVS, 1)
     report.no_new_privs = True
@@ -306,6 +324,7 @@ def confine(config: WorkerConfig) -> Confinement:
     if config.cgroup is not None:
         _cgroup.join(config.cgroup)
         report.cgroup = config.cgroup
+    protect_tak_dir(config.workspace, report)
     drop_capabilities(report)
     set_no_new_privs(report)
     if not _single_threaded():

@@ -30,7 +30,7 @@ def test_remember_recall_forget(ws: Path) -> None:
     tests = notes.remember.fn("Running the tests needs `make test`", ["dev", "testing"])
     lunch = notes.remember.fn("Lunch is at noon")
     assert (deploy, tests, lunch) == (1, 2, 3)
-    assert (ws / ".tak" / "notes.sqlite3").is_file()
+    assert (ws / ".notes" / "notes.sqlite3").is_file()
 
     recalled = notes.recall.fn("how to run tests")
     assert recalled.startswith(
@@ -86,14 +86,14 @@ def test_bad_arguments(ws: Path) -> None:
 def test_a_planted_symlink_is_refused(ws: Path) -> None:
     outside = ws.parent / "outside.sqlite3"
     sqlite3.connect(outside).close()
-    (ws / ".tak").mkdir()
-    (ws / ".tak" / "notes.sqlite3").symlink_to(outside)
+    (ws / ".notes").mkdir()
+    (ws / ".notes" / "notes.sqlite3").symlink_to(outside)
     with pytest.raises(SandboxError, match=r"notes.sqlite3' resolves outside the workspace"):
         notes.remember.fn("x")
-    (ws / ".tak" / "notes.sqlite3").unlink()
-    (ws / ".tak").rmdir()
-    (ws / ".tak").symlink_to(ws.parent)
-    with pytest.raises(Exception, match=r"\.tak"):
+    (ws / ".notes" / "notes.sqlite3").unlink()
+    (ws / ".notes").rmdir()
+    (ws / ".notes").symlink_to(ws.parent)
+    with pytest.raises(Exception, match=r"\.notes"):
         notes.remember.fn("x")
     assert outside.stat().st_size == 0
 
@@ -120,3 +120,12 @@ async def test_notes_through_the_executor(ws: Path) -> None:
 def test_notes_runs_in_a_worker() -> None:
     assert not notes.plugin.in_process
     assert notes.plugin.permissions.workspace == "write"
+
+
+def test_notes_kept_under_the_old_path_are_carried_over(ws: Path) -> None:
+    notes.remember.fn("kept since the old days", ["legacy"])
+    (ws / ".tak").mkdir(exist_ok=True)
+    (ws / ".notes" / "notes.sqlite3").rename(ws / ".tak" / "notes.sqlite3")
+    (ws / ".notes").rmdir()
+    assert "kept since the old days" in notes.recall.fn("old days")
+    assert (ws / ".notes" / "notes.sqlite3").is_file()
