@@ -31,7 +31,13 @@ import stat
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _mount = _libc.mount
-_mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_mount.argtypes = [
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+]
 _mount.restype = ctypes.c_int
 _unshare = _libc.unshare
 _unshare.argtypes = [ctypes.c_int]
