@@ -8,9 +8,12 @@
             ...
 
 A turn ends with a final answer or at a limit (steps, tokens, cost, wall
-time), and always leaves a valid transcript: the assistant message and its
-tool results are appended together, also when the turn is cancelled while its
-calls run (the unfinished ones are recorded as ``cancelled``).
+time), and always leaves a valid transcript: the assistant message is
+appended before any of its calls runs (a call whose record cannot be written
+never runs), and its tool results after them, also when the turn is cancelled
+while its calls run (the unfinished ones are recorded as ``cancelled``). If
+the kernel dies in between, reading the transcript back answers the calls
+with ``crashed`` observations (``kernel.session.messages_from_entries``).
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from typing import Any, Literal, TypeAlias
 import attrs
 import trio
 
-from .errors import ModelAPIError, UsageError
+from .errors import ModelAPIError, StoreError, UsageError
 from .executor import CallEvent, CallFinished, CallLimits, CallStarted, run_tool_calls
-from .messages import Message, Observation, Text
+from .messages import Message, Observation, Text, recordable
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
-from .session import Session, message_from_entry, utc_timestamp
+from .session import Session, messages_from_entries, utc_timestamp
 from .tools import Tool, ToolFailure, ToolRegistry, tool
 
 TurnEnd: TypeAlias = Literal[
@@ -114,7 +117,8 @@ def history_from_entries(entries: Sequence[Mapping[str, Any]]) -> list[Message]:
     """The conversation the model sees: the latest compaction summary, then what followed.
 
     A ``compaction`` entry holds a summary of every message up to and including
-    the entry whose uuid is its ``through``.
+    the entry whose uuid is its ``through``. Every tool call is followed by its
+    result (a ``crashed`` one when the kernel stopped before it was recorded).
 
     Raises:
         StoreError: a message entry's payload is not a message.
@@ -133,10 +137,7 @@ def history_from_entries(entries: Sequence[Mapping[str, Any]]) -> list[Message]:
                 Message("user", [Text(f"[Summary of the earlier conversation]\n{summary}")])
             )
             break
-    for entry in entries[start:]:
-        message = message_from_entry(entry)
-        if message is not None and message.role != "system":
-            messages.append(message)
+    messages += [m for m in messages_from_entries(entries[start:]) if m.role != "system"]
     return messages
 
 
@@ -156,14 +157,22 @@ async def run_calls_recorded(
     model: str | None = None,
     cost_usd: float | None = None,
 ) -> list[Observation]:
-    """Run the tool calls of ``assistant`` and append it with their results, as one entry pair.
+    """Record ``assistant``, run its tool calls, then record their results.
 
-    The record lands even when the caller is cancelled: while the calls run (every
-    unfinished one is then ``cancelled``) or after they finished; the cancellation
-    is delivered once the record is written. A transcript never holds a call
-    without its result.
+    Nothing runs unless the assistant message was recorded first (as
+    ``kernel.messages.recordable`` makes it; the calls that run are the ones
+    recorded). The results land even when the caller is cancelled: while the
+    calls run (every unfinished one is then ``cancelled``) or after they
+    finished; the cancellation is delivered once the record is written.
+
+    Raises:
+        StoreError: the assistant message could not be recorded; no call ran.
     """
+    assistant = recordable(assistant)
     calls = assistant.tool_calls
+    answers = await _record_before_running(
+        session, assistant, usage=usage, model=model, cost_usd=cost_usd
+    )
     done: dict[int, Observation] = {}
 
     def on_call_event(event: CallEvent) -> None:
@@ -173,9 +182,7 @@ async def run_calls_recorded(
             on_event(event)
 
     async def record(observations: Sequence[Observation]) -> None:
-        await session.record_turn(
-            assistant, observations, usage=usage, model=model, cost_usd=cost_usd
-        )
+        await session.record_results(assistant, observations, answers=answers)
 
     try:
         observations = await run_tool_calls(calls, tools, limits=limits, on_event=on_call_event)
@@ -312,15 +319,16 @@ class Agent:
             except ModelAPIError as exc:
                 return state.finish("model_error", error=str(exc))
             state.usage = state.usage + response.usage
-            if response.message.text:
-                state.text = response.message.text
-            calls = response.message.tool_calls
-            if not calls:
-                await _persist_whole(self._record(session, response, ()))
-                history.append(response.message)
+            # What is recorded is what runs and what the model sees next time.
+            message = recordable(response.message)
+            if message.text:
+                state.text = message.text
+            if not message.tool_calls:
+                await _persist_whole(self._record(session, response, message))
+                history.append(message)
                 return state.finish("final")
-            observations = await self._run_calls(session, response, registry, emit)
-            history.append(response.message)
+            observations = await self._run_calls(session, response, message, registry, emit)
+            history.append(message)
             history.append(Message("tool", observations))
             if self.limits.max_tokens is not None and (
                 state.usage.total_tokens >= self.limits.max_tokens
@@ -349,12 +357,13 @@ class Agent:
         self,
         session: Session,
         response: ModelResponse,
+        message: Message,
         registry: ToolRegistry,
         emit: AgentEventCallback,
     ) -> list[Observation]:
         return await run_calls_recorded(
             session,
-            response.message,
+            message,
             registry,
             limits=self.call_limits,
             on_event=emit,
@@ -363,12 +372,9 @@ class Agent:
             cost_usd=response.usage.cost_usd,
         )
 
-    async def _record(
-        self, session: Session, response: ModelResponse, observations: Sequence[Observation]
-    ) -> None:
+    async def _record(self, session: Session, response: ModelResponse, message: Message) -> None:
         await session.record_turn(
-            response.message,
-            observations,
+            message,
             usage=usage_entry_fields(response.usage),
             model=response.model or self.model.name,
             cost_usd=response.usage.cost_usd,
@@ -519,6 +525,38 @@ async def _persist_whole(write: Awaitable[None]) -> None:
     with trio.CancelScope(shield=True) as persist:
         persist.deadline = trio.current_time() + _PERSIST_GRACE_S
         await write
+
+
+async def _record_before_running(
+    session: Session,
+    assistant: Message,
+    *,
+    usage: Mapping[str, int] | None,
+    model: str | None,
+    cost_usd: float | None,
+) -> str:
+    """``session.record_calls``, shielded like ``_persist_whole``; its uuid.
+
+    Raises:
+        StoreError: the record was not written (so no call may run).
+    """
+    problem: Exception | None = None
+    answers: str | None = None
+    with trio.CancelScope(shield=True) as persist:
+        persist.deadline = trio.current_time() + _PERSIST_GRACE_S
+        try:
+            answers = await session.record_calls(
+                assistant, usage=usage, model=model, cost_usd=cost_usd
+            )
+        except Exception as exc:
+            problem = exc
+    if answers is None:
+        reason = problem or f"the store did not finish within {_PERSIST_GRACE_S:g} s"
+        raise StoreError(
+            f"session {session.key}: could not record the model's "
+            f"{len(assistant.tool_calls)} tool call(s), so none ran: {reason}"
+        ) from problem
+    return answers
 
 
 @contextlib.contextmanager

@@ -2,7 +2,9 @@
 
 ``run_tool_calls`` is the heart of the kernel (DESIGN §4):
 
-1. every call is checked before anything runs (ids, tool names, arguments);
+1. every call is checked before anything runs (ids, tool names, arguments,
+   and arguments a transcript could not record: lone surrogates, NaN and
+   infinities are ``bad_arguments``, so a call that ran always has a record);
 2. results go into ``[None] * n`` slots written by declared index;
 3. each call runs in its own task of one nursery, and any ``Exception`` it
    raises becomes an error observation in its own slot;
@@ -27,7 +29,14 @@ import attrs
 import trio
 
 from .errors import UsageError
-from .messages import Observation, ToolCall, ToolError, converter
+from .messages import (
+    Observation,
+    ToolCall,
+    ToolError,
+    converter,
+    json_problem,
+    replace_lone_surrogates,
+)
 from .tools import ArgumentError, Tool, ToolFailure, ToolRegistry, describe_exception
 
 #: How many tool names an ``unknown_tool`` message lists before it says "and N more".
@@ -202,9 +211,34 @@ def _call_error(
     return None
 
 
+class _NotAJSONNumber(ValueError):
+    """NaN or an infinity in arguments: JSON has none, and a transcript cannot hold one."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotAJSONNumber(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999
+        raise _NotAJSONNumber(text)
+    return value
+
+
+# parse_float runs only for numbers with a fraction or an exponent, parse_constant only
+# for NaN and the infinities: arguments without them decode at full speed.
+_ARGUMENTS_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_refuse_constant)
+
+
 def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
-    """Models send arguments as JSON text; never trust it."""
+    """Models send arguments as JSON text; never trust it.
+
+    Whatever a transcript could not record (a lone surrogate, NaN, an infinity)
+    is refused here, with its path, for both forms.
+    """
     if isinstance(arguments, dict):
+        _refuse_unrecordable(arguments)
         return arguments
     if not isinstance(arguments, str):
         raise ArgumentError(f"$: arguments must be a JSON object, got {_json_type_name(arguments)}")
@@ -212,14 +246,37 @@ def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
         # Some models send "" for a call without arguments.
         return {}
     try:
-        value = json.loads(arguments)
-    except json.JSONDecodeError as exc:
+        value = _ARGUMENTS_DECODER.decode(arguments)
+    except _NotAJSONNumber as exc:
+        raise ArgumentError(_where_not_a_number(arguments, str(exc))) from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
         raise ArgumentError(f"$: arguments are not valid JSON: {exc}") from exc
     except RecursionError as exc:
         raise ArgumentError("$: arguments are nested too deeply") from exc
     if not isinstance(value, dict):
         raise ArgumentError(f"$: arguments must be a JSON object, got {_json_type_name(value)}")
+    if not arguments.isascii() or "\\u" in arguments:
+        # Only a non-ASCII character or an escape can decode to a surrogate.
+        _refuse_unrecordable(value)
     return value
+
+
+def _where_not_a_number(arguments: str, token: str) -> str:
+    """Decode again, accepting NaN and infinities, to say where the first one is."""
+    try:
+        problem = json_problem(json.loads(arguments))
+    except (ValueError, RecursionError):  # broken further on: name the token alone
+        problem = None
+    return problem or f"$: {token} is not a JSON number"
+
+
+def _refuse_unrecordable(value: Any) -> None:
+    try:
+        problem = json_problem(value)
+    except RecursionError as exc:
+        raise ArgumentError("$: arguments are nested too deeply") from exc
+    if problem is not None:
+        raise ArgumentError(problem)
 
 
 def _json_type_name(value: Any) -> str:
@@ -475,7 +532,8 @@ class _Batch:
             call_id=p.call.id,
             name=p.call.name,
             index=p.slot,
-            content=truncate_output(content, max_output),
+            # A tool (or a worker) may return half of a UTF-16 pair: make it recordable.
+            content=truncate_output(replace_lone_surrogates(content), max_output),
             duration_s=elapsed,
         )
 

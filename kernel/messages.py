@@ -3,10 +3,20 @@
 Every record is an ``@attrs.frozen`` class. ``converter`` turns them into
 JSON-ready dicts and back; unknown keys are rejected, and
 ``describe_structure_error`` renders a failure as ``$.path: what was wrong``.
+
+A transcript is UTF-8 JSON, so it cannot hold a lone surrogate (half of a
+UTF-16 pair, which ``json.loads`` happily returns for ``"\\ud800"``) or a
+non-finite number. ``json_problem`` finds such a value in arguments (the
+executor refuses the call), ``replace_lone_surrogates`` makes text
+recordable, and ``recordable`` applies both to a whole message before it is
+written, so that a call is always recorded before it runs.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeAlias, cast, get_args
 
@@ -85,7 +95,12 @@ class Observation:
         *,
         duration_s: float = 0.0,
     ) -> Observation:
-        """An error observation whose content tells the model what went wrong."""
+        """An error observation whose content tells the model what went wrong.
+
+        The message may come from a tool or a worker: lone surrogates in it are
+        replaced (U+FFFD), so the observation can be recorded.
+        """
+        error = _recordable_error(error)
         return cls(
             call_id=call.id,
             name=call.name,
@@ -178,6 +193,169 @@ def structure_error_paths(
 def describe_structure_error(exc: BaseException, root: str = "$") -> str:
     """Render a cattrs failure as ``$.a[2].b: reason`` lines joined by ``; ``."""
     return "; ".join(f"{path}: {reason}" for path, reason in structure_error_paths(exc, root))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NON_FINITE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def replace_lone_surrogates(text: str) -> str:
+    """``text`` as valid Unicode: each lone surrogate becomes U+FFFD.
+
+    A surrogate pair held as two code points (a high then a low half) is joined
+    into the one character it encodes.
+    """
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def escape_surrogates(json_text: str) -> str:
+    """JSON text with each surrogate code point written as a ``\\uXXXX`` escape.
+
+    Inside a JSON string the escape means the same character (so a call's
+    arguments parse to the same value, and are refused the same way), but the
+    text itself is valid Unicode and can be recorded. Halves of a pair that came
+    in separate pieces become two escapes, which JSON joins again.
+    """
+    if json_text.isascii():
+        return json_text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", json_text)
+
+
+def json_problem(value: Any, root: str = "$") -> str | None:
+    """Why a JSON value cannot be recorded, as ``$.path: reason``, or ``None`` if it can.
+
+    Found: a lone surrogate in a string or a key (a transcript is UTF-8), a NaN
+    or an infinity (JSON has none; ``json.loads`` gives them for ``NaN``,
+    ``Infinity`` and ``1e999``). Values that are not JSON at all (a set, an
+    object) are left to the converter or the encoder to refuse. One pass, and
+    an ASCII string costs one ``isascii``.
+
+    Raises:
+        RecursionError: the value is nested too deeply to walk.
+    """
+    found = _find_problem(value)
+    if found is None:
+        return None
+    reason, reversed_path = found
+    path = root
+    for step in reversed(reversed_path):
+        if isinstance(step, int):
+            path += f"[{step}]"
+        elif _IDENTIFIER.fullmatch(step):
+            path += f".{step}"
+        else:
+            # The key itself may hold the surrogate: escape it, the message is recorded too.
+            path += f"[{json.dumps(step)}]"
+    return f"{path}: {reason}"
+
+
+def _surrogate_problem(text: str) -> str | None:
+    match = _SURROGATE.search(text)
+    if match is None:
+        return None
+    return f"lone surrogate \\u{ord(match.group()):04x} is not valid Unicode"
+
+
+def _find_problem(value: Any) -> tuple[str, list[str | int]] | None:
+    """``(reason, path from the inside out)`` of the first unrecordable leaf."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii():
+            return None
+        reason = _surrogate_problem(value)
+        return None if reason is None else (reason, [])
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is str and not key.isascii():
+                reason = _surrogate_problem(key)
+                if reason is not None:
+                    return f"{reason} (in the key)", [key]
+            found = _find_problem(item)
+            if found is not None:
+                found[1].append(key if isinstance(key, str) else str(key))
+                return found
+        return None
+    if kind is list or kind is tuple:
+        for index, item in enumerate(value):
+            found = _find_problem(item)
+            if found is not None:
+                found[1].append(index)
+                return found
+        return None
+    if kind is float:
+        if math.isfinite(value):
+            return None
+        return f"{_NON_FINITE_NAMES[repr(value)]} is not a JSON number", []
+    if kind is int or kind is bool or value is None:
+        return None
+    # Subclasses (a str Enum, an IntEnum, a float subclass) are checked as what they are.
+    if isinstance(value, str | float | dict | list | tuple) and not isinstance(value, bool):
+        base = next(t for t in (str, float, dict, list, tuple) if isinstance(value, t))
+        return _find_problem(base(value))
+    return None
+
+
+def _recordable_error(error: ToolError) -> ToolError:
+    message = replace_lone_surrogates(error.message)
+    type_ = replace_lone_surrogates(error.type)
+    if message is error.message and type_ is error.type:
+        return error
+    return ToolError(error.kind, type_, message)
+
+
+def _recordable_arguments(arguments: dict[str, Any] | str) -> dict[str, Any] | str:
+    if isinstance(arguments, str):
+        return escape_surrogates(arguments)
+    if _find_problem(arguments) is None:
+        return arguments
+    try:
+        # The JSON text means the same (NaN and escapes included) and can be recorded;
+        # the executor parses it and refuses the call with the path of the problem.
+        return json.dumps(arguments, ensure_ascii=True)
+    except (TypeError, ValueError, RecursionError):
+        return arguments  # not JSON at all: the store refuses it, and nothing runs
+
+
+def _recordable_part(part: Part) -> Part:
+    if isinstance(part, Text):
+        text = replace_lone_surrogates(part.text)
+        return part if text is part.text else Text(text)
+    if isinstance(part, ToolCall):
+        id_ = replace_lone_surrogates(part.id)
+        name = replace_lone_surrogates(part.name)
+        arguments = _recordable_arguments(part.arguments)
+        if id_ is part.id and name is part.name and arguments is part.arguments:
+            return part
+        return ToolCall(id_, name, arguments, part.index)
+    call_id = replace_lone_surrogates(part.call_id)
+    name = replace_lone_surrogates(part.name)
+    content = replace_lone_surrogates(part.content)
+    error = part.error if part.error is None else _recordable_error(part.error)
+    if (
+        call_id is part.call_id
+        and name is part.name
+        and content is part.content
+        and error is part.error
+    ):
+        return part
+    return attrs.evolve(part, call_id=call_id, name=name, content=content, error=error)
+
+
+def recordable(message: Message) -> Message:
+    """``message`` as a transcript can hold it (``message`` itself when it already can).
+
+    Text, ids, names and observation content get U+FFFD for each lone surrogate.
+    Arguments are never changed in meaning: raw JSON text gets its surrogates
+    escaped, and a dict that holds a lone surrogate or a non-finite number is
+    kept as the JSON text of it, which the executor refuses as ``bad_arguments``.
+    """
+    parts = [_recordable_part(p) for p in message.parts]
+    if all(new is old for new, old in zip(parts, message.parts, strict=True)):
+        return message
+    return Message(message.role, parts)
 
 
 def observations_content(observations: Sequence[Observation]) -> list[str]:

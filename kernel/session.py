@@ -8,6 +8,16 @@ Each message becomes one transcript entry::
 
 A title is an entry of its own (``{"type": "title", "title": ...}``). Entries
 of other types are kept by the store and skipped when reading messages back.
+
+A model turn with tool calls is two entries written at two moments: the
+assistant entry before any call runs, then the ``tool`` entry with the
+results, which names the assistant entry's uuid in ``"answers"``. A call that
+could not be recorded never runs. If the kernel stops in between, reading
+the messages back gives each call without a result a ``crashed``
+observation, so a conversation never holds a call without its result
+(providers refuse that). Older transcripts wrote both entries in one append,
+without ``"answers"``: a ``tool`` entry right after an assistant entry
+answers it.
 """
 
 from __future__ import annotations
@@ -18,7 +28,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import StoreError, UsageError
-from .messages import Message, Observation, converter, describe_structure_error
+from .messages import (
+    Message,
+    Observation,
+    ToolCall,
+    ToolError,
+    converter,
+    describe_structure_error,
+    recordable,
+)
 from .store import SessionKey, SessionStore
 
 _MESSAGE_TYPES = frozenset({"system", "user", "assistant", "tool"})
@@ -33,12 +51,17 @@ def utc_timestamp(now: datetime | None = None) -> str:
 def message_entry(
     message: Message, *, timestamp: str, uuid: str | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """The transcript entry for ``message``; ``extra`` fields are added as they are."""
+    """The transcript entry for ``message``; ``extra`` fields are added as they are.
+
+    The message is written as ``kernel.messages.recordable`` makes it (lone
+    surrogates replaced or escaped), so text from a model or a tool never makes
+    an entry unwritable.
+    """
     entry: dict[str, Any] = {
         "type": message.role,
         "uuid": uuid if uuid is not None else uuid_module.uuid4().hex,
         "timestamp": timestamp,
-        "message": converter.unstructure(message),
+        "message": converter.unstructure(recordable(message)),
     }
     entry.update(extra)
     return entry
@@ -61,13 +84,76 @@ def message_from_entry(entry: Mapping[str, Any]) -> Message | None:
         ) from exc
 
 
+#: What a call without a recorded result is answered with when a transcript is read.
+KERNEL_STOPPED = ToolError(
+    "crashed", "KernelStopped", "the kernel stopped before this call finished"
+)
+
+
 def messages_from_entries(entries: Iterable[Mapping[str, Any]]) -> list[Message]:
-    """The messages among ``entries``, in order.
+    """The messages among ``entries``, in order, every tool call followed by its result.
+
+    An assistant message's calls are followed by the ``tool`` entry that answers
+    them (see the module docstring) wherever it was written; a call it does not
+    answer (none was written: the kernel stopped) gets a ``crashed`` observation.
+    A ``tool`` entry whose assistant entry is not among ``entries`` (before a
+    compaction's cut) is left out.
 
     Raises:
         StoreError: a message entry's payload is not a message.
     """
-    return [m for m in map(message_from_entry, entries) if m is not None]
+    listed = list(entries)
+    answered_at: dict[str, int] = {}
+    for position, entry in enumerate(listed):
+        answers = entry.get("answers")
+        if entry.get("type") == "tool" and isinstance(answers, str):
+            answered_at.setdefault(answers, position)
+    messages: list[Message] = []
+    used: set[int] = set()
+    for position, entry in enumerate(listed):
+        if position in used or (entry.get("type") == "tool" and "answers" in entry):
+            continue  # a linked result is read with its calls, or has none here
+        message = message_from_entry(entry)
+        if message is None:
+            continue
+        messages.append(message)
+        calls = message.tool_calls
+        if message.role != "assistant" or not calls:
+            continue
+        where = answered_at.get(str(entry.get("uuid")))
+        if where is None and _is_legacy_result(listed, position + 1):
+            where = position + 1
+        results = message_from_entry(listed[where]) if where is not None else None
+        if where is not None:
+            used.add(where)
+        messages.append(_answer_every_call(calls, results))
+    return messages
+
+
+def _is_legacy_result(entries: Sequence[Mapping[str, Any]], position: int) -> bool:
+    return (
+        position < len(entries)
+        and entries[position].get("type") == "tool"
+        and "answers" not in entries[position]
+    )
+
+
+def _answer_every_call(calls: Sequence[ToolCall], results: Message | None) -> Message:
+    """The tool message for ``calls``: the recorded result of each, else ``KERNEL_STOPPED``."""
+    recorded = {
+        o.index: o
+        for o in (results.observations if results is not None else ())
+        if o.index < len(calls) and o.call_id == calls[o.index].id
+    }
+    if results is not None and len(recorded) == len(calls) == len(results.parts):
+        return results
+    return Message(
+        "tool",
+        [
+            recorded.get(index) or Observation.failure(call, index, KERNEL_STOPPED)
+            for index, call in enumerate(calls)
+        ],
+    )
 
 
 class Session:
@@ -139,18 +225,80 @@ class Session:
         model: str | None = None,
         cost_usd: float | None = None,
     ) -> None:
-        """Append a model turn: the assistant message, then its tool results.
+        """Append a model turn whose calls already have results, in one atomic append.
 
-        The results go in one ``tool`` message, in the order the calls were
-        declared (by ``Observation.index``), and both messages go in one
-        atomic append: a transcript never holds a call without its result.
+        A turn whose calls have yet to run is recorded in two steps instead
+        (``record_calls`` before they run, ``record_results`` after).
 
         Raises:
             UsageError: ``assistant`` is not an assistant message, or the
                 observations do not answer its tool calls one to one.
         """
+        entry = self._assistant_entry(assistant, usage=usage, model=model, cost_usd=cost_usd)
+        entries = [entry]
+        if assistant.tool_calls or observations:
+            entries.append(self._results_entry(assistant, observations, answers=entry["uuid"]))
+        await self.store.append(self.key, entries)
+
+    async def record_calls(
+        self,
+        assistant: Message,
+        *,
+        usage: Mapping[str, int] | None = None,
+        model: str | None = None,
+        cost_usd: float | None = None,
+    ) -> str:
+        """Append the assistant message whose calls are about to run; return its entry's uuid.
+
+        Its calls must not run unless this returned: then every call that runs
+        has a record. ``record_results(..., answers=uuid)`` follows.
+
+        Raises:
+            UsageError: ``assistant`` is not an assistant message, or the entry
+                cannot be written as JSON.
+            StoreError: the store failed.
+        """
+        entry = self._assistant_entry(assistant, usage=usage, model=model, cost_usd=cost_usd)
+        await self.store.append(self.key, [entry])
+        return str(entry["uuid"])
+
+    async def record_results(
+        self, assistant: Message, observations: Sequence[Observation], *, answers: str
+    ) -> None:
+        """Append the results of the calls of ``assistant``, recorded as entry ``answers``.
+
+        The results go in one ``tool`` message, in the order the calls were
+        declared (by ``Observation.index``).
+
+        Raises:
+            UsageError: the observations do not answer the calls one to one.
+        """
+        await self.store.append(
+            self.key, [self._results_entry(assistant, observations, answers=answers)]
+        )
+
+    def _assistant_entry(
+        self,
+        assistant: Message,
+        *,
+        usage: Mapping[str, int] | None,
+        model: str | None,
+        cost_usd: float | None,
+    ) -> dict[str, Any]:
         if assistant.role != "assistant":
             raise UsageError(f"assistant: expected role 'assistant', got {assistant.role!r}")
+        extra: dict[str, Any] = {}
+        if usage is not None:
+            extra["usage"] = dict(usage)
+        if model is not None:
+            extra["model"] = model
+        if cost_usd is not None:
+            extra["cost_usd"] = cost_usd
+        return message_entry(assistant, timestamp=self._timestamp(), **extra)
+
+    def _results_entry(
+        self, assistant: Message, observations: Sequence[Observation], *, answers: str
+    ) -> dict[str, Any]:
         calls = assistant.tool_calls
         ordered = sorted(observations, key=lambda o: o.index)
         # One observation per call, matched by position: ids may repeat (a model can
@@ -162,16 +310,4 @@ class Session:
                 f"observations: answer {[(o.index, o.call_id) for o in ordered]}, "
                 f"but the assistant made calls {[(i, c.id) for i, c in enumerate(calls)]}"
             )
-        timestamp = self._timestamp()
-        extra: dict[str, Any] = {}
-        if usage is not None:
-            extra["usage"] = dict(usage)
-        if model is not None:
-            extra["model"] = model
-        if cost_usd is not None:
-            extra["cost_usd"] = cost_usd
-        entries = [message_entry(assistant, timestamp=timestamp, **extra)]
-        if ordered:
-            tool = Message("tool", ordered)
-            entries.append(message_entry(tool, timestamp=timestamp))
-        await self.store.append(self.key, entries)
+        return message_entry(Message("tool", ordered), timestamp=self._timestamp(), answers=answers)
