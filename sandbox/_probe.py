@@ -13,7 +13,7 @@ from typing import Literal
 
 import attrs
 
-from . import _cgroup, landlock, seccomp
+from . import _cgroup, _syscalls, landlock, seccomp
 from ._policy import Policy
 from ._workspace import openat2_available
 
@@ -35,6 +35,11 @@ class IsolationSupport:
         capabilities: how many capabilities the kernel holds (workers drop them all).
         process_limit: how subprocess-enabled workers are held to ``Limits.processes``:
             ``"cgroup:<dir>"``, ``"rlimit"`` (non-root) or ``"none"``.
+        memory_limit: how a worker is held to ``Limits.memory_bytes``: ``"cgroup:<dir>"``
+            (its whole process tree) or ``"rlimit"`` (``RLIMIT_AS``, each process alone).
+        cgroup_version: 1 or 2 when a cgroup mechanism above is in force, else 0.
+        syscall_table: the sandbox knows this architecture's system call numbers
+            (without them no seccomp filter can be built, and workers are refused).
     """
 
     landlock_abi: int
@@ -43,7 +48,20 @@ class IsolationSupport:
     uid: int
     capabilities: int
     process_limit: str
+    memory_limit: str = "rlimit"
+    cgroup_version: int = 0
     arch: str = platform.machine()
+    syscall_table: bool = _syscalls.NATIVE is not None
+
+    def cgroup_parents(self) -> _cgroup.Parents:
+        """Where the pool creates each worker's cgroups (nowhere when rlimits are all)."""
+        memory = self.memory_limit.removeprefix("cgroup:")
+        pids = self.process_limit.removeprefix("cgroup:")
+        return _cgroup.Parents(
+            self.cgroup_version,
+            memory if self.memory_limit.startswith("cgroup:") else None,
+            pids if self.process_limit.startswith("cgroup:") else None,
+        )
 
     @property
     def level(self) -> IsolationLevel:
@@ -58,7 +76,12 @@ class IsolationSupport:
         reasons = []
         if self.landlock_abi < 1:
             reasons.append("Landlock is not available in this kernel")
-        if not self.seccomp:
+        if not self.syscall_table:
+            reasons.append(
+                f"no seccomp system call table for this CPU architecture ({self.arch}): "
+                "the sandbox knows x86_64 and aarch64"
+            )
+        elif not self.seccomp:
             reasons.append(f"seccomp filters are not available here ({self.arch})")
         if policy.subprocess and self.process_limit == "none":
             reasons.append(
@@ -79,7 +102,35 @@ class IsolationSupport:
             )
         if not self.openat2:
             gaps.append("no openat2: confined paths use an O_NOFOLLOW walk that refuses symlinks")
+        if self.memory_limit == "rlimit":
+            gaps.append(
+                "memory is limited by RLIMIT_AS per process only: each child of a plugin "
+                "with subprocess may use the limit again (no writable memory cgroup)"
+            )
         return gaps
+
+    def memory_mechanism(self) -> str:
+        """How ``Limits.memory_bytes`` is enforced here, in words."""
+        if self.memory_limit.startswith("cgroup:"):
+            where = self.memory_limit.removeprefix("cgroup:")
+            controller = "memory controller" if self.cgroup_version == 1 else "memory.max"
+            return (
+                f"{self._cgroup_name()} {controller} (whole process tree, under "
+                f"{where}), plus RLIMIT_AS per process"
+            )
+        return "RLIMIT_AS only (per process)"
+
+    def _cgroup_name(self) -> str:
+        return f"cgroup v{self.cgroup_version}" if self.cgroup_version else "cgroup"
+
+    def process_mechanism(self) -> str:
+        """How ``Limits.processes`` is enforced here, in words."""
+        if self.process_limit.startswith("cgroup:"):
+            where = self.process_limit.removeprefix("cgroup:")
+            return f"{self._cgroup_name()} pids controller (pids.max, under {where})"
+        if self.process_limit == "rlimit":
+            return "RLIMIT_NPROC (per user)"
+        return "none: plugins with subprocess are refused (root, no writable pids cgroup)"
 
 
 def _capability_count() -> int:
@@ -103,14 +154,16 @@ def process_limit_mechanism(parent: str | None) -> str:
 
 def probe_isolation() -> IsolationSupport:
     """Look at this machine (blocking but quick: a few syscalls and /proc, /sys reads)."""
-    parent = _cgroup.pids_parent()
+    parents = _cgroup.find_parents()
     return IsolationSupport(
         landlock_abi=landlock.abi_version(),
         seccomp=seccomp.available(),
         openat2=openat2_available(),
         uid=os.getuid(),
         capabilities=_capability_count(),
-        process_limit=process_limit_mechanism(parent),
+        process_limit=process_limit_mechanism(parents.pids),
+        memory_limit=f"cgroup:{parents.memory}" if parents.memory is not None else "rlimit",
+        cgroup_version=parents.version,
     )
 
 
@@ -119,7 +172,6 @@ def _selftest_child(scratch: str) -> dict[str, str]:
     import errno
     import socket
 
-    from . import _syscalls
     from ._confine import WorkerConfig, landlock_rules
 
     results: dict[str, str] = {}

@@ -1,7 +1,9 @@
 """``tak doctor``: what isolation plugins get on this machine.
 
-Prints the Landlock ABI, openat2, seccomp, the capability state, how
-subprocess plugins are held to their process limit, and the isolation level;
+Prints the Landlock ABI, openat2, seccomp, the capability state, how a
+worker's memory is capped (a memory cgroup for its whole process tree, or
+``RLIMIT_AS`` per process), how subprocess plugins are held to their process
+limit, whether this CPU architecture has a seccomp table, and the isolation level;
 then confines a throwaway process for real and shows what it could not do.
 Exits 1 when plugins that need isolation would be refused here.
 """
@@ -50,6 +52,11 @@ def report(*, selftest: bool = True) -> dict[str, Any]:
         "uid": support.uid,
         "capabilities": support.capabilities,
         "process_limit": support.process_limit,
+        "process_limit_mechanism": support.process_mechanism(),
+        "memory_limit": support.memory_limit,
+        "memory_limit_mechanism": support.memory_mechanism(),
+        "cgroup_version": support.cgroup_version,
+        "syscall_table": support.syscall_table,
         "level": support.level,
         "gaps": support.gaps(),
         "refused_because": support.missing(Policy()),
@@ -74,7 +81,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     abi = data["landlock_abi"]
     caps = data["capabilities"]
     who = f"uid {data['uid']}" + (" (root)" if data["uid"] == 0 else "")
-    limit = data["process_limit"]
     rows = [
         ("kernel", data["kernel"]),
         (
@@ -88,13 +94,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"kernel runs as {who} with {caps} capabilities; workers drop every one "
             "(bounding set too) and set no_new_privs",
         ),
+        ("memory", data["memory_limit_mechanism"]),
+        ("process limit", data["process_limit_mechanism"]),
         (
-            "process limit",
-            f"pids cgroup under {limit.removeprefix('cgroup:')}"
-            if limit.startswith("cgroup:")
-            else "RLIMIT_NPROC"
-            if limit == "rlimit"
-            else "none: plugins with subprocess are refused",
+            "architecture",
+            f"{data['kernel'].rpartition(' ')[2]}: seccomp system call table known"
+            if data["syscall_table"]
+            else f"{data['kernel'].rpartition(' ')[2]}: no seccomp system call table, "
+            "workers are refused",
         ),
         ("isolation", data["level"]),
     ]
