@@ -4,7 +4,7 @@
 2. rlimits (CPU, address space, file size, open files, core 0; processes by rlimit
    when not root);
 3. ``PR_SET_PDEATHSIG(SIGKILL)``, then check the kernel is still its parent;
-4. join its pids cgroup, if the pool made one;
+4. join its cgroups (memory for the whole tree, pids), if the pool made them;
 5. drop every capability: securebits locked, bounding set, ambient, capset;
 6. ``no_new_privs``;
 7. the seccomp filter;
@@ -82,7 +82,7 @@ class WorkerConfig:
     landlock: bool = True
     seccomp: bool = True
     require: bool = True
-    cgroup: str | None = None
+    cgroups: list[str] = attrs.Factory(list)
     kernel_pid: int = 0
     extra_read: list[str] = attrs.Factory(list)
     env: dict[str, str] = attrs.Factory(dict)
@@ -137,7 +137,7 @@ def set_rlimits(config: WorkerConfig, report: Confinement) -> None:
         ("open_files", resource.RLIMIT_NOFILE, limits.get("open_files")),
         ("core", resource.RLIMIT_CORE, 0),
     ]
-    if config.subprocess and os.getuid() != 0 and config.cgroup is None:
+    if config.subprocess and os.getuid() != 0 and not _cgroup.limits_processes(config.cgroups):
         # Per-user count: allow what this user already runs plus the worker's share.
         processes = limits.get("processes") or 128
         wanted.append(("processes", resource.RLIMIT_NPROC, _tasks_of_uid(os.getuid()) + processes))
@@ -321,9 +321,9 @@ def confine(config: WorkerConfig) -> Confinement:
 
     set_rlimits(config, report)
     set_parent_death_signal(config.kernel_pid)
-    if config.cgroup is not None:
-        _cgroup.join(config.cgroup)
-        report.cgroup = config.cgroup
+    if config.cgroups:
+        _cgroup.join(config.cgroups)
+        report.cgroup = ", ".join(config.cgroups)
     protect_tak_dir(config.workspace, report)
     drop_capabilities(report)
     set_no_new_privs(report)

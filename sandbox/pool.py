@@ -57,6 +57,7 @@ from kernel.tools import Tool, ToolFailure
 
 from . import _cgroup, _protocol
 from ._confine import WorkerConfig
+from ._logtext import escape_log_text
 from ._policy import Policy
 from ._probe import IsolationSupport, probe_isolation
 from ._workspace import Workspace
@@ -157,7 +158,7 @@ class _Connection:
         self.stream = stream
         self.out = out
         self.err = err
-        self.cgroup: str | None = None
+        self.cgroups: list[str] = []
         self.pending: dict[int, _Pending] = {}
         self.next_id = 0
         self.send_lock = trio.StrictFIFOLock()
@@ -170,7 +171,9 @@ class _Connection:
 
     async def configure(self, worker: Worker, config: WorkerConfig) -> None:
         """Make this process ``worker``'s: send its configuration, wait for its greeting."""
-        self.worker, self.name, self.cgroup = worker, worker.name, config.cgroup
+        # The name comes from a file name, which a workspace chooses: log-safe it once.
+        self.worker, self.cgroups = worker, config.cgroups
+        self.name = escape_log_text(worker.name, limit=200)
         try:
             await self.stream.send_all(_protocol.encode(config.to_json()))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -265,6 +268,8 @@ class _Connection:
                 self._killpg()  # whatever it started goes with it
                 returncode = self.popen.wait()
                 self.death = describe_exit(returncode)
+                if returncode == -signal.SIGKILL and self.kill_reason is None and self.cgroups:
+                    await self._blame_oom()
                 if self.kill_reason is None:
                     logger.warning("%s exited with %s", self._label(), self.death)
                 with trio.move_on_after(_DRAIN_S):
@@ -280,13 +285,22 @@ class _Connection:
                 await self.stream.aclose()
                 await self.out.aclose()
                 await self.err.aclose()
-                if self.cgroup is not None:
-                    cgroup = self.cgroup
+                if self.cgroups:
+                    # Kill what is left in them (a member outside the process group
+                    # too), then remove them.
+                    cgroups = self.cgroups
                     try:
-                        await self.pool._spawner.run(lambda: _cgroup.remove(cgroup))
+                        await trio.to_thread.run_sync(_cgroup.destroy, cgroups)
                     except OSError as exc:
-                        logger.warning("could not remove cgroup %s: %s", cgroup, exc)
+                        logger.warning("could not remove cgroups %s: %s", cgroups, exc)
                 self.finished.set()
+
+    async def _blame_oom(self) -> None:
+        """Say so when the SIGKILL came from the memory cgroup's OOM killer."""
+        limit = await trio.to_thread.run_sync(_cgroup.oom_kill_limit, self.cgroups)
+        if limit is not None:
+            self.kill_reason = f"killed: out of memory (memory cgroup limit {limit} bytes)"
+            logger.warning("%s was %s", self._label(), self.kill_reason)
 
     def _fail_pending(self) -> None:
         message = self._death_message()
@@ -383,13 +397,13 @@ class _Connection:
         # The logger is named by the kernel (the worker's name), never by the frame.
         level = message.get("level")
         level = min(max(level, logging.DEBUG), logging.CRITICAL) if type(level) is int else 20
-        text = str(message.get("message", ""))[:_MAX_LOG_LINE]
+        text = escape_log_text(str(message.get("message", "")))
         logging.getLogger(f"tak.plugin.{self.name}").log(level, "%s", text)
 
     @staticmethod
     def _log(level: int, prefix: str, line: bytes) -> None:
         text = line[:_MAX_LOG_LINE].decode("utf-8", errors="replace").rstrip("\r")
-        worker_logger.log(level, "%s %s", prefix, text)
+        worker_logger.log(level, "%s %s", prefix, escape_log_text(text))
 
 
 def _unconfined_note(reasons: list[str]) -> str:
@@ -486,19 +500,26 @@ class Worker:
 
     async def _start(self) -> _Connection:
         pool = self.pool
-        cgroup: str | None = None
-        if self.policy.subprocess and pool._cgroup_parent is not None:
-            parent, max_pids = pool._cgroup_parent, self.policy.limits.processes
-            cgroup = await pool._spawner.run(lambda: _cgroup.create(parent, max_pids))
+        # A cgroup set for every worker: memory for its whole process tree; pids
+        # (cheap: one more mkdir) for all, though only subprocess plugins can fork.
+        limits = self.policy.limits
+        cgroups = await trio.to_thread.run_sync(
+            functools.partial(
+                _cgroup.create,
+                pool._cgroup_parents,
+                memory_bytes=limits.memory_bytes,
+                max_pids=limits.processes,
+            )
+        )
         try:
             conn = await pool._take_process()
         except BaseException:
-            if cgroup is not None:
-                await pool._spawner.run(lambda: _cgroup.remove(cgroup))
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_cgroup.destroy, cgroups)
             raise
         self.starts += 1
         try:
-            await conn.configure(self, pool._worker_config(self, cgroup))
+            await conn.configure(self, pool._worker_config(self, cgroups))
             self._accept(conn)
             logger.info("%s started, confinement: %s", conn._label(), self.confinement)
         except BaseException:
@@ -586,10 +607,7 @@ class WorkerPool:
         self._processes: set[_Connection] = set()
         self._closing = False
         self._spawner = _Spawner()
-        mechanism = isolation.process_limit
-        self._cgroup_parent = (
-            mechanism.removeprefix("cgroup:") if mechanism.startswith("cgroup:") else None
-        )
+        self._cgroup_parents = isolation.cgroup_parents()
 
     async def start(
         self,
@@ -741,7 +759,7 @@ class WorkerPool:
             env[PLUGIN_PATH_ENV] = os.pathsep.join(worker.path)
         return env
 
-    def _worker_config(self, worker: Worker, cgroup: str | None) -> WorkerConfig:
+    def _worker_config(self, worker: Worker, cgroups: list[str]) -> WorkerConfig:
         policy = worker.policy
         limits = attrs.asdict(policy.limits)
         return WorkerConfig(
@@ -755,7 +773,7 @@ class WorkerPool:
             landlock=self.isolation.landlock_abi >= 1,
             seccomp=self.isolation.seccomp,
             require=policy.isolate and not self.allow_unsandboxed,
-            cgroup=cgroup,
+            cgroups=cgroups,
             kernel_pid=os.getpid(),
             env=self._environment(worker),
             # The plugin's own directories, when it is not installed where Python looks.
@@ -772,6 +790,17 @@ class WorkerPool:
                 conn.kill("the worker pool closed")
                 await conn.finished.wait()
             self._spawner.close()
+
+
+def _sweep_stale_cgroups(support: IsolationSupport) -> None:
+    """Kill what workers of a dead kernel left behind (a SIGKILLed kernel cleans nothing)."""
+    try:
+        removed = _cgroup.sweep(support.cgroup_parents())
+    except OSError as exc:
+        logger.warning("could not remove a stale worker cgroup: %s", exc)
+        return
+    for path in removed:
+        logger.info("removed the stale worker cgroup %s and killed what was left in it", path)
 
 
 def _prepare_workspace(workspace: str | os.PathLike[str]) -> Path:
@@ -804,6 +833,7 @@ async def open_worker_pool(
     """
     path = await trio.to_thread.run_sync(_prepare_workspace, workspace)
     support = isolation if isolation is not None else await trio.to_thread.run_sync(probe_isolation)
+    await trio.to_thread.run_sync(_sweep_stale_cgroups, support)
     try:
         async with trio.open_nursery() as nursery:
             pool = WorkerPool(
