@@ -6,6 +6,19 @@ that leaves the workspace (``..``, absolute symlinks, symlinks to outside,
 ``/proc/self/root``), so swapping a symlink between a check and a use gains
 nothing. Where ``openat2`` is missing, a component-by-component walk with
 ``O_NOFOLLOW`` is used instead; it refuses every symbolic link.
+
+Three more guarantees hold for every write, because the kernel writes as root
+on behalf of a hostile model:
+
+- no file or directory written through a ``Workspace`` carries setuid, setgid
+  or sticky bits, and no write adds an execute bit (a replaced file keeps at
+  most the old file's ``0o777`` bits);
+- nothing is written beneath a *protected* directory (``.tak/``, where plugins
+  are discovered): the check compares the identity (device, inode) of the
+  resolved parent and each of its ancestors, so ``..``, symbolic links, a
+  renamed ``.tak`` or a new one made in its place all meet it;
+- with ``max_bytes``, a write that would take the workspace past its disk
+  budget is refused.
 """
 
 from __future__ import annotations
@@ -15,6 +28,8 @@ import errno
 import os
 import secrets
 import stat as stat_module
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Literal
 
@@ -33,7 +48,19 @@ MAX_NAME_BYTES: Final = 255
 #: How often a resolution is retried when the kernel says the tree changed under it.
 _EAGAIN_RETRIES: Final = 64
 
+#: Ancestors a protection check climbs before it gives up (refusing the write).
+_MAX_DEPTH: Final = 8192
+#: Mode bits a ``Workspace`` never writes: setuid, setgid, sticky.
+_SPECIAL_BITS: Final = 0o7000
+#: Which ``open`` flags write to an existing file in place.
+_IN_PLACE: Final = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+#: The workspace disk budget the host applies when tak.toml does not set one.
+DEFAULT_MAX_BYTES: Final = 4 * 1024**3
+
 EntryKind = Literal["file", "dir", "symlink", "other"]
+_Identity = tuple[int, int]
+#: A directory and its ancestors below the workspace root, innermost first.
+_Chain = list[_Identity]
 
 
 class _OpenHow(ctypes.Structure):
@@ -93,6 +120,15 @@ def openat2_available() -> bool:
 _OPENAT2: bool | None = None
 
 
+def _identity(st: os.stat_result) -> _Identity:
+    return (st.st_dev, st.st_ino)
+
+
+def _disk_bytes(st: os.stat_result) -> int:
+    """What an inode costs on disk: allocated blocks, so a sparse file costs what it holds."""
+    return st.st_blocks * 512
+
+
 def _kind(mode: int) -> EntryKind:
     if stat_module.S_ISREG(mode):
         return "file"
@@ -126,11 +162,27 @@ class Workspace:
     or a socket is refused without being opened for I/O. ``~`` and ``$HOME``
     mean nothing special: they are ordinary names inside the workspace.
 
+    ``protected`` names directories (relative to the workspace, created when
+    missing) that no write may touch: creating, replacing, appending, making a
+    directory, removing or renaming anything into, out of or beneath them, or
+    renaming or removing them (or their ancestors). ``max_bytes`` is the disk
+    budget of the whole workspace (allocated blocks, hard links counted once,
+    symbolic links not followed, other file systems mounted inside not
+    counted): ``usage()`` measures it once, writes through this object adjust
+    the figure, ``refresh_usage()`` measures again after someone else wrote.
+
     Raises (every method):
         SandboxError: the path was refused; the message says which and why.
         FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError:
             as the operating system reports them, naming the workspace path.
     """
+
+    # Class-level defaults, so that a subclass which does not run ``__init__``
+    # (the worker's on-demand workspace) still works: no protection, no budget.
+    max_bytes: int | None = None
+    _protected: tuple[str, ...] = ()
+    _usage: int | None = None
+    _usage_lock: threading.Lock = threading.Lock()
 
     def __init__(
         self,
@@ -139,15 +191,24 @@ class Workspace:
         max_read: int = 16 * 1024 * 1024,
         max_write: int = 64 * 1024 * 1024,
         use_openat2: bool | None = None,
+        protected: Sequence[str] = (),
+        max_bytes: int | None = None,
     ) -> None:
         self.path = Path(os.path.abspath(path))
         self.max_read = max_read
         self.max_write = max_write
+        self.max_bytes = max_bytes
         self._openat2 = openat2_available() if use_openat2 is None else use_openat2
+        self._usage_lock = threading.Lock()
         try:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise SandboxError(f"cannot open workspace {self.path}: {exc.strerror}") from exc
+        try:
+            self._protect(protected)
+        except BaseException:
+            self.close()
+            raise
 
     # -- lifetime ---------------------------------------------------------
 
@@ -179,12 +240,32 @@ class Workspace:
         """A file descriptor for the regular file at ``path`` (the caller closes it).
 
         With ``os.O_CREAT`` a missing file is created (never through a
-        symbolic link). ``flags`` may not ask for a directory or ``O_PATH``.
+        symbolic link) with ``mode & 0o666``: never executable, never setuid.
+        ``flags`` may not ask for a directory or ``O_PATH``. Opening an existing
+        file for writing clears its setuid/setgid/sticky bits; with protected
+        directories it is refused through a symbolic link or a hard link (the
+        other name could be under ``.tak/``). The disk budget is not checked
+        here: the caller writes to the descriptor.
         """
         rel = self._check(path)
         if flags & (os.O_PATH | os.O_DIRECTORY):
             raise SandboxError(f"{rel!r}: Workspace.open opens regular files only")
         flags &= ~os.O_NOFOLLOW  # links are handled by the resolution, not by the caller
+        mode &= 0o666
+        writes = bool(flags & (_IN_PLACE | os.O_CREAT))
+        if writes and self._protected:
+            with self._parent(rel) as (parent, name):
+                self._guard(parent, name, rel)
+                fd = self._open(rel, flags, mode)
+                try:
+                    self._require_same(rel, fd, parent, name, flags)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                return fd
+        return self._open(rel, flags, mode)
+
+    def _open(self, rel: str, flags: int, mode: int) -> int:
         try:
             probe = self._resolve(rel, os.O_PATH)
         except FileNotFoundError:
@@ -204,10 +285,32 @@ class Workspace:
             if (actual.st_dev, actual.st_ino) != (expected.st_dev, expected.st_ino):
                 raise SandboxError(f"{rel!r} was replaced while it was being opened; not used")
             self._require_regular(rel, actual.st_mode)
+            if flags & _IN_PLACE and actual.st_mode & _SPECIAL_BITS:
+                os.fchmod(fd, stat_module.S_IMODE(actual.st_mode) & 0o777)
         except BaseException:
             os.close(fd)
             raise
         return fd
+
+    def _require_same(self, rel: str, fd: int, parent: int, name: str, flags: int) -> None:
+        """The written file is the entry ``name`` of the guarded ``parent``, its only name."""
+        if not flags & _IN_PLACE:
+            return
+        actual = os.fstat(fd)
+        try:
+            entry = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            entry = None
+        if entry is None or _identity(entry) != _identity(actual):
+            raise SandboxError(
+                f"{rel!r} is a symbolic link or was replaced; writing in place through it "
+                "is refused (protected directories)"
+            )
+        if actual.st_nlink > 1:
+            raise SandboxError(
+                f"{rel!r} has {actual.st_nlink} hard links; writing it in place is refused "
+                "(another name could be in a protected directory)"
+            )
 
     def read_bytes(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The content of a regular file, refused when larger than ``max_bytes``."""
@@ -262,7 +365,9 @@ class Workspace:
                 f"writing {len(data)} bytes to {rel!r} exceeds the {self.max_write}-byte cap"
             )
         with self._parent(rel) as (parent, name):
-            mode = 0o666
+            self._guard(parent, name, rel)
+            mode: int | None = None  # a new file: 0o666 less the umask
+            freed = 0
             try:
                 existing = os.stat(name, dir_fd=parent, follow_symlinks=False)
             except FileNotFoundError:
@@ -278,19 +383,35 @@ class Workspace:
                         "refused"
                     )
                 if stat_module.S_ISREG(existing.st_mode):
-                    mode = stat_module.S_IMODE(existing.st_mode)
+                    # Never the old setuid/setgid/sticky bits: the kernel writes as
+                    # root, and a copied setuid bit would make a root-owned setuid file.
+                    mode = stat_module.S_IMODE(existing.st_mode) & 0o777
+                    if existing.st_nlink == 1:
+                        freed = _disk_bytes(existing)
+                else:
+                    freed = _disk_bytes(existing)
+            reserved = len(data) - freed
+            self._reserve(rel, reserved)
             tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
-            fd = os.open(
-                tmp,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                mode,
-                dir_fd=parent,
-            )
             try:
+                fd = os.open(
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o666 if mode is None else 0o600,
+                    dir_fd=parent,
+                )
+            except BaseException:
+                self._adjust(-max(reserved, 0))
+                raise
+            try:
+                if mode is not None:
+                    os.fchmod(fd, mode)  # exactly the old bits, not less the umask
                 with open(fd, "wb", closefd=False) as f:
                     f.write(data)
                 os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+                self._adjust(_disk_bytes(os.fstat(fd)) - freed - max(reserved, 0))
             except BaseException:
+                self._adjust(-max(reserved, 0))
                 try:
                     os.unlink(tmp, dir_fd=parent)
                 except OSError:
@@ -308,29 +429,42 @@ class Workspace:
         raw = data.encode("utf-8") if isinstance(data, str) else data
         fd = self.open(rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
-            size = os.fstat(fd).st_size
-            if size + len(raw) > self.max_write:
+            before = os.fstat(fd)
+            if before.st_size + len(raw) > self.max_write:
                 raise SandboxError(
                     f"appending {len(raw)} bytes to {rel!r} would pass the "
                     f"{self.max_write}-byte cap"
                 )
+            self._reserve(rel, len(raw))
             view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                self._adjust(_disk_bytes(os.fstat(fd)) - _disk_bytes(before) - len(raw))
         finally:
             os.close(fd)
 
     # -- directories and names --------------------------------------------
 
-    def list(self, path: str = ".") -> list[Entry]:
-        """The entries of a directory, sorted by name; symbolic links are not followed."""
+    def list(self, path: str = ".", *, limit: int | None = None) -> list[Entry]:
+        """The entries of a directory, sorted by name; symbolic links are not followed.
+
+        With ``limit``, reading stops after that many entries (in directory order,
+        then sorted): a directory of millions of entries costs no more than that.
+        """
         rel = self._check(path)
         fd = self._resolve(rel, os.O_RDONLY | os.O_DIRECTORY)
         try:
             entries = []
             with os.scandir(fd) as it:
                 for e in it:
-                    st = e.stat(follow_symlinks=False)
+                    if limit is not None and len(entries) >= limit:
+                        break
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed since it was read
                     entries.append(Entry(e.name, _kind(st.st_mode), st.st_size))
         finally:
             os.close(fd)
@@ -364,26 +498,63 @@ class Workspace:
             return
         with self._parent(rel) as (parent, name):
             try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                if not (exist_ok and stat_module.S_ISDIR(st.st_mode)):
+                    raise FileExistsError(errno.EEXIST, "file exists", rel)
+                return
+            self._guard(parent, name, rel)
+            self._reserve(rel, 4096)
+            try:
                 os.mkdir(name, 0o777, dir_fd=parent)
             except FileExistsError:
+                self._adjust(-4096)
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
                 if not (exist_ok and stat_module.S_ISDIR(st.st_mode)):
                     raise FileExistsError(errno.EEXIST, "file exists", rel) from None
+                return
+            except BaseException:
+                self._adjust(-4096)
+                raise
+            self._settle_dir(parent, name)
+
+    def _settle_dir(self, parent: int, name: str) -> None:
+        """A new directory inherits setgid from a setgid parent: clear it; count its size."""
+        try:
+            fd = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent
+            )
+        except OSError:
+            return  # already replaced by someone else: not ours to change
+        try:
+            st = os.fstat(fd)
+            if st.st_mode & _SPECIAL_BITS:
+                os.fchmod(fd, stat_module.S_IMODE(st.st_mode) & 0o777)
+            self._adjust(_disk_bytes(st) - 4096)
+        finally:
+            os.close(fd)
 
     def remove(self, path: str) -> None:
         """Remove a file, a symbolic link (not its target) or an empty directory."""
         rel = self._check(path)
         with self._parent(rel) as (parent, name):
+            self._guard(parent, name, rel, entry=True)
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
             if stat_module.S_ISDIR(st.st_mode):
                 os.rmdir(name, dir_fd=parent)
             else:
                 os.unlink(name, dir_fd=parent)
+            if stat_module.S_ISDIR(st.st_mode) or st.st_nlink == 1:
+                self._adjust(-_disk_bytes(st))
 
     def rename(self, src: str, dst: str, *, overwrite: bool = False) -> None:
         """Rename within the workspace; both ends are resolved inside it."""
         src_rel, dst_rel = self._check(src), self._check(dst)
         with self._parent(src_rel) as (sp, sname), self._parent(dst_rel) as (dp, dname):
+            self._guard(sp, sname, src_rel, entry=True)
+            self._guard(dp, dname, dst_rel, entry=True)
             if overwrite:
                 os.rename(sname, dname, src_dir_fd=sp, dst_dir_fd=dp)
                 return
@@ -402,6 +573,205 @@ class Workspace:
                 if exc.errno == errno.ENOENT:
                     raise FileNotFoundError(errno.ENOENT, "no such file", src_rel) from None
                 raise
+
+    # -- disk budget ------------------------------------------------------
+
+    def usage(self) -> int:
+        """Bytes the workspace takes on disk; the first call walks the tree (blocking).
+
+        Later calls return the figure kept up to date by this object's own writes;
+        ``refresh_usage()`` walks again.
+
+        Raises:
+            SandboxError: the tree kept changing while it was measured.
+        """
+        with self._usage_lock:
+            cached = self._usage
+        return self.refresh_usage() if cached is None else cached
+
+    def refresh_usage(self) -> int:
+        """Measure the workspace again (after writes that did not go through this object)."""
+        measured = self._measure()
+        with self._usage_lock:
+            self._usage = measured
+        return measured
+
+    def _reserve(self, rel: str, n: int) -> None:
+        """Count ``n`` more bytes against the budget, or refuse the write that needs them."""
+        if self.max_bytes is None or n <= 0:
+            return  # a write that frees space is allowed even over the budget
+        measured = self.usage()
+        with self._usage_lock:
+            current = measured if self._usage is None else self._usage
+            if current + n > self.max_bytes:
+                raise SandboxError(
+                    f"writing {n} more bytes to {rel!r} would take the workspace past its "
+                    f"disk budget of {self.max_bytes} bytes ({current} bytes in use); refused"
+                )
+            self._usage = current + n
+
+    def _adjust(self, delta: int) -> None:
+        if self.max_bytes is None or not delta:
+            return
+        with self._usage_lock:
+            if self._usage is not None:
+                self._usage = max(0, self._usage + delta)
+
+    def _measure(self) -> int:
+        for _ in range(3):
+            try:
+                return self._walk_usage()
+            except _TreeChanged:
+                continue
+        raise SandboxError("the workspace kept changing while its disk usage was measured")
+
+    def _walk_usage(self) -> int:
+        """Depth first, holding one directory fd at a time (climbing back with ``..``).
+
+        Holding one fd per level would let a deep tree exhaust the kernel's fds, and
+        paths from the root would pass ``PATH_MAX``: neither bounds how deep it goes.
+        """
+        if self._fd < 0:
+            raise SandboxError("the workspace is closed")
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(".", flags, dir_fd=self._fd)
+        try:
+            top = os.fstat(fd)
+            total = _disk_bytes(top)
+            links: set[_Identity] = set()
+            # (identity, names of subdirectories still to visit) for each level
+            stack: list[tuple[_Identity, list[str]]] = []
+            subdirs, size = _scan(fd, links)
+            total += size
+            stack.append((_identity(top), subdirs))
+            while stack:
+                pending = stack[-1][1]
+                if pending:
+                    try:
+                        child = os.open(pending.pop(), flags, dir_fd=fd)
+                    except OSError:
+                        continue  # gone, or replaced by a link, since it was listed
+                    st = os.fstat(child)
+                    if st.st_dev != top.st_dev:
+                        os.close(child)  # another file system mounted inside
+                        continue
+                    os.close(fd)
+                    fd = child
+                    total += _disk_bytes(st)
+                    subdirs, size = _scan(fd, links)
+                    total += size
+                    stack.append((_identity(st), subdirs))
+                    continue
+                stack.pop()
+                if not stack:
+                    break
+                up = os.open("..", flags, dir_fd=fd)
+                os.close(fd)
+                fd = up
+                if _identity(os.fstat(fd)) != stack[-1][0]:
+                    raise _TreeChanged  # a directory was moved while we were inside it
+            return total
+        finally:
+            os.close(fd)
+
+    # -- protected directories ---------------------------------------------
+
+    def _protect(self, protected: Sequence[str]) -> None:
+        names = tuple(self._check(p).strip("/") for p in protected)
+        if not names:
+            return
+        self._root_id = _identity(os.fstat(self._fd))
+        for rel in names:
+            self.mkdir(rel, parents=True, exist_ok=True)  # so that its identity exists
+        # The identities seen now stay protected wherever the directories move.
+        self._first_ids: dict[_Identity, str] = {}
+        self._first_guarded: set[_Identity] = set()
+        self._protected = names
+        self._first_ids, self._first_guarded, _ = self._protection_now()
+
+    def _protection_now(
+        self,
+    ) -> tuple[dict[_Identity, str], set[_Identity], dict[tuple[_Identity, str], str]]:
+        """Protected identities (first seen and current), their ancestors, and their names.
+
+        A worker may rename ``.tak`` and make a new one: both are protected, the
+        moved one by identity and the new one because it resolves from the name.
+        """
+        ids = dict(self._first_ids)
+        guarded = set(self._first_guarded)
+        names: dict[tuple[_Identity, str], str] = {}
+        for rel in self._protected:
+            head, _, name = rel.rpartition("/")
+            try:
+                head_fd = self._resolve(head or ".", os.O_PATH | os.O_DIRECTORY)
+            except (OSError, SandboxError):
+                continue
+            try:
+                names[(_identity(os.fstat(head_fd)), name)] = rel
+            finally:
+                os.close(head_fd)
+            try:
+                fd = self._resolve(rel, os.O_PATH | os.O_DIRECTORY)
+            except (OSError, SandboxError):
+                continue
+            try:
+                chain = self._ancestry(fd, rel)
+            finally:
+                os.close(fd)
+            if chain:
+                ids.setdefault(chain[0], rel)
+                guarded.update(chain[1:])
+        return ids, guarded, names
+
+    def _ancestry(self, fd: int, rel: str) -> _Chain:
+        """The identities of directory ``fd`` and its ancestors below the workspace root.
+
+        Raises:
+            SandboxError: the directory is not beneath the workspace (or is too deep).
+        """
+        current = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+        chain: _Chain = []
+        try:
+            for _ in range(_MAX_DEPTH):
+                ident = _identity(os.fstat(current))
+                if ident == self._root_id:
+                    return chain
+                if chain and ident == chain[-1]:
+                    break  # "/" is its own parent: we climbed past the root
+                chain.append(ident)
+                up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
+                os.close(current)
+                current = up
+        finally:
+            os.close(current)
+        raise SandboxError(f"{rel!r} is not beneath the workspace root any more; refused")
+
+    def _guard(self, parent: int, name: str, rel: str, *, entry: bool = False) -> None:
+        """Refuse to write ``name`` in directory ``parent`` when that touches a protected one.
+
+        ``entry`` is for removing or moving the entry itself: a protected directory
+        or one of its ancestors may not go either.
+
+        Raises:
+            SandboxError: ``.tak/`` (or another protected directory) is read-only to tools.
+        """
+        if not self._protected:
+            return
+        ids, guarded, names = self._protection_now()
+        hit = names.get((_identity(os.fstat(parent)), name))
+        if hit is None:
+            hit = next((ids[i] for i in self._ancestry(parent, rel) if i in ids), None)
+        if hit is None and entry:
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                ident = _identity(st)
+                if stat_module.S_ISDIR(st.st_mode) and (ident in ids or ident in guarded):
+                    hit = ids.get(ident, self._protected[0])
+        if hit is not None:
+            raise SandboxError(f"{rel!r}: {hit}/ is read-only to tools; refused")
 
     # -- resolution -------------------------------------------------------
 
@@ -508,6 +878,32 @@ class Workspace:
                 return _ParentDir(self, ".", ".")
             raise SandboxError(f"{rel!r} does not name an entry inside the workspace")
         return _ParentDir(self, head or ".", name)
+
+
+class _TreeChanged(Exception):
+    """The tree moved under a usage walk; the walk starts again."""
+
+
+def _scan(fd: int, links: set[_Identity]) -> tuple[list[str], int]:
+    """Names of the subdirectories of ``fd`` and the bytes its other entries take."""
+    subdirs: list[str] = []
+    total = 0
+    with os.scandir(fd) as it:
+        for entry in it:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat_module.S_ISDIR(st.st_mode):
+                subdirs.append(entry.name)
+                continue
+            if st.st_nlink > 1:
+                ident = _identity(st)
+                if ident in links:
+                    continue  # a hard link counts once
+                links.add(ident)
+            total += _disk_bytes(st)
+    return subdirs, total
 
 
 class _ParentDir:
