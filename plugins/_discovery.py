@@ -36,12 +36,15 @@ class PluginSource:
         target: what a worker imports: ``module``, ``module:attribute`` or a path.
         label: how ``tak plugins ls`` shows the source.
         path: directories a worker appends to ``sys.path`` to find ``target``.
+        name: the entry point's name, or a workspace file's stem: what
+            ``tak plugins trust`` takes (besides a path).
     """
 
     kind: SourceKind
     target: str
     label: str
     path: tuple[str, ...] = ()
+    name: str = ""
 
     @property
     def trusted(self) -> bool:
@@ -64,22 +67,39 @@ def entry_point_sources() -> list[PluginSource]:
         dist = ep.dist
         where = f" ({dist.name} {dist.version})" if dist is not None else ""
         found.append(
-            PluginSource("entry_point", ep.value.replace(" ", ""), f"entry point {ep.name}{where}")
+            PluginSource(
+                "entry_point",
+                ep.value.replace(" ", ""),
+                f"entry point {ep.name}{where}",
+                name=ep.name,
+            )
         )
     return sorted(found, key=lambda s: (s.label, s.target))
 
 
 def workspace_sources(workspace: str | os.PathLike[str]) -> list[PluginSource]:
-    """``<workspace>/.tak/plugins/*.py``, sorted by file name (``_``-prefixed files skipped)."""
+    """``<workspace>/.tak/plugins/*.py``, sorted by file name (``_``-prefixed files skipped).
+
+    A ``.tak`` or ``.tak/plugins`` that is a symbolic link is not followed: whoever
+    wrote the workspace (a tool) would choose which directory the kernel lists.
+    A file that is a link is listed, and refused when the host reads it.
+    """
     folder = Path(workspace) / WORKSPACE_PLUGIN_DIR
     try:
+        if folder.parent.is_symlink() or folder.is_symlink() or not folder.is_dir():
+            return []
         files = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
     except OSError:
         return []
     return [
-        PluginSource("workspace", str(p.absolute()), f"{WORKSPACE_PLUGIN_DIR}/{p.name}")
+        PluginSource(
+            "workspace",
+            str(p.absolute()),
+            f"{WORKSPACE_PLUGIN_DIR}/{p.name}",
+            name=p.stem,
+        )
         for p in files
-        if p.is_file()
+        if p.is_symlink() or p.is_file()
     ]
 
 

@@ -36,7 +36,11 @@ import functools
 import importlib
 import logging
 import os
+import shlex
+import shutil
+import site
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -46,6 +50,7 @@ import attrs
 import trio
 
 from kernel.errors import KernelError, UsageError
+from kernel.home import TakHome
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
 from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolRegistry
 from sandbox import IsolationSupport, Policy, Workspace, open_worker_pool
@@ -53,6 +58,18 @@ from sandbox.pool import Worker, WorkerPool
 from sandbox.worker import find_plugin
 
 from ._discovery import PluginSource, builtin_sources, discover_plugins, source_for
+from ._trust import (
+    MAX_FILE_BYTES,
+    TRUST_FILE,
+    TrustedPlugin,
+    TrustError,
+    TrustStore,
+    approved_copy,
+    digest_source,
+    file_digest,
+    needs_trust,
+    read_plugin_file,
+)
 
 logger = logging.getLogger("tak.plugins")
 
@@ -84,10 +101,25 @@ class LoadedPlugin:
 
 @attrs.frozen
 class PluginLoadError:
-    """A plugin that was skipped, and why."""
+    """A plugin that was skipped, and why.
+
+    Attributes:
+        approve: set when it was skipped for want of an approval (never approved,
+            changed, or declaring other permissions): what ``tak plugins trust``
+            takes to approve it.
+    """
 
     source: PluginSource
     reason: str
+    approve: str | None = None
+
+
+class _NotApproved(KernelError):
+    """A discovered plugin without a matching approval (see ``plugins._trust``)."""
+
+    def __init__(self, message: str, approve: str) -> None:
+        super().__init__(message)
+        self.approve = approve
 
 
 @attrs.frozen
@@ -121,14 +153,17 @@ class PluginHost:
         pool: WorkerPool,
         config: Mapping[str, Any],
         tools: ToolRegistry,
+        home: TakHome | None = None,
     ) -> None:
         self.workspace = workspace
         self.pool = pool
         self.config = config
         self.tools = tools
+        self.home = home if home is not None else TakHome.locate()
         self.plugins: list[LoadedPlugin] = []
         self.errors: list[PluginLoadError] = []
         self._declared: dict[str, tuple[Permissions, Worker]] = {}
+        self._approvals: dict[str, TrustedPlugin] | TrustError | None = None
 
     def plugin_config(self, name: str) -> dict[str, Any]:
         """``[plugins.<name>]`` of ``tak.toml``: what ``context().config`` holds."""
@@ -156,6 +191,8 @@ class PluginHost:
         async def load_one(index: int, item: PluginSource | Plugin | ModuleType) -> None:
             try:
                 results[index] = await self._candidate(item)
+            except _NotApproved as exc:
+                results[index] = PluginLoadError(_source_of(item), str(exc), exc.approve)
             except (KernelError, ImportError, OSError) as exc:
                 results[index] = PluginLoadError(_source_of(item), _reason(exc))
             except Exception as exc:  # a crashing import of trusted code is still one plugin
@@ -172,7 +209,15 @@ class PluginHost:
                 self._register(result)
 
     def _skip(self, error: PluginLoadError) -> None:
-        logger.warning("plugin from %s skipped: %s", error.source.label, error.reason)
+        if error.approve is not None:
+            logger.warning(
+                "plugin from %s skipped: %s; to trust it: tak plugins trust %s",
+                error.source.label,
+                error.reason,
+                error.approve,
+            )
+        else:
+            logger.warning("plugin from %s skipped: %s", error.source.label, error.reason)
         self.errors.append(error)
 
     def _register(self, candidate: _Candidate) -> None:
@@ -226,7 +271,54 @@ class PluginHost:
             if found is None:
                 raise UsageError(f"{item.target} has no `plugin = Plugin(...)`")
             return self._trusted(found, item)
+        if needs_trust(item):
+            imported, approval = await self._approved(item)
+            return await self._probed(item, imported, approval)
         return await self._probed(item)
+
+    async def _approved(self, source: PluginSource) -> tuple[PluginSource, TrustedPlugin]:
+        """The approval of a discovered plugin, and the source a worker imports.
+
+        For a workspace file that is a copy of the bytes hashed here, in a directory
+        of the kernel's (``plugins._trust``): the file in the workspace may change
+        after the hash, the copy does not.
+
+        Raises:
+            _NotApproved: never approved, or changed since.
+            TrustError: the trust file is unreadable, or the source cannot be hashed.
+        """
+        if self._approvals is None:
+            store = TrustStore(self.home.config / TRUST_FILE)
+            try:
+                self._approvals = await trio.to_thread.run_sync(store.load)
+            except TrustError as exc:
+                self._approvals = exc
+        if isinstance(self._approvals, TrustError):
+            raise self._approvals
+        approve = _approve_argument(source)
+        if source.kind == "workspace":
+            content = await trio.to_thread.run_sync(_read_in, self.workspace, source.target)
+            digest = file_digest(source, content)
+        else:
+            digest = await trio.to_thread.run_sync(digest_source, source, str(self.workspace.path))
+        approval = self._approvals.get(digest.key)
+        if approval is None:
+            raise _NotApproved(
+                f"not trusted: never approved (sha256 {digest.sha256[:16]})",
+                approve,
+            )
+        if approval.sha256 != digest.sha256:
+            raise _NotApproved(
+                f"not trusted: changed since it was approved (sha256 {digest.sha256[:16]}, "
+                f"approved {approval.sha256[:16]})",
+                approve,
+            )
+        if digest.content is None:
+            return source, approval
+        name = os.path.basename(source.target)
+        copy = await trio.to_thread.run_sync(approved_copy, self.home.data, digest, name)
+        imported = attrs.evolve(source, target=str(copy), path=(str(copy.parent),))
+        return imported, approval
 
     def _trusted(self, plugin: Plugin, source: PluginSource) -> _Candidate:
         """A plugin imported here: in process if it asks, else a worker started on demand."""
@@ -249,24 +341,47 @@ class PluginHost:
             tools,
         )
 
-    async def _probed(self, source: PluginSource) -> _Candidate:
-        """A third-party plugin: imported in a least-privileged worker, never here."""
+    async def _probed(
+        self,
+        source: PluginSource,
+        imported: PluginSource | None = None,
+        approval: TrustedPlugin | None = None,
+    ) -> _Candidate:
+        """A third-party plugin: imported in a least-privileged worker, never here.
+
+        ``imported`` is what the worker imports when it is not ``source`` itself (the
+        approved copy of a workspace file); with ``approval``, a plugin whose name or
+        permissions differ from the approved ones is refused before it gets them.
+        """
+        target = imported if imported is not None else source
         probe = await self.pool.start(
-            source.target, policy=PROBE_POLICY, name=_stem(source), path=source.path
+            target.target, policy=PROBE_POLICY, name=_stem(target), path=target.path
         )
         info = probe.plugin_info
         if info is None:
             await probe.aclose()
             raise UsageError(f"{source.target} has no `plugin = Plugin(...)` (see docs/plugins.md)")
         name = str(info["name"])
-        permissions = Permissions.from_mapping(info["permissions"])
+        try:
+            permissions = Permissions.from_mapping(info["permissions"])
+        except KernelError:
+            await probe.aclose()
+            raise
         probe.name = name
+        if approval is not None and (approval.name, approval.permissions) != (name, permissions):
+            await probe.aclose()
+            approve = _approve_argument(source)
+            raise _NotApproved(
+                f"not trusted: declares {name} with {permissions.describe()}, approved as "
+                f"{approval.name} with {approval.permissions.describe()}",
+                approve,
+            )
         if permissions.policy() == PROBE_POLICY:
             worker = probe  # it already runs with what the plugin declared
             worker.config = self.plugin_config(name)
         else:
             await probe.aclose()
-            worker = self._worker(source, name, permissions)
+            worker = self._worker(target, name, permissions)
         tools = [_remote(t, worker) for t in probe.tools]
         if info.get("in_process"):
             logger.info("plugin %s asks to run in process; third-party plugins never do", name)
@@ -385,6 +500,23 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def _read_in(workspace: Workspace, path: str) -> bytes:
+    """A workspace plugin's bytes, read through the confined workspace: no link that
+    leads out of it, regular files only, at most ``MAX_FILE_BYTES``."""
+    rel = os.path.relpath(os.path.abspath(path), workspace.path)
+    return workspace.read_bytes(rel, max_bytes=MAX_FILE_BYTES)
+
+
+def _approve_argument(source: PluginSource) -> str:
+    """What ``tak plugins trust`` takes for ``source``: an entry point's name, a file's path.
+
+    A path works from any directory and needs no ``--workspace``.
+    """
+    if source.kind == "entry_point":
+        return shlex.quote(source.name)
+    return shlex.quote(source.target)
+
+
 def _stem(source: PluginSource) -> str:
     target = source.target.partition(":")[0] if source.kind != "path" else source.target
     return os.path.splitext(os.path.basename(target.rstrip("/")))[0].rpartition(".")[2]
@@ -437,6 +569,7 @@ async def open_plugin_host(
     config: Mapping[str, Any] | None = None,
     allow_unsandboxed: bool = False,
     isolation: IsolationSupport | None = None,
+    home: TakHome | str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[PluginHost]:
     """Load plugins for ``workspace`` and serve their tools until the block ends.
 
@@ -450,11 +583,17 @@ async def open_plugin_host(
         config: the parsed ``tak.toml``; ``[plugins.<name>]`` goes to each plugin.
         allow_unsandboxed: run plugins even where isolation is missing (marked).
         isolation: replaces the probe of this machine (tests).
+        home: the ``TAK_HOME`` whose ``config/trusted-plugins.json`` says which
+            discovered plugins the user approved (default: ``TakHome.locate()``).
 
     Raises:
-        SandboxError: the workspace cannot be opened.
+        SandboxError: the workspace cannot be opened, or it overlaps the Python
+            environment, the kernel's own code or ``$TAK_HOME`` (see ``guarded_paths``).
         UsageError: two of ``tools`` share a name.
     """
+    tak_home = home if isinstance(home, TakHome) else TakHome.locate(home)
+    # Before anything is written into the workspace (the pool creates .tak/tmp).
+    await trio.to_thread.run_sync(_check_overlap, workspace, tak_home)
     registry = ToolRegistry(tools)
     if plugins is None:
         items: list[PluginSource | Plugin | ModuleType] = [
@@ -468,9 +607,52 @@ async def open_plugin_host(
         workspace, allow_unsandboxed=allow_unsandboxed, isolation=isolation
     ) as pool:
         with Workspace(pool.workspace) as ws:
-            host = PluginHost(workspace=ws, pool=pool, config=config or {}, tools=registry)
+            host = PluginHost(
+                workspace=ws, pool=pool, config=config or {}, tools=registry, home=tak_home
+            )
             await host.load(items)
             yield host
+
+
+async def trust_plugin(
+    source: PluginSource, *, home: TakHome, workspace: str | os.PathLike[str]
+) -> tuple[TrustedPlugin, LoadedPlugin]:
+    """Approve a discovered plugin as it is now: what ``tak plugins trust`` does.
+
+    The source is hashed; its name and permissions come from a least-privileged
+    probe worker in an empty scratch workspace (the kernel never imports it); the
+    approval records exactly those. A workspace file is read once: those bytes are
+    hashed and copied under ``$TAK_HOME/data/plugins``, and the probe imports the
+    copy, so what was approved is what ran.
+
+    Raises:
+        TrustError: the trust file is damaged (it is left as it is), or the source
+            cannot be hashed.
+        UsageError: the plugin did not load in its probe.
+    """
+    store = TrustStore(home.config / TRUST_FILE)
+    await trio.to_thread.run_sync(store.load)  # a damaged file is reported, not replaced
+    if source.kind == "workspace":
+        digest = await trio.to_thread.run_sync(
+            lambda: file_digest(source, read_plugin_file(source.target))
+        )
+        name = os.path.basename(source.target)
+        copy = await trio.to_thread.run_sync(approved_copy, home.data, digest, name)
+        imported = PluginSource("path", str(copy), source.label, (str(copy.parent),))
+    else:
+        digest = await trio.to_thread.run_sync(digest_source, source, workspace)
+        imported = PluginSource("module", source.target, source.label)
+    scratch = await trio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="tak-trust-"))
+    try:
+        async with open_plugin_host(scratch, plugins=[imported], home=home) as host:
+            if host.errors:
+                raise UsageError(f"{source.label}: {host.errors[0].reason}")
+            loaded = attrs.evolve(host.plugins[0], source=source)
+    finally:
+        await trio.to_thread.run_sync(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    approval = TrustedPlugin(digest.key, loaded.name, digest.sha256, loaded.permissions)
+    await trio.to_thread.run_sync(store.approve, approval)
+    return approval, loaded
 
 
 __all__ = [
@@ -480,7 +662,51 @@ __all__ = [
     "PluginLoadError",
     "PluginSpec",
     "open_plugin_host",
+    "trust_plugin",
 ]
+
+
+def guarded_paths(home: TakHome) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """What a workspace may not overlap: ``(disjoint, not_inside)`` for
+    ``sandbox.check_workspace_overlap``.
+
+    Disjoint (the workspace may neither contain nor lie inside them): the
+    interpreter's prefixes, every ``sys.path`` entry (site-packages and the user
+    site included: a ``.pth`` file there runs at every start), the directories the
+    ``kernel``, ``plugins`` and ``sandbox`` packages are imported from (the source
+    tree of an editable install), ``$TAK_HOME/config`` (trust, settings) and
+    ``$TAK_HOME/data`` (sessions, approved plugin copies). Not inside: ``$TAK_HOME``
+    itself, whose ``workspace/`` is the default workspace.
+    """
+    disjoint = [
+        ("sys.prefix", sys.prefix),
+        ("sys.base_prefix", sys.base_prefix),
+        ("sys.exec_prefix", sys.exec_prefix),
+    ]
+    for entry in sys.path:
+        path = entry or os.getcwd()  # "" is the current directory
+        if os.path.isdir(path):
+            disjoint.append(("a directory on sys.path", path))
+    disjoint += [("site-packages", p) for p in site.getsitepackages()]
+    disjoint.append(("the user site-packages", site.getusersitepackages()))
+    for package in ("kernel", "plugins", "sandbox"):
+        module = sys.modules.get(package)
+        file = getattr(module, "__file__", None)
+        if file is not None:
+            disjoint.append((f"the directory of the {package} package", _parent_of(file)))
+    disjoint += [("$TAK_HOME/config", str(home.config)), ("$TAK_HOME/data", str(home.data))]
+    return disjoint, [("$TAK_HOME", str(home.root))]
+
+
+def _parent_of(package_init: str) -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(package_init)))
+
+
+def _check_overlap(workspace: str | os.PathLike[str], home: TakHome) -> None:
+    from sandbox._overlap import check_workspace_overlap
+
+    disjoint, not_inside = guarded_paths(home)
+    check_workspace_overlap(workspace, disjoint=disjoint, not_inside=not_inside)
 
 
 def _has_port(entry: object) -> bool:

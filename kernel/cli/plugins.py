@@ -1,10 +1,13 @@
-"""``tak plugins ls | new | check``."""
+"""``tak plugins ls | trust | untrust | new | check``."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import os
+import shlex
 import sys
 import tempfile
 import tomllib
@@ -28,6 +31,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--workspace", type=Path, help="workspace (default: <home>/workspace)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_ls)
+
+    for command, func, text in (
+        ("trust", "cmd_trust", "approve a discovered plugin as it is now (hash, permissions)"),
+        ("untrust", "cmd_untrust", "withdraw the approval of a plugin"),
+    ):
+        p = commands.add_parser(command, help=text)
+        p.add_argument(
+            "name",
+            help="the plugin as `tak plugins ls` names it: an entry point's name, or the "
+            "path of a .tak/plugins file (its stem with --workspace)",
+        )
+        p.add_argument("--workspace", type=Path, help="workspace (default: <home>/workspace)")
+        p.set_defaults(func=globals()[func])
 
     p = commands.add_parser("new", help="scaffold a plugin package in ./NAME")
     p.add_argument("name", help="the plugin's name")
@@ -65,9 +81,19 @@ async def open_cli_host(
     config = TakHome.locate(home).load_config()
     allow = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
     async with open_plugin_host(
-        workspace, extra_plugins=extra_plugins, config=config, allow_unsandboxed=allow
+        workspace,
+        extra_plugins=extra_plugins,
+        config=config,
+        allow_unsandboxed=allow,
+        home=TakHome.locate(home),
     ) as host:
         yield host
+
+
+def trust_command(home: str | None, approve: str) -> str:
+    """The command that approves a skipped plugin, as a person can paste it."""
+    home_option = f" --home {shlex.quote(home)}" if home else ""
+    return f"tak{home_option} plugins trust {approve}"
 
 
 def _plugin_json(plugin: LoadedPlugin) -> dict[str, Any]:
@@ -82,8 +108,11 @@ def _plugin_json(plugin: LoadedPlugin) -> dict[str, Any]:
     }
 
 
-def _error_json(error: PluginLoadError) -> dict[str, Any]:
-    return {"source": error.source.label, "target": error.source.target, "reason": error.reason}
+def _error_json(error: PluginLoadError, home: str | None) -> dict[str, Any]:
+    out = {"source": error.source.label, "target": error.source.target, "reason": error.reason}
+    if error.approve is not None:
+        out["trust_command"] = trust_command(home, error.approve)
+    return out
 
 
 def _print_plugin(plugin: LoadedPlugin) -> None:
@@ -96,8 +125,10 @@ def _print_plugin(plugin: LoadedPlugin) -> None:
     print(f"  tools:       {', '.join(shown)}")
 
 
-def _print_error(error: PluginLoadError) -> None:
+def _print_error(error: PluginLoadError, home: str | None) -> None:
     print(f"skipped: {error.source.label} [{error.source.target}]\n  {error.reason}")
+    if error.approve is not None:
+        print(f"  to trust it: {trust_command(home, error.approve)}")
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -117,16 +148,102 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "plugins": [_plugin_json(p) for p in loaded],
-            "errors": [_error_json(e) for e in errors],
+            "errors": [_error_json(e, args.home) for e in errors],
         }
         print(json.dumps(out, indent=2))
         return 0
     for plugin in loaded:
         _print_plugin(plugin)
     for error in errors:
-        _print_error(error)
+        _print_error(error, args.home)
     if not loaded and not errors:
         print("no plugins")
+    return 0
+
+
+def _named_source(name: str, workspace: Path) -> PluginSource:
+    """The discovered plugin ``tak plugins trust NAME`` means.
+
+    A path to a ``.py`` file is that file (wherever it is: a workspace plugin is
+    approved by its real path); else an entry point's name, or the stem or label
+    of a file in ``<workspace>/.tak/plugins``.
+
+    Raises:
+        UsageError: nothing, or more than one plugin, goes by that name.
+    """
+    from plugins import PluginSource, discover_plugins
+
+    from ..errors import UsageError
+
+    if name.endswith(".py") or os.sep in name:
+        path = os.path.abspath(name)
+        if not os.path.isfile(path):
+            raise UsageError(f"{name}: no such plugin file")
+        stem = os.path.splitext(os.path.basename(path))[0]
+        return PluginSource("workspace", path, name, name=stem)
+    found = [s for s in discover_plugins(workspace) if name in (s.name, s.label)]
+    if not found:
+        raise UsageError(
+            f"no discovered plugin is named {name!r} (`tak plugins ls` shows their names)"
+        )
+    if len(found) > 1:
+        raise UsageError(
+            f"{name!r} names several plugins ({', '.join(s.label for s in found)}); "
+            "give the path of the file"
+        )
+    return found[0]
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from plugins._host import trust_plugin
+
+    from ..home import TakHome
+
+    workspace = workspace_or_exit("tak plugins trust", args)
+    if workspace is None:
+        return 2
+    try:
+        home = TakHome.locate(args.home).ensure()
+        source = _named_source(args.name, workspace)
+        approval, loaded = trio.run(
+            functools.partial(trust_plugin, source, home=home, workspace=workspace)
+        )
+    except (KernelError, OSError) as exc:
+        print(f"tak plugins trust: {exc}", file=sys.stderr)
+        return 2
+    print(f"trusted: {loaded.name} {loaded.version}  ({source.label})")
+    print(f"  sha256:      {approval.sha256}")
+    print(f"  permissions: {approval.permissions.describe()}")
+    print(f"  recorded in: {home.config / 'trusted-plugins.json'}")
+    return 0
+
+
+def cmd_untrust(args: argparse.Namespace) -> int:
+    from plugins._trust import TRUST_FILE, TrustStore, source_key
+
+    from ..home import TakHome
+
+    workspace = workspace_or_exit("tak plugins untrust", args)
+    if workspace is None:
+        return 2
+    store = TrustStore(TakHome.locate(args.home).config / TRUST_FILE)
+    try:
+        try:
+            key = source_key(_named_source(args.name, workspace))
+        except KernelError:
+            # A plugin no longer discovered: its recorded name still withdraws it.
+            named = [k for k, p in store.load().items() if p.name == args.name]
+            if len(named) != 1:
+                raise
+            key = named[0]
+        removed = store.revoke(key)
+    except (KernelError, OSError) as exc:
+        print(f"tak plugins untrust: {exc}", file=sys.stderr)
+        return 2
+    if removed is None:
+        print(f"tak plugins untrust: {args.name} was not trusted", file=sys.stderr)
+        return 1
+    print(f"untrusted: {removed.name} ({args.name})")
     return 0
 
 
@@ -143,7 +260,8 @@ def cmd_new(args: argparse.Namespace) -> int:
         print(f"created {path}")
     package = package_name(args.name)
     print(
-        f"\nnext:\n  cd {directory}\n  pip install -e .\n  tak plugins ls\n"
+        f"\nnext:\n  cd {directory}\n  pip install -e .\n  tak plugins trust {args.name}\n"
+        f"  tak plugins ls\n"
         f'  tak call greet \'{{"name": "Ada"}}\'\n  pytest\n'
         f"then add tools in {directory / package / '__init__.py'}"
     )

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
+from kernel.home import TakHome
 from plugins import ENTRY_POINT_GROUP, discover_plugins, open_plugin_host
+from plugins._host import trust_plugin
 
 
 def test_entry_points_of_installed_distributions(
@@ -27,10 +29,13 @@ def test_entry_points_of_installed_distributions(
 
 
 async def test_workspace_plugins_load_beside_the_builtins(workspace: Path) -> None:
+    # A workspace plugin loads once the user approved it (see tests/security/test_trust.py).
     folder = workspace / ".tak" / "plugins"
     folder.mkdir(parents=True)
     shutil.copy(FIXTURES / "weather.py", folder / "weather.py")
     (folder / "_helper.py").write_text("raise RuntimeError('not a plugin')\n")
+    [weather] = [s for s in discover_plugins(workspace) if s.kind == "workspace"]
+    await trust_plugin(weather, home=TakHome.locate(), workspace=workspace)
     async with open_plugin_host(workspace) as host:
         names = [p.name for p in host.plugins]
         assert names[0] == "fs" and names[-1] == "weather"

@@ -1,0 +1,381 @@
+"""Which third-party plugins the user approved: ``$TAK_HOME/config/trusted-plugins.json``.
+
+A *discovered* plugin (a ``tak.plugins`` entry point, a ``<workspace>/.tak/plugins``
+file) is code nobody chose at the command line: a package pulled in as a
+dependency, or a file a tool wrote into the workspace. It loads only once the
+user ran ``tak plugins trust``, which records three things:
+
+1. the source's identity (``key``): the real path of a workspace file, or the
+   entry point's name;
+2. the SHA-256 of its source: the file's bytes, or for an entry point every file
+   of its top-level package (``__pycache__`` left out), at most ``MAX_FILES``
+   files and ``MAX_BYTES`` bytes;
+3. the name and permissions the plugin declared, learnt from a least-privileged
+   probe worker (the kernel never imports it).
+
+On every start the host hashes the source again; a different hash ("changed")
+or different declared permissions (wider *or* narrower: any change is a new
+decision) skip the plugin until it is approved again. A plugin explicitly
+named by the user (``tak --plugin PATH``, ``open_plugin_host(plugins=[...])``)
+is the user's own choice and needs no record; it still runs only in a worker.
+
+The bytes of a workspace file are read once, hashed, and copied to
+``$TAK_HOME/data/plugins/<sha256>/``; the worker imports that copy, never the
+workspace file, so a tool that rewrites the file between the hash and the
+import changes nothing (the copy lies outside every workspace: the host
+refuses a workspace overlapping ``$TAK_HOME/data``). An entry point is
+imported from the installed environment, which tools cannot write for the
+same reason; one whose files lie inside the workspace is refused.
+
+The trust file lives under ``$TAK_HOME/config``: a file of that name inside a
+workspace means nothing. A file that cannot be read as a trust file is an
+error that names it; nothing is trusted from it, and ``tak plugins trust``
+refuses to overwrite it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import cattrs
+
+from kernel.errors import UsageError
+from kernel.messages import converter as _messages_converter
+from kernel.messages import describe_structure_error
+from kernel.plugin import Permissions
+
+from ._discovery import PluginSource
+
+#: The trust file's name, under ``$TAK_HOME/config``.
+TRUST_FILE = "trusted-plugins.json"
+#: The approved copies of workspace plugins, under ``$TAK_HOME/data``.
+APPROVED_DIR = "plugins"
+#: A workspace plugin file larger than this is not hashed (nor loaded).
+MAX_FILE_BYTES = 4 * 1024 * 1024
+#: Bounds of an entry point's package, so that hashing it stays quick.
+MAX_FILES = 5000
+MAX_BYTES = 256 * 1024 * 1024
+TRUST_VERSION = 1
+
+
+class TrustError(UsageError):
+    """A plugin cannot be hashed, or the trust file cannot be read or written."""
+
+
+@attrs.frozen
+class TrustedPlugin:
+    """One approval.
+
+    Attributes:
+        key: ``workspace:<real path>`` or ``entry_point:<name>`` (see ``source_key``).
+        name: the plugin's own name, as its probe reported it.
+        sha256: the digest of its source when it was approved.
+        permissions: what it declared when it was approved.
+    """
+
+    key: str
+    name: str
+    sha256: str
+    permissions: Permissions
+
+
+@attrs.frozen
+class _TrustFile:
+    version: int
+    plugins: tuple[TrustedPlugin, ...]
+
+
+@attrs.frozen
+class Digest:
+    """A source as hashed now: its key, digest, and (for a file) the bytes hashed."""
+
+    key: str
+    sha256: str
+    content: bytes | None = None
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = _messages_converter.copy()
+
+    def structure_permissions(value: object, _: type) -> Permissions:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {type(value).__name__}")
+        return Permissions.from_mapping(value)
+
+    def unstructure_permissions(value: Permissions) -> dict[str, object]:
+        return {
+            "workspace": value.workspace,
+            "network": list(value.network),
+            "subprocess": value.subprocess,
+        }
+
+    conv.register_structure_hook(Permissions, structure_permissions)
+    conv.register_unstructure_hook(Permissions, unstructure_permissions)
+    return conv
+
+
+_converter = _make_converter()
+
+
+class TrustStore:
+    """The approvals in one ``trusted-plugins.json``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, TrustedPlugin]:
+        """Every approval by key (empty when the file does not exist).
+
+        Raises:
+            TrustError: the file is unreadable, not JSON, or not a trust file
+                (one line naming the file and where it is wrong).
+        """
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise TrustError(f"{self.path}: {exc.strerror}; no plugin is trusted") from None
+        try:
+            data = _converter.structure(json.loads(raw), _TrustFile)
+        except (ValueError, cattrs.BaseValidationError, UsageError) as exc:
+            why = (
+                describe_structure_error(exc)
+                if isinstance(exc, cattrs.BaseValidationError)
+                else str(exc).splitlines()[0]
+            )
+            raise TrustError(
+                f"{self.path}: not a trust file ({why}); no plugin is trusted "
+                "until it is fixed or removed"
+            ) from None
+        if data.version != TRUST_VERSION:
+            raise TrustError(
+                f"{self.path}: unknown version {data.version} (expected {TRUST_VERSION}); "
+                "no plugin is trusted"
+            )
+        return {p.key: p for p in data.plugins}
+
+    def _save(self, plugins: dict[str, TrustedPlugin]) -> None:
+        """Replace the file atomically: temp file, fsync, rename, fsync the directory."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = _TrustFile(TRUST_VERSION, tuple(plugins[k] for k in sorted(plugins)))
+        data = json.dumps(_converter.unstructure(record), indent=2).encode() + b"\n"
+        _write_atomically(self.path, data)
+
+    def approve(self, plugin: TrustedPlugin) -> None:
+        """Record ``plugin``, replacing an earlier approval of the same key.
+
+        Raises:
+            TrustError: the existing file is unreadable (it is left as it is).
+        """
+        plugins = self.load()
+        plugins[plugin.key] = plugin
+        self._save(plugins)
+
+    def revoke(self, key: str) -> TrustedPlugin | None:
+        """Forget the approval of ``key``; the one removed, or ``None``.
+
+        Raises:
+            TrustError: the existing file is unreadable (it is left as it is).
+        """
+        plugins = self.load()
+        removed = plugins.pop(key, None)
+        if removed is not None:
+            self._save(plugins)
+        return removed
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# -- identity and digests ----------------------------------------------------------
+
+
+def needs_trust(source: PluginSource) -> bool:
+    """Discovered plugins need an approval; built-ins and explicit choices do not."""
+    return source.kind in ("workspace", "entry_point")
+
+
+def source_key(source: PluginSource) -> str:
+    """What an approval is recorded under.
+
+    A workspace file by its real directory and name (the approval is for that file
+    in that project, not for a file of that name anywhere); an entry point by name.
+    """
+    if source.kind == "entry_point":
+        return f"entry_point:{source.name}"
+    folder, name = os.path.split(source.target)
+    return f"workspace:{os.path.join(os.path.realpath(folder), name)}"
+
+
+def read_plugin_file(path: str | os.PathLike[str]) -> bytes:
+    """A plugin file's bytes, read once through one descriptor; never through a
+    symbolic link, never more than ``MAX_FILE_BYTES``.
+
+    Raises:
+        TrustError: a link, not a regular file, too big, or unreadable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TrustError(f"{path}: cannot read it ({_why(exc)})") from None
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000):
+            raise TrustError(f"{path}: not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise TrustError(f"{path}: {st.st_size} bytes, more than {MAX_FILE_BYTES}")
+        chunks = []
+        total = 0
+        while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise TrustError(f"{path}: more than {MAX_FILE_BYTES} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _why(exc: OSError) -> str:
+    import errno
+
+    if exc.errno == errno.ELOOP:
+        return "it is a symbolic link"
+    return exc.strerror or str(exc)
+
+
+def digest_source(source: PluginSource, workspace: str | os.PathLike[str] | None) -> Digest:
+    """Hash a discovered plugin's source as it is now (blocking: run it in a thread).
+
+    Raises:
+        TrustError: it cannot be read or hashed, it is too big, or an entry point's
+            files lie inside ``workspace`` (where tools could rewrite them).
+    """
+    key = source_key(source)
+    if source.kind != "entry_point":
+        return file_digest(source, read_plugin_file(source.target))
+    files = _package_files(source.target)
+    if workspace is not None:
+        ws = os.path.realpath(workspace)
+        inside = next(
+            (f for _, f in files if os.path.commonpath([ws, os.path.realpath(f)]) == ws), None
+        )
+        if inside is not None:
+            raise TrustError(
+                f"{source.label}: its file {inside} lies inside the workspace, where tools "
+                "can rewrite it; install it elsewhere"
+            )
+    total = hashlib.sha256()
+    size = 0
+    for rel, path in files:
+        with open(path, "rb") as f:
+            content = f.read(MAX_BYTES + 1 - size)
+        size += len(content)
+        if size > MAX_BYTES:
+            raise TrustError(f"{source.label}: its package is more than {MAX_BYTES} bytes")
+        total.update(f"{rel}\0{len(content)}\0".encode())
+        total.update(content)
+    return Digest(key, total.hexdigest())
+
+
+def file_digest(source: PluginSource, content: bytes) -> Digest:
+    """The digest of a plugin file whose bytes were read once, by the caller."""
+    return Digest(source_key(source), hashlib.sha256(content).hexdigest(), content)
+
+
+def _package_files(target: str) -> list[tuple[str, str]]:
+    """``(relative name, path)`` of every file of the entry point's top-level package.
+
+    Found with ``importlib.util.find_spec`` on the top-level name, which asks the
+    import system where the package is without importing it.
+    """
+    top = target.partition(":")[0].partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError) as exc:
+        raise TrustError(f"entry point {target}: {exc}") from None
+    if spec is None:
+        raise TrustError(f"entry point {target}: module {top} is not installed")
+    locations = list(spec.submodule_search_locations or ())
+    if not locations:
+        if spec.origin is None or not os.path.isfile(spec.origin):
+            raise TrustError(f"entry point {target}: {top} has no source file to hash")
+        return [(os.path.basename(spec.origin), spec.origin)]
+    found: list[tuple[str, str]] = []
+    for index, location in enumerate(locations):
+        for rel, path in _walk(location):
+            found.append((f"{index}/{rel}", path))
+            if len(found) > MAX_FILES:
+                raise TrustError(f"entry point {target}: more than {MAX_FILES} files to hash")
+    return sorted(found)
+
+
+def _walk(root: str) -> Iterator[tuple[str, str]]:
+    for folder, dirs, names in os.walk(root):  # os.walk never follows directory links
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            if name.endswith((".pyc", ".pyo")) or not os.path.isfile(path):
+                continue
+            yield os.path.relpath(path, root), path
+
+
+def approved_copy(data_dir: str | os.PathLike[str], digest: Digest, file_name: str) -> Path:
+    """The approved bytes of a workspace plugin, in a kernel-owned directory.
+
+    ``<data_dir>/plugins/<sha256>/<file_name>``, written (atomically) when missing or
+    different; the worker imports this copy, not the workspace file.
+    """
+    assert digest.content is not None
+    folder = Path(data_dir) / APPROVED_DIR / digest.sha256
+    path = folder / file_name
+    try:
+        if hashlib.sha256(read_plugin_file(path)).hexdigest() == digest.sha256:
+            return path
+    except TrustError:
+        pass
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _write_atomically(path, digest.content)
+    return path
+
+
+__all__ = [
+    "TRUST_FILE",
+    "Digest",
+    "TrustError",
+    "TrustStore",
+    "TrustedPlugin",
+    "approved_copy",
+    "digest_source",
+    "file_digest",
+    "needs_trust",
+    "read_plugin_file",
+    "source_key",
+]
