@@ -5,20 +5,39 @@ The filter checks the architecture first (any other ABI, such as 32-bit
 calls a plugin never needs and that Landlock does not cover: ptrace and
 cross-process memory, mounts and namespaces, device nodes, io_uring, bpf,
 perf, keyrings, file handles, System V IPC, metadata changes (chmod, chown,
-utime, xattrs: Landlock has no right for them), and calls that reach other
-processes by pid (prlimit, setpriority, scheduler) unless they name the
-caller. Sockets are limited to AF_UNIX stream pairs unless the plugin has
-network access; without ``subprocess`` no process may be created (threads
-may) and nothing may be executed. ``setsid``/``setpgid`` are refused so that
-every descendant stays in the worker's process group, which the pool kills
-as one.
+utime, xattrs: Landlock has no right for them), watches (inotify, fanotify:
+Landlock does not check them) and calls that reach other processes by pid
+(prlimit, setpriority, scheduler) unless they name the caller.
+
+Arguments are checked where the harm is in a register:
+
+1. no call creates a file or directory with setuid, setgid or sticky bits
+   (``open``/``openat`` with ``O_CREAT`` or ``O_TMPFILE``, ``creat``,
+   ``mkdir``/``mkdirat``); ``openat2``, whose mode is behind a pointer, answers
+   ``ENOSYS`` so that libc and the ``Workspace`` fall back to ``openat``;
+2. sockets: without the ``network`` permission only AF_UNIX stream pairs, and no
+   socket may connect, bind, listen or accept (abstract names included); with it,
+   only TCP over IPv4/IPv6 (no UDP, raw, SCTP, MPTCP, packet or netlink sockets),
+   no fast-open data or options, no TCP repair, no bind/listen/accept, and
+   ``connect`` only while ``direct_connect`` (Landlock then limits the ports);
+3. without ``subprocess`` no process may be created (threads may) and nothing
+   may be executed; ``execveat`` (which runs a ``memfd`` that is on no disk) is
+   refused always.
+
+``setsid``/``setpgid`` are refused so that every descendant stays in the
+worker's process group, which the pool kills as one.
+
+Cost: the kernel (5.11+) caches, per system call number, the calls this filter
+allows whatever their arguments, so ``read``, ``write``, ``futex``... never run
+it. The calls with argument checks do run it, every time: the hottest
+(``openat``, ``ioctl``, and with network the send calls) are tested first.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import socket
+import platform
 import struct
 from collections.abc import Iterable
 from typing import Final
@@ -65,7 +84,30 @@ _CLONE_NAMESPACES: Final = (
     | 0x20000000  # NEWPID
     | 0x40000000  # NEWNET
 )
-_SOCK_TYPE_MASK: Final = 0xF
+# The same values on x86-64 and aarch64 (asm-generic/fcntl.h, linux/socket.h, linux/tcp.h).
+_O_CREAT: Final = 0o100
+_O_TMPFILE_BIT: Final = 0o20000000  # __O_TMPFILE: O_TMPFILE is this | O_DIRECTORY
+_MODE_PRIVILEGE_BITS: Final = 0o7000  # S_ISUID | S_ISGID | S_ISVTX
+_AF_UNIX: Final = 1
+_AF_INET: Final = 2
+_AF_INET6: Final = 10
+_SOCK_STREAM: Final = 1
+_SOCK_SEQPACKET: Final = 5
+_SOCK_TYPE_MASK: Final = 0xF  # the rest of the type is SOCK_NONBLOCK | SOCK_CLOEXEC
+_IPPROTO_TCP: Final = 6
+_MSG_FASTOPEN: Final = 0x20000000
+_DENIED_TCP_OPTIONS: Final = (
+    19,  # TCP_REPAIR (and the repair options below): rewrite a connection's state
+    20,  # TCP_REPAIR_QUEUE
+    21,  # TCP_QUEUE_SEQ
+    22,  # TCP_REPAIR_OPTIONS
+    29,  # TCP_REPAIR_WINDOW
+    23,  # TCP_FASTOPEN: data in the SYN, sent before Landlock sees a connect
+    30,  # TCP_FASTOPEN_CONNECT
+    33,  # TCP_FASTOPEN_KEY
+    34,  # TCP_FASTOPEN_NO_COOKIE
+    31,  # TCP_ULP: kernel TLS and other upper layers, attack surface no plugin needs
+)
 _DENIED_IOCTLS: Final = (
     0x40086602,  # FS_IOC_SETFLAGS
     0x40046602,  # FS_IOC32_SETFLAGS
@@ -125,7 +167,6 @@ ALWAYS_DENIED: Final = (
     "quotactl_fd",
     "lookup_dcookie",
     "vhangup",
-    "fanotify_init",
     "uselib",
     # kernel attack surface
     "io_uring_setup",
@@ -163,6 +204,17 @@ ALWAYS_DENIED: Final = (
     "setxattrat",
     "removexattrat",
     "file_setattr",
+    # watching files: Landlock does not check inotify or fanotify marks
+    "fanotify_init",
+    "fanotify_mark",
+    # running code that is on no disk (a memfd), so no Landlock execute right applies
+    "execveat",
+    # being reached: no plugin declares a listening socket, and Landlock's bind rule
+    # does not stop listen()'s automatic bind to an ephemeral port
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
     # IPC without a path
     "shmget",
     "shmat",
@@ -188,9 +240,22 @@ ALWAYS_DENIED: Final = (
 )
 
 #: Refused unless the plugin has the ``subprocess`` permission.
-PROCESS_CREATION: Final = ("fork", "vfork", "execve", "execveat")
+PROCESS_CREATION: Final = ("fork", "vfork", "execve")
 
-#: Common calls answered first, before the long lists are searched (speed only).
+#: Answered ``ENOSYS``, so that callers fall back to a form the filter can check or
+#: to a slower way that stays inside the confinement.
+NOT_IMPLEMENTED: Final = (
+    "clone3",  # flags in memory: libc falls back to clone
+    "openat2",  # mode in memory: libc and the Workspace fall back to openat
+    "inotify_init",  # watchers fall back to polling, which Landlock does check
+    "inotify_init1",
+    "inotify_add_watch",
+    # A pidfd of any process carries its uid, cgroup and exit status (PIDFD_GET_INFO);
+    # Trio and asyncio fall back to waitid for their own children.
+    "pidfd_open",
+)
+
+#: Common calls answered early, for kernels without the seccomp action cache (speed only).
 _FAST_ALLOW: Final = (
     "read",
     "write",
@@ -200,12 +265,10 @@ _FAST_ALLOW: Final = (
     "munmap",
     "fstat",
     "newfstatat",
-    "openat",
     "lseek",
     "brk",
     "poll",
     "recvfrom",
-    "sendto",
     "getpid",
     "clock_gettime",
 )
@@ -213,15 +276,23 @@ _FAST_ALLOW: Final = (
 
 @attrs.frozen
 class SeccompPolicy:
-    """What the filter lets through beyond the baseline."""
+    """What the filter lets through beyond the baseline.
+
+    Attributes:
+        network: TCP sockets over IPv4/IPv6 (Landlock limits the ports).
+        subprocess: fork and execve.
+        direct_connect: with ``network``, the worker may call ``connect`` itself. False
+            when the kernel makes the connections and passes the sockets over the channel.
+    """
 
     network: bool = False
     subprocess: bool = False
+    direct_connect: bool = True
 
 
 def available() -> bool:
     """Whether filters can be installed here (kernel support and a known syscall table)."""
-    if _syscalls.SYSCALLS is None:
+    if _syscalls.NATIVE is None:
         return False
     try:
         _syscalls.prctl(_syscalls.PR_GET_SECCOMP)
@@ -276,19 +347,23 @@ class _Program:
         return offset
 
 
-def build_filter(policy: SeccompPolicy) -> bytes:
+def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = None) -> bytes:
     """The BPF program (an array of ``struct sock_filter``) for ``policy``.
+
+    ``table`` is this machine's unless given (tests assemble other architectures').
+    Calls the architecture does not have are left out.
 
     Raises:
         SandboxError: this architecture has no syscall table here.
     """
-    table = _syscalls.SYSCALLS
-    if table is None or _syscalls.AUDIT_ARCH is None:
-        raise SandboxError("seccomp: no syscall table for this architecture")
+    if table is None:
+        table = _syscalls.NATIVE
+    if table is None:
+        raise SandboxError(f"seccomp: no syscall table for {platform.machine()}")
     deny = RET_ERRNO | errno.EPERM
     p = _Program()
     p.load(_ARCH)
-    p.jump_if(_JMP_JEQ_K, _syscalls.AUDIT_ARCH, true=1)
+    p.jump_if(_JMP_JEQ_K, table.audit_arch, true=1)
     p.ret(RET_KILL_PROCESS)
     p.load(_NR)
     p.jump_if(_JMP_JGE_K, _X32_SYSCALL_BIT, true=0, false=1)
@@ -298,26 +373,37 @@ def build_filter(policy: SeccompPolicy) -> bytes:
     # the long lists answer inline, and the argument checks come after them.
     def answer_each(names: Iterable[str], value: int) -> None:
         for name in names:
-            p.jump_if(_JMP_JEQ_K, table[name], true=0, false=1)
-            p.ret(value)
-
-    def deny_each(names: Iterable[str]) -> None:
-        answer_each(names, deny)
-
-    answer_each(_FAST_ALLOW, RET_ALLOW)
+            nr = table.get(name)
+            if nr is not None:
+                p.jump_if(_JMP_JEQ_K, nr, true=0, false=1)
+                p.ret(value)
 
     def dispatch(name: str, target: str) -> None:
-        p.jump_if(_JMP_JEQ_K, table[name], true=0, false=1)
-        p.goto(target)
+        nr = table.get(name)
+        if nr is not None:
+            p.jump_if(_JMP_JEQ_K, nr, true=0, false=1)
+            p.goto(target)
 
-    deny_each(ALWAYS_DENIED)
+    # The calls with argument checks run the filter every time: the hot ones first.
+    dispatch("openat", "openat")
+    dispatch("ioctl", "ioctl")
+    if policy.network:
+        dispatch("sendto", "msg_flags_arg3")
+        dispatch("sendmsg", "msg_flags_arg2")
+        dispatch("sendmmsg", "msg_flags_arg3")
+    answer_each(_FAST_ALLOW, RET_ALLOW)
+
+    answer_each(ALWAYS_DENIED, deny)
     if not policy.subprocess:
-        deny_each(PROCESS_CREATION)
-    if not policy.network:
-        deny_each(("connect",))
-    p.jump_if(_JMP_JEQ_K, table["clone3"], true=0, false=1)
-    p.ret(RET_ERRNO | errno.ENOSYS)  # its flags are in memory: make libc fall back to clone
+        answer_each(PROCESS_CREATION, deny)
+    if not (policy.network and policy.direct_connect):
+        answer_each(("connect",), deny)
+    answer_each(NOT_IMPLEMENTED, RET_ERRNO | errno.ENOSYS)
     for name, target in (
+        ("open", "open"),
+        ("creat", "mode_arg1"),
+        ("mkdir", "mode_arg1"),
+        ("mkdirat", "mode_arg2"),
         ("clone", "clone"),
         ("socket", "socket"),
         ("socketpair", "socketpair"),
@@ -329,10 +415,45 @@ def build_filter(policy: SeccompPolicy) -> bytes:
         ("sched_setattr", "arg0_self"),
         ("setpriority", "setpriority"),
         ("ioprio_set", "ioprio_set"),
-        ("ioctl", "ioctl"),
     ):
         dispatch(name, target)
+    if policy.network:
+        dispatch("setsockopt", "setsockopt")
     p.ret(RET_ALLOW)
+
+    # openat(dfd, path, flags, mode) and open(path, flags, mode): the mode counts only
+    # when the call creates (O_CREAT, O_TMPFILE); otherwise its register is garbage.
+    p.label("openat")
+    p.load(_arg_low(2))
+    p.jump_if(_JMP_JSET_K, _O_CREAT | _O_TMPFILE_BIT, true="mode_arg3", false="allow")
+    p.label("open")
+    p.load(_arg_low(1))
+    p.jump_if(_JMP_JSET_K, _O_CREAT | _O_TMPFILE_BIT, true="mode_arg2", false="allow")
+    # creat(path, mode), mkdir(path, mode), mkdirat(dfd, path, mode): a setuid root
+    # file or setgid directory in the workspace would outlive the worker.
+    for arg in (1, 2, 3):
+        p.label(f"mode_arg{arg}")
+        p.load(_arg_low(arg))
+        p.jump_if(_JMP_JSET_K, _MODE_PRIVILEGE_BITS, true="deny", false="allow")
+
+    # sendto(fd, buf, len, flags, ...), sendmmsg(fd, vec, n, flags), sendmsg(fd, msg,
+    # flags): MSG_FASTOPEN connects and sends in one call, and Landlock sees no connect.
+    # An address on a connected or unconnected TCP socket is otherwise ignored or refused.
+    for arg in (2, 3):
+        p.label(f"msg_flags_arg{arg}")
+        p.load(_arg_low(arg))
+        p.jump_if(_JMP_JSET_K, _MSG_FASTOPEN, true="deny", false="allow")
+
+    # setsockopt(fd, level, name, ...): no fast open, no repair, no upper-layer protocol.
+    # Other options are harmless without bind: SO_BINDTODEVICE picks an interface, the
+    # destination port is still Landlock's; SO_MARK and IP_TRANSPARENT need capabilities.
+    p.label("setsockopt")
+    p.load(_arg_low(1))
+    p.jump_if(_JMP_JEQ_K, _IPPROTO_TCP, true=0, false="allow")
+    p.load(_arg_low(2))
+    for option in _DENIED_TCP_OPTIONS:
+        p.jump_if(_JMP_JEQ_K, option, true="deny")
+    p.goto("allow")
 
     # clone(flags, ...): never new namespaces; only threads without `subprocess`.
     p.label("clone")
@@ -346,22 +467,29 @@ def build_filter(policy: SeccompPolicy) -> bytes:
     p.label("socket")
     p.load(_arg_low(0))
     if policy.network:
-        # AF_UNIX is refused here: a pathname socket would reach outside the workspace.
-        p.jump_if(_JMP_JEQ_K, socket.AF_INET, true="allow")
-        p.jump_if(_JMP_JEQ_K, socket.AF_INET6, true="allow", false="deny")
+        # TCP only: Landlock's port rules cover TCP connect and nothing else (not UDP,
+        # not MPTCP, not SCTP). AF_UNIX is refused: a pathname socket reaches outside.
+        p.jump_if(_JMP_JEQ_K, _AF_INET, true=1)
+        p.jump_if(_JMP_JEQ_K, _AF_INET6, true=0, false="deny")
+        p.load(_arg_low(1))
+        p.and_(_SOCK_TYPE_MASK)
+        p.jump_if(_JMP_JEQ_K, _SOCK_STREAM, true=0, false="deny")
+        p.load(_arg_low(2))
+        p.jump_if(_JMP_JEQ_K, 0, true="allow")
+        p.jump_if(_JMP_JEQ_K, _IPPROTO_TCP, true="allow", false="deny")
     else:
-        p.jump_if(_JMP_JEQ_K, socket.AF_UNIX, true="stream_type", false="deny")
+        p.jump_if(_JMP_JEQ_K, _AF_UNIX, true="stream_type", false="deny")
 
     # socketpair(AF_UNIX, SOCK_STREAM | SOCK_SEQPACKET, ...): never datagrams, which
     # could be sent to an address outside the workspace.
     p.label("socketpair")
     p.load(_arg_low(0))
-    p.jump_if(_JMP_JEQ_K, socket.AF_UNIX, true=0, false="deny")
+    p.jump_if(_JMP_JEQ_K, _AF_UNIX, true=0, false="deny")
     p.label("stream_type")
     p.load(_arg_low(1))
     p.and_(_SOCK_TYPE_MASK)
-    p.jump_if(_JMP_JEQ_K, socket.SOCK_STREAM, true="allow")
-    p.jump_if(_JMP_JEQ_K, socket.SOCK_SEQPACKET, true="allow", false="deny")
+    p.jump_if(_JMP_JEQ_K, _SOCK_STREAM, true="allow")
+    p.jump_if(_JMP_JEQ_K, _SOCK_SEQPACKET, true="allow", false="deny")
 
     # kill(-1, sig) signals every process the caller may signal.
     p.label("kill")
