@@ -14,6 +14,14 @@ observations whose message names the workspace path.
 Walking (``glob``, ``grep``) never follows symbolic links to directories (no loops,
 no double counting) and does not descend into hidden directories (``.git``,
 ``.tak``, ``.venv``) unless the pattern or path names them explicitly.
+
+Running in the kernel's process has a price: a tool here cannot be killed at its
+deadline (its thread is abandoned, not stopped), and C code that holds the GIL
+freezes every session. So every tool's cost is bounded by its input caps, not by
+its deadline: ``grep`` runs RE2 (linear time, no backtracking) over bounded
+windows, the closest-match search of ``edit_file`` compares a bounded number of
+candidates, walks and listings stop after ``MAX_WALK_ENTRIES`` entries, and glob
+patterns match in time linear in pattern times path length.
 """
 
 from __future__ import annotations
@@ -21,18 +29,19 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import functools
+import heapq
 import os
 import re
 import stat
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from kernel.errors import SandboxError
 from kernel.plugin import Plugin, context
 from kernel.tools import ToolFailure
 
 if TYPE_CHECKING:
-    from sandbox import Workspace
+    from sandbox import Entry, Workspace
 
 plugin = Plugin(
     "fs",
@@ -57,6 +66,20 @@ MAX_ENTRIES = 1000
 MAX_WALK_ENTRIES = 200_000
 #: How many leading bytes decide whether a file is binary.
 BINARY_SNIFF_BYTES = 8192
+#: Longest ``grep`` regex and glob pattern accepted, in characters.
+MAX_PATTERN_CHARS = 1000
+#: ``grep`` hands RE2 at most this many bytes per call (whole lines, or a window of a
+#: longer line), so no single call into C holds the GIL for long.
+GREP_WINDOW_BYTES = 256 * 1024
+#: ``grep`` stops after reading this many bytes in all, or counting this many matches.
+MAX_GREP_BYTES = 256 * 1024 * 1024
+MAX_GREP_MATCHES = 100_000
+#: ``edit_file``'s closest-match search: longest ``old`` (lines, characters) it tries,
+#: how many candidate regions it compares closely, and how much of each.
+MAX_CLOSEST_LINES = 400
+MAX_CLOSEST_CHARS = 20_000
+CLOSEST_CANDIDATES = 8
+CLOSEST_COMPARE_CHARS = 4000
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -190,21 +213,39 @@ def _line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
 
 
+_WORD = re.compile(r"\w+")
+
+
 def _closest_region(text: str, old: str) -> tuple[int, list[str], float] | None:
-    """The run of lines of ``text`` most like ``old``: (first line number, lines, ratio)."""
+    """The run of lines of ``text`` most like ``old``: (first line number, lines, ratio).
+
+    Bounded work, whatever the input: every window of ``old``'s line count is scored
+    in one linear pass by the words its lines share with ``old``; only the
+    ``CLOSEST_CANDIDATES`` best get the (quadratic) ``difflib`` ratio, on at most
+    ``CLOSEST_COMPARE_CHARS`` characters each.
+    """
     lines = text.splitlines()
     wanted = old.strip("\n").splitlines() or [old]
     width = len(wanted)
-    if not lines:
+    if not lines or width > MAX_CLOSEST_LINES or len(old) > MAX_CLOSEST_CHARS:
         return None
-    target = "\n".join(wanted)
+    words = set(_WORD.findall(old))
+    hits = [len(words.intersection(_WORD.findall(line))) for line in lines]
+    # Sliding sums: the score of the window starting at each line.
+    starts = max(1, len(lines) - width + 1)
+    score = sum(hits[:width])
+    scores = [score]
+    for start in range(1, starts):
+        score += hits[start + width - 1] - hits[start - 1]
+        scores.append(score)
+    candidates = heapq.nlargest(CLOSEST_CANDIDATES, range(starts), key=lambda i: (scores[i], -i))
+    target = "\n".join(wanted)[:CLOSEST_COMPARE_CHARS]
     matcher = difflib.SequenceMatcher(autojunk=False)
     matcher.set_seq2(target)
     best: tuple[int, list[str], float] | None = None
-    for start in range(max(1, len(lines) - width + 1)):
+    for start in sorted(candidates):
         window = lines[start : start + width]
-        matcher.set_seq1("\n".join(window))
-        # The cheap upper bounds skip most windows before the quadratic ratio().
+        matcher.set_seq1("\n".join(window)[:CLOSEST_COMPARE_CHARS])
         floor = best[2] if best else 0.0
         if matcher.real_quick_ratio() <= floor or matcher.quick_ratio() <= floor:
             continue
@@ -218,6 +259,8 @@ def _missing_message(path: str, text: str, old: str) -> str:
     message = f"old text not found in {path}"
     if len(text) > 2_000_000:
         return message + " (file too large to look for a close match)"
+    if len(old) > MAX_CLOSEST_CHARS or old.count("\n") >= MAX_CLOSEST_LINES:
+        return message + " (old text too long to look for a close match)"
     closest = _closest_region(text, old)
     if closest is None or closest[2] < 0.3:
         return message + "; nothing in the file resembles it"
@@ -282,14 +325,19 @@ def list_dir(path: str = ".") -> str:
     Args:
         path: Directory path relative to the workspace.
     """
-    entries = _workspace().list(path)
+    entries = _workspace().list(path, limit=MAX_WALK_ENTRIES + 1)
     if not entries:
         return f"({path} is empty)"
     lines = []
     for entry in entries[:MAX_ENTRIES]:
         name = entry.name + _KIND_SUFFIX[entry.kind]
         lines.append(f"{name}  {entry.size} bytes" if entry.kind == "file" else name)
-    if len(entries) > MAX_ENTRIES:
+    if len(entries) > MAX_WALK_ENTRIES:
+        lines.append(
+            f"[showed {MAX_ENTRIES} entries, sorted among the first {MAX_WALK_ENTRIES} read; "
+            f"{path} has more: use glob to narrow]"
+        )
+    elif len(entries) > MAX_ENTRIES:
         lines.append(f"[showed {MAX_ENTRIES} of {len(entries)} entries]")
     return "\n".join(lines)
 
@@ -310,6 +358,10 @@ class _WalkBudget:
             self.exhausted = True
         return not self.exhausted
 
+    def list(self, ws: Workspace, path: str) -> list[Entry]:
+        """The entries of ``path``, reading no more than the budget has left."""
+        return ws.list(path, limit=max(MAX_WALK_ENTRIES - self.visited, 0) + 1)
+
 
 def _join(base: str, name: str) -> str:
     return name if base in ("", ".") else f"{base}/{name}"
@@ -321,7 +373,7 @@ def _walk_files(ws: Workspace, top: str, budget: _WalkBudget) -> Iterator[str]:
     while stack:
         current = stack.pop()
         try:
-            entries = ws.list(current)
+            entries = budget.list(ws, current)
         except (OSError, SandboxError):
             continue  # vanished or unreadable since it was listed: not worth failing a search
         if not budget.spend(len(entries)):
@@ -337,6 +389,8 @@ def _walk_files(ws: Workspace, top: str, budget: _WalkBudget) -> Iterator[str]:
 
 
 def _split_pattern(pattern: str, what: str) -> list[str]:
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(f"{what} is {len(pattern)} characters, more than {MAX_PATTERN_CHARS}")
     if pattern.startswith("/"):
         raise ValueError(f"{what} {pattern!r} is absolute; patterns are relative to the workspace")
     parts = [p for p in pattern.split("/") if p not in ("", ".")]
@@ -344,7 +398,8 @@ def _split_pattern(pattern: str, what: str) -> list[str]:
         raise ValueError(f"{what} {pattern!r} contains '..'; patterns stay inside the workspace")
     if not parts:
         raise ValueError(f"{what} {pattern!r} matches nothing; try '**/*'")
-    return parts
+    # ``**/**`` means what ``**`` means; collapsed, it cannot multiply the work.
+    return [p for i, p in enumerate(parts) if not (p == "**" and i and parts[i - 1] == "**")]
 
 
 def _segment_matches(segment: str, name: str) -> bool:
@@ -370,7 +425,7 @@ def _glob(ws: Workspace, parts: list[str], budget: _WalkBudget) -> Iterator[str]
         if segment == "**":
             stack.append((current, index + 1))
         try:
-            entries = ws.list(current)
+            entries = budget.list(ws, current)
         except (OSError, SandboxError):
             continue
         if not budget.spend(len(entries)):
@@ -437,23 +492,94 @@ def _path_filter(pattern: str | None) -> Callable[[str], bool]:
 
 
 def _parts_match(parts: list[str], names: list[str]) -> bool:
-    if not parts:
-        return not names
-    if parts[0] == "**":
-        return any(_parts_match(parts[1:], names[i:]) for i in range(len(names) + 1))
-    return (
-        bool(names) and _segment_matches(parts[0], names[0]) and _parts_match(parts[1:], names[1:])
+    """Whether the path ``names`` matches ``parts``: a table, linear in both lengths.
+
+    (Trying every split at each ``**`` is exponential in the number of ``**``.)
+    """
+    # ok[j]: parts[i:] matches names[j:], for the current i, from the end backwards.
+    ok = [False] * len(names) + [True]
+    for part in reversed(parts):
+        nxt = [False] * (len(names) + 1)
+        for j in range(len(names), -1, -1):
+            if part == "**":
+                nxt[j] = ok[j] or (j < len(names) and nxt[j + 1])
+            else:
+                nxt[j] = j < len(names) and ok[j + 1] and _segment_matches(part, names[j])
+        ok = nxt
+    return ok[0]
+
+
+def _compile_grep(pattern: str) -> Any:
+    """The pattern as a compiled RE2 regex over UTF-8 bytes, each match within one line.
+
+    RE2 runs in time linear in the text, whatever the pattern: no backtracking, so
+    ``(a+)+$`` cannot hold the GIL for minutes. It has no backreferences or
+    lookaround; a pattern that only Python's ``re`` accepts gets a message saying so.
+    """
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ValueError(
+            f"regular expression is {len(pattern)} characters, more than {MAX_PATTERN_CHARS}"
+        )
+    import re2  # type: ignore[import-untyped]  # here: ``import plugins`` stays cheap
+
+    options = re2.Options()
+    options.log_errors = False  # the error goes to the model, not to the kernel's stderr
+    options.never_nl = True  # a match never spans lines, as with line-by-line search
+    try:
+        return re2.compile(b"(?m)" + pattern.encode("utf-8", "surrogatepass"), options)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        raise ValueError(f"invalid regular expression {pattern!r}: {reason}") from None
+    raise ValueError(
+        f"regular expression {pattern!r} uses Python-only syntax that grep does not run "
+        f"(backreferences, lookaround, atomic groups, possessive quantifiers): {reason}; "
+        "grep uses RE2 syntax, which runs in linear time"
     )
+
+
+def _matching_lines(regex: Any, data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of each line of ``data`` with a match, in order.
+
+    RE2 is given whole lines, ``GREP_WINDOW_BYTES`` at most per call; a longer line
+    is searched in windows of that size (a match across a window edge is missed).
+    """
+    size = len(data)
+    pos = 0
+    number = 1
+    counted = 0  # ``number`` is the line number at offset ``counted``
+    while pos < size:
+        end = min(pos + GREP_WINDOW_BYTES, size)
+        if end < size:
+            newline = data.rfind(b"\n", pos, end)
+            if newline >= pos:
+                end = newline + 1
+        while pos < end:
+            match = regex.search(data, pos, end)
+            if match is None:
+                break
+            line_start = data.rfind(b"\n", 0, match.start()) + 1
+            line_end = data.find(b"\n", match.start(), end)
+            line_end = end if line_end == -1 else line_end
+            number += data.count(b"\n", counted, line_start)
+            counted = line_start
+            yield number, data[max(line_start, pos) : line_end].rstrip(b"\r")
+            pos = line_end + 1
+        pos = end
 
 
 @plugin.tool
 @_refusals_denied
 def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
-    """Search file contents with a regular expression (Python ``re`` syntax).
+    """Search file contents with a regular expression (RE2 syntax, close to Python's).
 
     Prints ``file:line: text`` for each matching line. Binary files, files over
     8 MiB and hidden directories are skipped. Use ``(?i)`` for case-insensitive
-    matching. Output is capped; a marker says when matches were left out.
+    matching. Backreferences and lookaround are not supported (RE2 runs in
+    linear time). Output is capped; a marker says when matches were left out.
 
     Args:
         pattern: Regular expression to look for.
@@ -461,10 +587,7 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
         glob: Only search files matching this glob (``*.py`` matches names,
             ``src/**/*.py`` whole paths).
     """
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    regex = _compile_grep(pattern)
     ws = _workspace()
     wanted = _path_filter(glob)
     budget = _WalkBudget()
@@ -473,11 +596,16 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
     out: list[str] = []
     size = 0
     matches = 0
+    read = 0
     skipped: list[str] = []
     truncated = False
+    stopped = ""
     for file in files:
         if not wanted(file):
             continue
+        if read >= MAX_GREP_BYTES:
+            stopped = f"[stopped after reading {MAX_GREP_BYTES} bytes; narrow the path or glob]"
+            break
         try:
             data = ws.read_bytes(file, max_bytes=MAX_FILE_BYTES)
         except SandboxError:
@@ -485,30 +613,37 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
             continue
         except OSError:
             continue
+        read += len(data)
         if _looks_binary(data):
             continue
-        text = data.decode("utf-8", errors="replace")
-        for number, line in enumerate(text.splitlines(), start=1):
-            if regex.search(line) is None:
-                continue
+        for number, raw in _matching_lines(regex, data):
             matches += 1
+            if matches >= MAX_GREP_MATCHES:
+                stopped = f"[stopped counting at {MAX_GREP_MATCHES} matching lines]"
+                break
             if truncated:
                 continue
+            line = raw.decode("utf-8", errors="replace")
             entry = f"{file}:{number}: {_clip_line(line, MAX_GREP_LINE_CHARS)}"
             if size + len(entry) + 1 > MAX_GREP_CHARS:
                 truncated = True
                 continue
             out.append(entry)
             size += len(entry) + 1
+        if stopped:
+            break
     if truncated:
+        of = f"at least {matches}" if stopped else str(matches)
         out.append(
-            f"[output truncated: showed {len(out)} of {matches} matching lines; "
+            f"[output truncated: showed {len(out)} of {of} matching lines; "
             "narrow the pattern, path or glob]"
         )
     if skipped:
         out.append(f"[skipped {len(skipped)} files over {MAX_FILE_BYTES} bytes: {skipped[:5]}]")
     if budget.exhausted:
         out.append(f"[stopped after visiting {MAX_WALK_ENTRIES} entries; narrow the path]")
+    if stopped:
+        out.append(stopped)
     if matches == 0:
         out.insert(0, f"no matches for {pattern!r} in {path}")
     return "\n".join(out)
