@@ -17,7 +17,10 @@ the kernel's own records are not affected.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import re
 from typing import Any, Final, Literal, TypeAlias, get_args
 
 import attrs
@@ -39,6 +42,7 @@ ErrorCode: TypeAlias = Literal[
     "too_many_inflight",
     "too_large",
     "unauthorized",
+    "too_many_connections",
     "invalid_request",
     "kernel_error",
     "internal",
@@ -267,15 +271,47 @@ _configure()
 
 
 def encode(frame: Request | ServerFrame) -> str:
-    """The JSON text of a frame, ``v`` and ``type`` first.
+    """The JSON text of a frame, ``v`` and ``type`` first: always valid JSON in ASCII.
 
-    Non-ASCII text is escaped (``\\uXXXX``), so any Python string, a lone
-    surrogate included, gives valid UTF-8 on the wire.
+    Non-ASCII text is escaped (``\\uXXXX``). What JSON cannot carry is
+    replaced rather than sent or raised, as ``JSON.stringify`` does: a lone
+    surrogate becomes U+FFFD, a NaN or infinite float ``null``. Clean input
+    never has them (``decode_request`` refuses them), but a tool's or a
+    model's output might.
     """
     union: Any = ServerFrame if isinstance(frame, Reply | Event | ErrorFrame) else Request
     body: dict[str, Any] = converter.unstructure(frame, union)
     head = {"v": body.pop("v"), "type": body.pop("type")}
-    return json.dumps({**head, **body}, separators=(",", ":"))
+    value = {**head, **body}
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = None
+    if text is None or _LONE_SURROGATE_ESCAPE.search(text):
+        text = json.dumps(_recordable(value), separators=(",", ":"), allow_nan=False)
+    return text
+
+
+# A \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one, or the other way round.
+# (An escaped backslash before "ud800" also matches: a false alarm costs one more pass.)
+_LONE_SURROGATE_ESCAPE = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
+
+
+def _recordable(value: Any) -> Any:
+    """``value`` with lone surrogates replaced by U+FFFD and non-finite floats by ``None``."""
+    if isinstance(value, str):
+        # UTF-16 joins a surrogate pair split across code points; a lone one is replaced.
+        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {_recordable(k): _recordable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_recordable(v) for v in value]
+    return value
 
 
 #: How deep objects and arrays in a client frame may nest.
@@ -297,6 +333,85 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+class _NonFinite:
+    """Stands in the decoded value for a number that JSON cannot carry, until reported."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _non_finite(found: list[str], literal: str) -> _NonFinite:
+    # json.loads accepts NaN, Infinity and -Infinity, which are not JSON.
+    found.append(literal)
+    return _NonFinite(literal)
+
+
+def _float(found: list[str], literal: str) -> float | _NonFinite:
+    number = float(literal)
+    if math.isfinite(number):
+        return number
+    found.append(literal)  # 1e999: valid JSON, but no finite float
+    return _NonFinite(literal)
+
+
+_MAY_OVERFLOW = re.compile(r"[eE]\+?0*[1-9][0-9]{2}|[0-9]{200}")
+
+# Surrogates reach a decoded string only through \uD800-\uDFFF escapes (a frame's
+# text came from UTF-8, which cannot hold them): without one, the walk is skipped.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _may_hold_surrogates(text: str) -> bool:
+    return _SURROGATE_ESCAPE.search(text) is not None or not _is_unicode(text)
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogate), the common case fast."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unrecordable(value: Any, path: str) -> str | None:
+    """Where ``value`` holds what strict JSON in UTF-8 cannot (first problem), or ``None``.
+
+    Nesting is bounded (``MAX_NESTING``) before this runs.
+    """
+    if isinstance(value, str):
+        if _is_unicode(value):
+            return None
+        return f"{path}: {_surrogate_in(value)} is not valid Unicode"
+    if isinstance(value, _NonFinite):
+        literal = value.literal[:40]
+        if literal in ("NaN", "Infinity", "-Infinity"):
+            return f"{path}: {literal} is not valid JSON"
+        return f"{path}: {literal} is not a finite number"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            key_path = f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"
+            if not _is_unicode(key):
+                return f"{key_path}: the key holds {_surrogate_in(key)}, not valid Unicode"
+            problem = _unrecordable(item, key_path)
+            if problem is not None:
+                return problem
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = _unrecordable(item, f"{path}[{index}]")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _surrogate_in(text: str) -> str:
+    found = _SURROGATE.search(text)
+    return f"lone surrogate \\u{ord(found.group()):04x}" if found else "a lone surrogate"
+
+
 def _id_of(value: dict[str, Any]) -> str | None:
     raw_id = value.get("id")
     return raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_LENGTH else None
@@ -311,8 +426,18 @@ def decode_request(text: str) -> Request:
             problem), ``unknown_type``. ``re`` is the frame's id when it had a
             readable one.
     """
+    non_finite: list[str] = []
     try:
-        value = json.loads(text)
+        value = json.loads(
+            text,
+            parse_constant=functools.partial(_non_finite, non_finite),
+            # A Python hook per float doubles the cost of a frame of numbers: only
+            # when a literal could overflow (a 3-digit exponent, or 200+ digits:
+            # fewer digits times 10**99 stays finite).
+            parse_float=(
+                functools.partial(_float, non_finite) if _MAY_OVERFLOW.search(text) else float
+            ),
+        )
     except (ValueError, RecursionError) as exc:
         # RecursionError: deeply nested arrays are valid JSON but not a request
         raise FrameError("bad_json", f"not JSON: {exc}") from None
@@ -326,6 +451,14 @@ def decode_request(text: str) -> Request:
         )
     raw_id = value.get("id")
     re = raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_LENGTH else None
+    if non_finite or _may_hold_surrogates(text):
+        # The kernel records a request before it acts on it; what cannot be
+        # recorded (as strict JSON in UTF-8) must not run.
+        problem = _unrecordable(value, "$")
+        if problem is None and non_finite:  # not reached: the walk finds every _NonFinite
+            problem = f"$: {non_finite[0][:40]} is not valid JSON"
+        if problem is not None:
+            raise FrameError("bad_message", problem, re=re if re and _is_unicode(re) else None)
     version = value.get("v")
     if type(version) is not int or version != PROTOCOL_VERSION:
         found = "missing" if "v" not in value else json.dumps(version)[:20]

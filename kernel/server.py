@@ -23,6 +23,12 @@ Per connection, three tasks and one nursery per request:
 - a **keep-alive** task pings, and closes a connection that stops answering,
   stays idle, or whose writer is stuck.
 
+Before any of that, a connection must show the token: until it does, it holds
+one of ``ServerLimits.max_unauthenticated`` places (the oldest is dropped to
+make room) and has ``handshake_timeout`` seconds from TCP accept to show it;
+only authenticated connections count against ``max_connections``
+(``kernel._admission`` has the budgets and the accept loop).
+
 A bug never takes the server down: an exception in a request gives an
 ``internal`` reply and closes that connection with 1011; one anywhere else in a
 connection's code is logged and closes that connection with 1011.
@@ -35,6 +41,7 @@ import ipaddress
 import itertools
 import logging
 import math
+import resource
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -46,10 +53,17 @@ from trio_websocket import (
     ConnectionClosed,
     WebSocketConnection,
     WebSocketRequest,
-    WebSocketServer,
+    wrap_server_stream,
 )
 
 from . import __version__
+from ._admission import (
+    Admission,
+    Slot,
+    open_files_in_use,
+    raise_open_files_limit,
+    serve_listeners,
+)
 from .agent import AgentEvent, AgentEventCallback, ModelDelta, TurnFinished
 from .errors import KernelError, UsageError
 from .executor import CallFinished, CallStarted
@@ -84,6 +98,7 @@ CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008  # unauthorized, or a client too slow to read what it asked for
 CLOSE_TOO_BIG = 1009  # sent by trio-websocket for a frame past ServerLimits.hard_frame_limit
 CLOSE_INTERNAL = 1011  # a bug on our side, or a peer that stopped answering pings
+CLOSE_TRY_AGAIN = 1013  # authenticated by hello, but max_connections clients are connected
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -103,16 +118,22 @@ class ServerLimits:
             twice ``max_frame_bytes``).
         max_inflight: requests one connection may have running (``cancel`` and
             ``hello`` are answered at once and do not count).
-        max_connections: open connections; the next handshake gets HTTP 503.
+        max_connections: authenticated connections; the next one gets HTTP 503
+            (token in the handshake) or ``too_many_connections`` and 1013 (token
+            in ``hello``). Connections that have not shown the token do not count.
+        max_unauthenticated: connections that have not shown the token yet (in
+            the handshake or in ``hello``); a new one drops the oldest.
+        fd_reserve: file descriptors left for everything but sockets (transcripts,
+            workers): connections stop being accepted before the open-file limit
+            is this close.
         outbox_bytes: bytes of frames a connection may have queued and not yet
             sent: past it the connection is closed with 1008, so a client that
             does not read costs bounded memory (a frame larger than this still
             goes out when nothing else is queued).
         send_timeout: seconds one frame may take to go out; a client that does not
             read for that long is closed with 1008.
-        hello_timeout: seconds a connection whose handshake had no token has to
-            send ``hello`` with one.
-        handshake_timeout: seconds a TCP connection has to finish the HTTP handshake.
+        handshake_timeout: seconds from TCP accept until the token has been shown,
+            in the HTTP handshake or in ``hello``; then the connection is closed.
         ping_interval: seconds between pings (``None``: no pings).
         ping_timeout: seconds a ping may wait for its pong before the connection is closed.
         idle_timeout: seconds without a frame from the client and with no request
@@ -125,10 +146,11 @@ class ServerLimits:
     hard_frame_limit: int | None = attrs.field(default=None, validator=_positive)
     max_inflight: int = attrs.field(default=16, validator=_positive)
     max_connections: int = attrs.field(default=64, validator=_positive)
+    max_unauthenticated: int = attrs.field(default=16, validator=_positive)
+    fd_reserve: int = attrs.field(default=64, validator=_positive)
     outbox_bytes: int = attrs.field(default=64 << 20, validator=_positive)
     send_timeout: float = attrs.field(default=20.0, validator=_positive)
-    hello_timeout: float = attrs.field(default=5.0, validator=_positive)
-    handshake_timeout: float = attrs.field(default=10.0, validator=_positive)
+    handshake_timeout: float = attrs.field(default=5.0, validator=_positive)
     ping_interval: float | None = attrs.field(default=20.0, validator=_positive)
     ping_timeout: float = attrs.field(default=20.0, validator=_positive)
     idle_timeout: float | None = attrs.field(default=3600.0, validator=_positive)
@@ -169,6 +191,9 @@ async def serve_websocket(
             that are not loopback names. The token is then all that guards the
             kernel, in clear text: put TLS in front.
 
+    The process's soft open-file limit is raised to its hard limit (logged), and
+    connections are kept below it (see ``kernel._admission``).
+
     Raises:
         UsageError: ``host`` is not a loopback address and ``allow_remote`` is
             false, or the token is empty.
@@ -197,19 +222,12 @@ async def serve_websocket(
         allow_remote=allow_remote,
         limits=limits,
         port=bound_port,
-    )
-    ws_server = WebSocketServer(
-        server.handle,
-        listeners,
-        max_message_size=limits.frame_buffer_limit,
-        receive_buffer_size=1 << 16,
-        connect_timeout=limits.handshake_timeout,
-        disconnect_timeout=limits.close_grace,
+        admission=await _open_admission(limits),
     )
     url_host = f"[{host}]" if ":" in host else host
     url = f"ws://{url_host}:{bound_port}/?token={quote(token, safe='')}"
     async with trio.open_nursery() as nursery:
-        await nursery.start(ws_server.run)
+        await nursery.start(serve_listeners, listeners, server.admission, server.handle)
         logger.info(
             "serving %s on ws://%s:%d/ (model %s, %d tools)",
             "the kernel",
@@ -224,6 +242,33 @@ async def serve_websocket(
                 "can run tools; the connection is not encrypted"
             )
         task_status.started(url)
+
+
+async def _open_admission(limits: ServerLimits) -> Admission:
+    """The connection budgets, under this process's open-file limit (raised first)."""
+    before, soft = raise_open_files_limit()
+    if soft != before:
+        logger.info("raised the open-file limit (soft RLIMIT_NOFILE) from %d to %d", before, soft)
+    in_use = await trio.to_thread.run_sync(open_files_in_use)
+    budget: float = math.inf
+    if soft != resource.RLIM_INFINITY:
+        budget = max(1, soft - (in_use or 0) - limits.fd_reserve)
+        wanted = limits.max_connections + limits.max_unauthenticated
+        if budget < wanted:
+            logger.warning(
+                "the open-file limit (%d, %d in use) leaves room for %d connections, "
+                "fewer than max_connections + max_unauthenticated = %d",
+                soft,
+                in_use or 0,
+                budget,
+                wanted,
+            )
+    return Admission(
+        max_unauthenticated=limits.max_unauthenticated,
+        max_connections=limits.max_connections,
+        handshake_timeout=limits.handshake_timeout,
+        open_files_budget=budget,
+    )
 
 
 async def _is_loopback_address(host: str) -> bool:
@@ -295,31 +340,42 @@ class _Server:
         allow_remote: bool,
         limits: ServerLimits,
         port: int,
+        admission: Admission,
     ) -> None:
         self.kernel = kernel
         self.limits = limits
+        self.admission = admission
         self._token = token.encode()
         self._allow_origins = {o.rstrip("/").lower() for o in allow_origins}
         self._allow_remote = allow_remote
         self._port = port
-        self._connections = 0
         self._numbers = itertools.count(1)
 
     def token_matches(self, candidate: str) -> bool:
         return hmac.compare_digest(candidate.encode("utf-8", "surrogatepass"), self._token)
 
-    async def handle(self, request: WebSocketRequest) -> None:
-        """trio-websocket's handler: never raises, or the whole server would stop."""
-        number = next(self._numbers)
-        label = f"#{number} {_peer(request)}"
-        self._connections += 1
+    async def handle(self, stream: trio.SocketStream, slot: Slot) -> None:
+        """One TCP connection, run inside ``slot.scope`` (its deadline, or its drop).
+
+        Never raises but ``Cancelled``, or the whole server would stop.
+        """
+        label = f"#{next(self._numbers)} {_peer(stream)}"
         ws: WebSocketConnection | None = None
         try:
-            accepted = await self._accept(request, label)
-            if accepted is not None:
-                ws, authenticated = accepted
-                logger.info("%s connected", label)
-                await _Connection(self, ws, label, authenticated=authenticated).serve()
+            async with trio.open_nursery() as nursery:  # trio-websocket's reader task
+                request = await wrap_server_stream(
+                    nursery,
+                    stream,
+                    max_message_size=self.limits.frame_buffer_limit,
+                    receive_buffer_size=1 << 16,
+                )
+                ws = await self._accept(request, label, slot)
+                if ws is not None:
+                    logger.info("%s connected", label)
+                    await _Connection(self, ws, label, slot).serve()
+                    with trio.move_on_after(self.limits.close_grace):
+                        await ws.aclose()
+                nursery.cancel_scope.cancel()
         except Exception:
             logger.exception("%s: internal error; closing the connection", label)
             if ws is not None:
@@ -332,8 +388,6 @@ class _Server:
                     await self._close_after_bug(ws)
             if rest is not None:
                 raise rest from None
-        finally:
-            self._connections -= 1
 
     async def _close_after_bug(self, ws: WebSocketConnection) -> None:
         with trio.move_on_after(self.limits.close_grace):
@@ -341,11 +395,13 @@ class _Server:
         await trio.aclose_forcefully(ws)
 
     async def _accept(
-        self, request: WebSocketRequest, label: str
-    ) -> tuple[WebSocketConnection, bool] | None:
+        self, request: WebSocketRequest, label: str, slot: Slot
+    ) -> WebSocketConnection | None:
         """Accept the handshake, or refuse it with an HTTP status before any frame.
 
-        Returns the connection and whether the handshake carried the token.
+        A handshake with the right token authenticates ``slot``; one without
+        gets until the token deadline to send ``hello``, plus ``close_grace`` to
+        take the refusal.
         """
         host = _request_host(request)
         host_port = _host_and_port(host, 80) if host is not None else None
@@ -369,10 +425,12 @@ class _Server:
         if not all(self.token_matches(t) for t in offered):
             await self._reject(request, label, 401, "wrong token")
             return None
-        if self._connections > self.limits.max_connections:
+        if not offered:
+            slot.scope.deadline = slot.token_deadline + self.limits.close_grace
+        elif not self.admission.authenticate(slot):
             await self._reject(request, label, 503, "too many connections")
             return None
-        return await request.accept(), bool(offered)
+        return await request.accept()
 
     def _origin_allowed(self, origin: str, host_port: tuple[str, int]) -> bool:
         if origin.rstrip("/").lower() in self._allow_origins:
@@ -389,23 +447,25 @@ class _Server:
         await request.reject(status, body=f"{why}\n".encode())
 
 
-def _peer(request: WebSocketRequest) -> str:
-    remote = request.remote
-    return str(remote) if isinstance(remote, str) else f"{remote.address}:{remote.port}"
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        address = stream.socket.getpeername()
+    except OSError:
+        return "(gone)"
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Connection:
     """One accepted WebSocket: reader, writer, keep-alive, and its requests."""
 
-    def __init__(
-        self, server: _Server, ws: WebSocketConnection, label: str, *, authenticated: bool
-    ) -> None:
+    def __init__(self, server: _Server, ws: WebSocketConnection, label: str, slot: Slot) -> None:
         self._server = server
         self._kernel = server.kernel
         self._limits = server.limits
         self._ws = ws
         self._label = label
-        self._authenticated = authenticated
+        self._slot = slot
         # Bounded in bytes by _push (a burst of small events is no sign of a slow client).
         self._outbox_send, self._outbox_recv = trio.open_memory_channel[str](math.inf)
         self._queued_bytes = 0
@@ -418,6 +478,10 @@ class _Connection:
         self._close_reason = ""
         self._discard = False
         self._last_activity = trio.current_time()
+
+    @property
+    def _authenticated(self) -> bool:
+        return self._slot.authenticated
 
     async def serve(self) -> None:
         async with trio.open_nursery() as outer:
@@ -575,8 +639,16 @@ class _Connection:
             self._refuse(request.id, "wrong token")
         elif not self._authenticated and token is None:
             self._refuse(request.id, "authenticate first: send hello with the token")
+        elif not self._server.admission.authenticate(self._slot):
+            logger.warning("%s refused: too many connections", self._label)
+            self._error(
+                "too_many_connections",
+                f"{self._limits.max_connections} clients are connected, the most this "
+                "server takes; try again later",
+                re=request.id,
+            )
+            self._close(CLOSE_TRY_AGAIN, "too many connections")
         else:
-            self._authenticated = True
             self._push(
                 Reply(
                     re=request.id,
@@ -599,9 +671,13 @@ class _Connection:
         self._push(ErrorFrame(error=ErrorInfo(code=code, message=message), re=re))
 
     async def _require_hello(self) -> None:
-        await trio.sleep(self._limits.hello_timeout)
+        await trio.sleep_until(self._slot.token_deadline)
         if not self._authenticated:
-            self._refuse(None, f"no hello with the token within {self._limits.hello_timeout:g} s")
+            self._refuse(
+                None,
+                f"no hello with the token within {self._limits.handshake_timeout:g} s "
+                "of connecting",
+            )
 
     async def _keep_alive(self) -> None:
         async with trio.open_nursery() as nursery:

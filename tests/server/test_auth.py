@@ -84,7 +84,7 @@ async def test_a_wrong_token_in_hello_closes_the_connection(url: str) -> None:
 
 
 async def test_no_hello_within_the_timeout_closes_the_connection(kernel: Kernel) -> None:
-    async with running_server(kernel, limits=ServerLimits(hello_timeout=0.2)) as url:
+    async with running_server(kernel, limits=ServerLimits(handshake_timeout=0.2)) as url:
         async with connect(bare(url)) as client:
             error = await client.recv()
             assert error["error"]["code"] == "unauthorized"

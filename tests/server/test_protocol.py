@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given
@@ -101,8 +102,12 @@ def test_frames_are_compact_with_v_and_type_first() -> None:
         encode(Reply(re="t", status="cancelled", seq=4))
         == '{"v":1,"type":"reply","re":"t","status":"cancelled","seq":4}'
     )
+    # what strict JSON cannot carry is replaced, as JSON.stringify does
     assert encode(Event(re="r", kind="model_delta", data={"text": "\ud800é"}, seq=2)) == (
-        '{"v":1,"type":"event","re":"r","seq":2,"kind":"model_delta","text":"\\ud800\\u00e9"}'
+        '{"v":1,"type":"event","re":"r","seq":2,"kind":"model_delta","text":"\\ufffd\\u00e9"}'
+    )
+    assert encode(Reply(re="t", status="ok", result={"x": float("nan"), "y": [-math.inf]})) == (
+        '{"v":1,"type":"reply","re":"t","status":"ok","seq":0,"result":{"x":null,"y":[null]}}'
     )
 
 

@@ -375,6 +375,7 @@ def test_every_error_code_is_tested_here_or_in_test_auth() -> None:
         "kernel_error",
         "unauthorized",  # test_auth
         "internal",  # test_robustness
+        "too_many_connections",  # tests/security/test_server_preauth.py
     }
     assert tested == set(ERROR_CODES)
 
