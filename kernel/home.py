@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,18 @@ class TakHome:
         """The parsed ``tak.toml`` (empty when there is none).
 
         Raises:
-            UsageError: the file is not valid TOML (the message names it and the line).
+            UsageError: the file is not valid TOML (the message names it and the line),
+                or a setting this module checks is wrong (``[workspace] max_bytes``).
         """
         try:
             with open(self.config_file, "rb") as f:
-                return tomllib.load(f)
+                config = tomllib.load(f)
         except FileNotFoundError:
             return {}
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{self.config_file}: {exc}") from None
+        workspace_max_bytes(config, self.config_file)  # refused here, at start, not later
+        return config
 
     @property
     def data(self) -> Path:
@@ -76,3 +80,26 @@ class TakHome:
         for d in (self.config, self.data, self.sessions, self.workspace):
             d.mkdir(parents=True, exist_ok=True)
         return self
+
+
+def workspace_max_bytes(
+    config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.toml"
+) -> int | None:
+    """``[workspace] max_bytes``: the workspace's disk budget, ``None`` when unset.
+
+    Raises:
+        UsageError: not a positive integer (one line naming ``source`` and the key).
+    """
+    section = config.get("workspace", {})
+    if not isinstance(section, Mapping):
+        raise UsageError(f"{source}: [workspace] must be a table, got {section!r}")
+    value = section.get("max_bytes")
+    # bool is an int in Python, and a float would be silently truncated: refuse both.
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(
+            f"{source}: [workspace] max_bytes must be a positive whole number of bytes, "
+            f"got {value!r}"
+        )
+    return value

@@ -41,7 +41,7 @@ import shutil
 import site
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,10 +50,11 @@ import attrs
 import trio
 
 from kernel.errors import KernelError, UsageError
-from kernel.home import TakHome
+from kernel.home import TakHome, workspace_max_bytes
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
-from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolRegistry
+from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolFailure, ToolRegistry
 from sandbox import IsolationSupport, Policy, Workspace, open_worker_pool
+from sandbox._workspace import DEFAULT_MAX_BYTES
 from sandbox.pool import Worker, WorkerPool
 from sandbox.worker import find_plugin
 
@@ -327,7 +328,8 @@ class PluginHost:
             isolation = "in process"
         else:
             worker = self._worker(source, plugin.name, plugin.permissions)
-            tools = [_remote(t, worker) for t in plugin.tools]
+            after = self._budget_check(plugin.permissions)
+            tools = [_remote(t, worker, after) for t in plugin.tools]
             isolation = self._isolation(plugin.permissions)
         if not tools:
             raise UsageError(f"plugin {plugin.name} defines no tools")
@@ -382,7 +384,8 @@ class PluginHost:
         else:
             await probe.aclose()
             worker = self._worker(target, name, permissions)
-        tools = [_remote(t, worker) for t in probe.tools]
+        after = self._budget_check(permissions)
+        tools = [_remote(t, worker, after) for t in probe.tools]
         if info.get("in_process"):
             logger.info("plugin %s asks to run in process; third-party plugins never do", name)
         return _Candidate(
@@ -434,6 +437,33 @@ class PluginHost:
             worker.config = dict(config)
             worker.policy = self.granted(name, permissions).policy()
 
+    def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[None]] | None:
+        """After each call of a plugin that may write the workspace: measure it again.
+
+        A worker's writes do not go through ``self.workspace``, so its figure is
+        refreshed (in a thread: it walks the tree); fs tools then refuse writes past
+        the budget, and the call that took the workspace over it fails and says so.
+        """
+        if permissions.workspace != "write" or self.workspace.max_bytes is None:
+            return None
+        return self._check_budget
+
+    async def _check_budget(self) -> None:
+        """Raises: ToolFailure: the workspace is over its disk budget."""
+        limit = self.workspace.max_bytes
+        try:
+            used = await trio.to_thread.run_sync(self.workspace.refresh_usage)
+        except KernelError as exc:  # the tree kept changing: measure next time
+            logger.warning("workspace usage not measured: %s", exc)
+            return
+        if limit is not None and used > limit:
+            raise ToolFailure(
+                "denied",
+                f"workspace over its budget: {used} bytes > max_bytes {limit} "
+                "([workspace] max_bytes in tak.toml); what this call wrote stays, and "
+                "further writes are refused until files are removed",
+            )
+
     def _isolation(self, permissions: Permissions) -> str:
         support = self.pool.isolation
         missing = support.missing(permissions.policy())
@@ -478,8 +508,25 @@ class PluginHost:
         return attrs.evolve(t, fn=run)
 
 
-def _remote(t: Tool, worker: Worker) -> Tool:
-    """The tool as its worker serves it, under the plugin's name for it."""
+def _remote(t: Tool, worker: Worker, after: Callable[[], Awaitable[None]] | None = None) -> Tool:
+    """The tool as its worker serves it, under the plugin's name for it.
+
+    ``after`` runs when each call has returned or failed (the disk budget check of a
+    plugin that writes the workspace); a failure it raises replaces the call's result.
+    """
+    invoke: Callable[[dict[str, Any]], Awaitable[Any]] = functools.partial(worker.invoke, t.name)
+    if after is not None:
+        call, check = invoke, after
+
+        async def invoke(arguments: dict[str, Any]) -> Any:
+            try:
+                value = await call(arguments)
+            except ToolFailure:
+                await check()  # a failed call may have written too; its own failure wins
+                raise
+            await check()
+            return value
+
     return Tool(
         name=t.name,
         description=t.description,
@@ -489,7 +536,7 @@ def _remote(t: Tool, worker: Worker) -> Tool:
         timeout=t.timeout,
         exclusive=t.exclusive,
         max_output=t.max_output,
-        invoke=functools.partial(worker.invoke, t.name),
+        invoke=invoke,
     )
 
 
@@ -606,7 +653,12 @@ async def open_plugin_host(
     async with open_worker_pool(
         workspace, allow_unsandboxed=allow_unsandboxed, isolation=isolation
     ) as pool:
-        with Workspace(pool.workspace) as ws:
+        budget = workspace_max_bytes(config or {})
+        with Workspace(
+            pool.workspace,
+            protected=(".tak",),
+            max_bytes=DEFAULT_MAX_BYTES if budget is None else budget,
+        ) as ws:
             host = PluginHost(
                 workspace=ws, pool=pool, config=config or {}, tools=registry, home=tak_home
             )
