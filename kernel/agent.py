@@ -280,7 +280,8 @@ class Agent:
         """
         emit = on_event if on_event is not None else _ignore
         state = _TurnState()
-        user = Message("user", [Text(prompt)])
+        # The prompt is sent to the provider as the transcript records it.
+        user = recordable(Message("user", [Text(prompt)]))
         deadline = (
             trio.current_time() + self.limits.wall_time
             if self.limits.wall_time is not None

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..messages import Message
 from ..tools import ToolRegistry
-from ._assemble import ResponseBuilder
+from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
 from ._sse import SSEEvent
@@ -147,8 +147,7 @@ def _usage(usage: Usage, fields: Mapping[str, Any]) -> Usage:
     """``usage`` updated with the counts ``fields`` has (message_delta repeats only some)."""
 
     def count(key: str, default: int) -> int:
-        value = fields.get(key)
-        return value if isinstance(value, int) else default
+        return default if fields.get(key) is None else token_count(fields, key)
 
     return Usage(
         input_tokens=count("input_tokens", usage.input_tokens),

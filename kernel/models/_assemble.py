@@ -4,15 +4,30 @@ Every adapter feeds one ``ResponseBuilder``: text as it comes, each tool call
 when it starts and each fragment of its arguments, usage, the stop reason.
 The builder hands back the stream events for those pieces, so what the
 caller saw streamed and the final response cannot disagree.
+
+What a provider sends is decoded into something a transcript can record:
+lone surrogates in text, call ids and names become U+FFFD; in arguments
+they are kept as ``\\uXXXX`` escapes (as are NaN and infinities, in JSON
+text), so the executor refuses that call alone as ``bad_arguments``, with the
+path. Token counts that are not whole non-negative numbers are refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from ..messages import Message, Part, Text, ToolCall
+from ..messages import (
+    Message,
+    Part,
+    Text,
+    ToolCall,
+    escape_surrogates,
+    json_problem,
+    replace_lone_surrogates,
+)
 from ._base import (
     ModelEvent,
     ModelResponse,
@@ -23,6 +38,24 @@ from ._base import (
     Usage,
 )
 from ._prices import Price, cost_of, find_price
+
+
+def token_count(fields: Mapping[str, Any], key: str) -> int:
+    """``fields[key]`` as a token count (0 when missing).
+
+    Raises:
+        ValueError: the provider sent something that is not a whole number of
+            tokens (NaN, an infinity, a negative or fractional number, a string);
+            the adapters' ``response_shape`` makes it a ``ProviderError``.
+    """
+    value = fields.get(key)
+    if value is None:
+        return 0
+    if type(value) is int and value >= 0:
+        return value
+    if type(value) is float and math.isfinite(value) and value >= 0 and value.is_integer():
+        return int(value)
+    raise ValueError(f"usage {key}: {value!r} is not a token count")
 
 
 def assistant_message(parts: Iterable[Part]) -> Message:
@@ -76,13 +109,17 @@ class ResponseBuilder:
     def text(self, text: str) -> list[ModelEvent]:
         if not text:
             return []
+        text = replace_lone_surrogates(text)
         self._text.append(text)
         return [TextDelta(text)]
 
     def start_call(self, id: str | None, name: str) -> tuple[int, ToolCallDelta]:
         """Open the next call; returns its index and the delta that announces it."""
         index = len(self._calls)
-        call = _PendingCall(id or f"{self._id_prefix}-{index}", name)
+        call = _PendingCall(
+            replace_lone_surrogates(id or f"{self._id_prefix}-{index}"),
+            replace_lone_surrogates(name),
+        )
         self._calls.append(call)
         return index, ToolCallDelta(index, call.id, call.name, "")
 
@@ -90,11 +127,19 @@ class ResponseBuilder:
         """More of call ``index``'s JSON arguments."""
         if not fragment:
             return []
+        # A surrogate stays an escape: the call is refused, with its path, and recorded.
+        fragment = escape_surrogates(fragment)
         self._calls[index].fragments.append(fragment)
         return [ToolCallDelta(index, None, None, fragment)]
 
     def arguments_object(self, index: int, arguments: dict[str, Any]) -> list[ModelEvent]:
-        """Call ``index``'s arguments, sent whole as an object (Gemini, Anthropic non-streamed)."""
+        """Call ``index``'s arguments, sent whole as an object (Gemini, Anthropic non-streamed).
+
+        An object a transcript cannot hold (a lone surrogate, NaN, an infinity)
+        is kept as its JSON text, escaped: the executor refuses it.
+        """
+        if json_problem(arguments) is not None:
+            return self.arguments(index, json.dumps(arguments, ensure_ascii=True))
         self._calls[index].arguments = arguments
         return [ToolCallDelta(index, None, None, json.dumps(arguments, ensure_ascii=False))]
 
@@ -126,7 +171,7 @@ class ResponseBuilder:
             message=assistant_message(parts),
             usage=usage,
             stop_reason=stop,
-            model=self.model,
+            model=replace_lone_surrogates(self.model),
             raw_stop_reason=self.raw_stop_reason,
         )
 

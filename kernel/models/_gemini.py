@@ -10,7 +10,7 @@ import httpx
 
 from ..messages import Message
 from ..tools import ToolRegistry
-from ._assemble import ResponseBuilder
+from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
 from ._prices import Price
@@ -195,13 +195,13 @@ def _retry_delay(error: Mapping[str, Any]) -> float | None:
 
 
 def _usage(metadata: Mapping[str, Any]) -> Usage:
-    prompt = metadata.get("promptTokenCount") or 0
-    cached = metadata.get("cachedContentTokenCount") or 0
+    prompt = token_count(metadata, "promptTokenCount")
+    cached = token_count(metadata, "cachedContentTokenCount")
     return Usage(
         input_tokens=prompt - cached,
         # Thinking tokens are billed as output.
-        output_tokens=(metadata.get("candidatesTokenCount") or 0)
-        + (metadata.get("thoughtsTokenCount") or 0),
+        output_tokens=token_count(metadata, "candidatesTokenCount")
+        + token_count(metadata, "thoughtsTokenCount"),
         cache_read_tokens=cached,
     )
 

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from ..messages import Message
 from ..tools import ToolRegistry
-from ._assemble import ResponseBuilder
+from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
 from ._sse import SSEEvent
@@ -138,11 +138,11 @@ def _update(builder: ResponseBuilder, chunk: Mapping[str, Any]) -> None:
         builder.model = chunk["model"]
     usage = chunk.get("usage")
     if usage:
-        prompt = usage.get("prompt_tokens") or 0
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        prompt = token_count(usage, "prompt_tokens")
+        cached = token_count(usage.get("prompt_tokens_details") or {}, "cached_tokens")
         builder.usage = Usage(
             input_tokens=prompt - cached,
-            output_tokens=usage.get("completion_tokens") or 0,
+            output_tokens=token_count(usage, "completion_tokens"),
             cache_read_tokens=cached,
         )
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import UsageError
+from ..messages import escape_surrogates, json_problem
 from ._base import ModelRequest
 
 _MAX_WIRE_NAME = 64
@@ -64,21 +65,29 @@ def arguments_text(arguments: dict[str, Any] | str) -> str:
     """A call's arguments as JSON text, as OpenAI wants them back."""
     if isinstance(arguments, str):
         # A call without arguments may have streamed none at all.
-        return arguments if arguments.strip() else "{}"
-    return json.dumps(arguments, ensure_ascii=False)
+        return escape_surrogates(arguments) if arguments.strip() else "{}"
+    # Escaped, a lone surrogate can still be sent (the executor refused that call).
+    return escape_surrogates(json.dumps(arguments, ensure_ascii=False))
 
 
 def arguments_object(arguments: dict[str, Any] | str) -> dict[str, Any]:
     """A call's arguments as an object, as Anthropic and Gemini want them back.
 
-    Arguments that are not a JSON object were refused by the executor (its
+    Arguments that are not a JSON object, or hold what JSON text cannot carry
+    (a lone surrogate, NaN, an infinity), were refused by the executor (its
     error observation tells the model so); they go back as ``{}``, since
     these providers accept nothing else there.
     """
     if isinstance(arguments, dict):
-        return arguments
-    try:
-        value = json.loads(arguments)
-    except ValueError:
+        value: Any = arguments
+    else:
+        try:
+            value = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return {}
+    if not isinstance(value, dict):
         return {}
-    return value if isinstance(value, dict) else {}
+    try:
+        return {} if json_problem(value) is not None else value
+    except RecursionError:
+        return {}
