@@ -262,14 +262,17 @@ def _surrogate_problem(text: str) -> str | None:
 def _find_problem(value: Any) -> tuple[str, list[str | int]] | None:
     """``(reason, path from the inside out)`` of the first unrecordable leaf."""
     kind = type(value)
-    if kind is str:
+    # Exact types first (the common case); subclasses (a str Enum, an IntEnum) after.
+    if kind is str or (kind is not bool and isinstance(value, str)):
         if value.isascii():
             return None
         reason = _surrogate_problem(value)
         return None if reason is None else (reason, [])
-    if kind is dict:
+    if kind is int or kind is bool or value is None:
+        return None
+    if kind is dict or isinstance(value, dict):
         for key, item in value.items():
-            if type(key) is str and not key.isascii():
+            if isinstance(key, str) and not key.isascii():
                 reason = _surrogate_problem(key)
                 if reason is not None:
                     return f"{reason} (in the key)", [key]
@@ -278,23 +281,15 @@ def _find_problem(value: Any) -> tuple[str, list[str | int]] | None:
                 found[1].append(key if isinstance(key, str) else str(key))
                 return found
         return None
-    if kind is list or kind is tuple:
+    if kind is list or kind is tuple or isinstance(value, list | tuple):
         for index, item in enumerate(value):
             found = _find_problem(item)
             if found is not None:
                 found[1].append(index)
                 return found
         return None
-    if kind is float:
-        if math.isfinite(value):
-            return None
-        return f"{_NON_FINITE_NAMES[repr(value)]} is not a JSON number", []
-    if kind is int or kind is bool or value is None:
-        return None
-    # Subclasses (a str Enum, an IntEnum, a float subclass) are checked as what they are.
-    if isinstance(value, str | float | dict | list | tuple) and not isinstance(value, bool):
-        base = next(t for t in (str, float, dict, list, tuple) if isinstance(value, t))
-        return _find_problem(base(value))
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{_NON_FINITE_NAMES[repr(float(value))]} is not a JSON number", []
     return None
 
 
