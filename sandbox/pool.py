@@ -76,13 +76,21 @@ _MAX_LOG_LINE = 8192
 _DRAIN_S = 1.0
 
 
+#: Signals a worker gets from its own limits (when it stops ignoring them).
+_SIGNAL_CAUSES: dict[int, str] = {
+    signal.SIGXFSZ: "a file grew past the worker's file size limit (RLIMIT_FSIZE)",
+    signal.SIGXCPU: "the worker used up its CPU time limit (RLIMIT_CPU)",
+}
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = "unknown"
-        return f"signal {-returncode} ({name})"
+        why = _SIGNAL_CAUSES.get(-returncode)
+        return f"signal {-returncode} ({name})" + (f": {why}" if why else "")
     return f"exit code {returncode}"
 
 

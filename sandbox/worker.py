@@ -492,9 +492,12 @@ class _Server:
             if denied is not None:
                 text = denial_message(self.config, self.attempts.last(), denied)
                 return _protocol.encode(_error(call_id, "denied", type(denied).__name__, text))
-            return _protocol.encode(
-                _error(call_id, "exception", type(exc).__name__, describe_exception(exc))
-            )
+            text = describe_exception(exc)
+            if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+                # RLIMIT_FSIZE: Python ignores SIGXFSZ, so the write fails and we live.
+                size = self.config.limits.get("file_size_bytes")
+                text += f" (the worker's file size limit is {size} bytes)"
+            return _protocol.encode(_error(call_id, "exception", type(exc).__name__, text))
         return _value_frame(call_id, tool, result)
 
 
