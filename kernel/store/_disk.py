@@ -10,10 +10,18 @@ Layout under the store root::
 Names the store makes for itself (temporary files, directories being
 deleted) contain ``#``, which no valid id does, so they never collide with a
 session and listing skips them.
+
+Below the root, nothing is reached through a symbolic link: directories are
+opened one component at a time with ``O_NOFOLLOW`` from the root's fd, and
+files with ``O_NOFOLLOW`` relative to their directory's fd (``open_dir``,
+``open_file``). A link planted in place of a session directory or a
+transcript is refused (``StoreError``) instead of redirecting a write. The
+root itself is the user's choice and may be a link.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -55,26 +63,88 @@ def transcript_path(root: str, key: SessionKey) -> str:
     return os.path.join(sdir, SUB, *key.subpath.split("/")) + ".jsonl"
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC
+
+
+def _link_refused(path: str, exc: OSError) -> StoreError:
+    return StoreError(f"{path}: a symbolic link (or not a directory) in the store; refused")
+
+
+def open_dir(root: str, path: str, *, create: bool = False, durable: bool = False) -> int:
+    """An fd on directory ``path`` beneath ``root``, no link followed below ``root``.
+
+    With ``create``, missing directories are made (mode 0700; with ``durable``,
+    each new entry is fsynced).
+
+    Raises:
+        FileNotFoundError: a directory is missing and not ``create``.
+        StoreError: a component below the root is a symbolic link or not a directory.
+    """
+    rel = os.path.relpath(path, root)
+    parts = [] if rel == "." else rel.split(os.sep)
+    if ".." in parts:
+        raise StoreError(f"{path}: outside the store root {root}")
+    if create:
+        os.makedirs(root, 0o700, exist_ok=True)  # the root is the user's: links allowed
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                    if durable:
+                        os.fsync(fd)
+                except FileExistsError:
+                    pass
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _link_refused(path, exc) from None
+                raise
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_file(
+    root: str,
+    path: str,
+    flags: int,
+    mode: int = 0o600,
+    *,
+    create_dirs: bool = False,
+    durable: bool = False,
+) -> int:
+    """``os.open`` of ``path`` beneath ``root``, no link followed below ``root``.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: as ``os.open`` (a missing directory too).
+        StoreError: a link in the way.
+    """
+    dfd = open_dir(root, os.path.dirname(path), create=create_dirs, durable=durable)
+    try:
+        return os.open(os.path.basename(path), flags | os.O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=dfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _link_refused(path, exc) from None
+        raise
+    finally:
+        os.close(dfd)
+
+
+def fsync_dir(root: str, path: str) -> None:
+    fd = open_dir(root, path)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def make_dirs(path: str, *, durable: bool) -> None:
-    """``mkdir -p``; with ``durable``, each new directory's entry is fsynced."""
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(path)
-    make_dirs(parent, durable=durable)
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        return
-    if durable:
-        fsync_dir(parent)
 
 
 # -- reading -----------------------------------------------------------------
@@ -148,9 +218,9 @@ def batch_bytes(lines: list[bytes]) -> bytes:
     return b" " + b" ".join(lines[:-1]) + lines[-1]
 
 
-def open_for_read(path: str) -> int | None:
+def open_for_read(root: str, path: str) -> int | None:
     try:
-        return os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        return open_file(root, path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
         return None
 
@@ -197,10 +267,10 @@ class StoredSummary:
     data: SummaryData
 
 
-def read_summary(path: str) -> StoredSummary | None:
+def read_summary(root: str, path: str) -> StoredSummary | None:
     """The summary stored at ``path``; ``None`` when missing or unreadable."""
     try:
-        with open(path, "rb") as f:
+        with open(open_file(root, path, os.O_RDONLY), "rb") as f:
             raw = json.loads(f.read())
         stored = converter.structure(raw, StoredSummary)
     except Exception:  # missing, torn, hand-edited: all mean "rebuild it"
@@ -208,26 +278,31 @@ def read_summary(path: str) -> StoredSummary | None:
     return stored if stored.version == SUMMARY_VERSION else None
 
 
-def write_summary(sdir: str, stored: StoredSummary, *, durable: bool) -> None:
+def write_summary(root: str, sdir: str, stored: StoredSummary, *, durable: bool) -> None:
     """Replace ``<sdir>/summary.json`` atomically: temp file, fsync, rename."""
-    tmp = os.path.join(sdir, f"#summary-{secrets.token_hex(6)}.tmp")
+    tmp = f"#summary-{secrets.token_hex(6)}.tmp"
     data = json.dumps(converter.unstructure(stored), separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+    dfd = open_dir(root, sdir)
     try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.path.join(sdir, SUMMARY))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if durable:
-        fsync_dir(sdir)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, SUMMARY, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        if durable:
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 @attrs.define
@@ -282,18 +357,17 @@ def open_transcript(root: str, key: SessionKey, *, durable: bool, create: bool =
         OSError: the file system refused.
     """
     path = transcript_path(root, key)
-    flags = os.O_RDWR | os.O_APPEND | _O_CLOEXEC
+    flags = os.O_RDWR | os.O_APPEND
     try:
-        fd = os.open(path, flags)
+        fd = open_file(root, path, flags)
         created = False
     except FileNotFoundError:
         if not create:
             raise
-        make_dirs(os.path.dirname(path), durable=durable)
-        fd = os.open(path, flags | os.O_CREAT, 0o600)
+        fd = open_file(root, path, flags | os.O_CREAT, create_dirs=True, durable=durable)
         created = True
         if durable:
-            fsync_dir(os.path.dirname(path))
+            fsync_dir(root, os.path.dirname(path))
     try:
         size = 0
         uuids: set[str] = set()
@@ -304,7 +378,7 @@ def open_transcript(root: str, key: SessionKey, *, durable: bool, create: bool =
         mtime_ms = st.st_mtime_ns // 1_000_000 if size else 0
         dirty = False
         if summary is not None:
-            stored = read_summary(os.path.join(session_dir(root, key), SUMMARY))
+            stored = read_summary(root, os.path.join(session_dir(root, key), SUMMARY))
             if stored is not None:
                 mtime_ms = max(mtime_ms, stored.mtime_ms)
             dirty = size > 0 and (
@@ -367,7 +441,7 @@ def close_transcript(
                 stored = StoredSummary(
                     SUMMARY_VERSION, key.session_id, size, mtime_ms, summary.data()
                 )
-                write_summary(session_dir(root, key), stored, durable=durable)
+                write_summary(root, session_dir(root, key), stored, durable=durable)
     except OSError:
         pass
     finally:
@@ -377,18 +451,20 @@ def close_transcript(
 # -- listing -----------------------------------------------------------------
 
 
-def _stat_transcripts(project_dir: str) -> Iterator[tuple[str, os.stat_result]]:
+def _stat_transcripts(root: str, project_dir: str) -> Iterator[tuple[str, os.stat_result]]:
     try:
-        names = os.listdir(project_dir)
+        dfd = open_dir(root, project_dir)
     except (FileNotFoundError, NotADirectoryError):
         return
-    dfd = os.open(project_dir, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
     try:
-        for name in names:
+        for name in os.listdir(dfd):
             if not is_session_name(name):
                 continue
             try:
-                st = os.stat(f"{name}/{TRANSCRIPT}", dir_fd=dfd)
+                # A session directory that is a link is not listed (it is refused when used).
+                if not stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                    continue
+                st = os.stat(f"{name}/{TRANSCRIPT}", dir_fd=dfd, follow_symlinks=False)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             if st.st_size and stat.S_ISREG(st.st_mode):
@@ -397,20 +473,20 @@ def _stat_transcripts(project_dir: str) -> Iterator[tuple[str, os.stat_result]]:
         os.close(dfd)
 
 
-def list_sessions(project_dir: str) -> list[SessionInfo]:
+def list_sessions(root: str, project_dir: str) -> list[SessionInfo]:
     """Sessions with a non-empty transcript, from directory metadata only."""
     return [
         SessionInfo(name, st.st_mtime_ns // 1_000_000)
-        for name, st in _stat_transcripts(project_dir)
+        for name, st in _stat_transcripts(root, project_dir)
     ]
 
 
-def list_summaries(project_dir: str) -> tuple[list[SessionSummary], list[str]]:
+def list_summaries(root: str, project_dir: str) -> tuple[list[SessionSummary], list[str]]:
     """Stored summaries that match their transcript, and the ids whose do not."""
     good: list[SessionSummary] = []
     stale: list[str] = []
-    for name, st in _stat_transcripts(project_dir):
-        stored = read_summary(os.path.join(project_dir, name, SUMMARY))
+    for name, st in _stat_transcripts(root, project_dir):
+        stored = read_summary(root, os.path.join(project_dir, name, SUMMARY))
         if (
             stored is None
             or stored.session_id != name
@@ -456,16 +532,26 @@ def list_subkeys(root: str, key: SessionKey) -> list[str]:
 
     def walk(directory: str, prefix: str) -> None:
         try:
-            entries = list(os.scandir(directory))
-        except (FileNotFoundError, NotADirectoryError):
+            fd = open_dir(root, directory)
+        except (FileNotFoundError, NotADirectoryError, StoreError):
             return
-        for entry in entries:
-            name = entry.name
-            if entry.is_dir(follow_symlinks=False):
+        try:  # an fd-based scandir entry stats through the fd: use it while it is open
+            entries = [
+                (
+                    e.name,
+                    e.is_dir(follow_symlinks=False),
+                    e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_size > 0,
+                )
+                for e in os.scandir(fd)
+            ]
+        finally:
+            os.close(fd)
+        for name, is_dir, non_empty_file in entries:
+            if is_dir:
                 if is_session_name(name):
-                    walk(entry.path, f"{prefix}{name}/")
+                    walk(os.path.join(directory, name), f"{prefix}{name}/")
             elif name.endswith(".jsonl") and is_session_name(name[: -len(".jsonl")]):
-                if entry.is_file(follow_symlinks=False) and entry.stat().st_size:
+                if non_empty_file:
                     out.append(prefix + name[: -len(".jsonl")])
 
     walk(base, "")
@@ -477,37 +563,74 @@ def list_subkeys(root: str, key: SessionKey) -> list[str]:
 
 
 def delete_session(root: str, key: SessionKey, *, durable: bool) -> bool:
-    """Remove a session directory: renamed aside first, so a crash never leaves half."""
+    """Remove a session directory: renamed aside first, so a crash never leaves half.
+
+    A session "directory" that is a link is removed as a link: nothing it points
+    to is touched.
+    """
     sdir = session_dir(root, key)
-    project_dir = os.path.dirname(sdir)
-    doomed = os.path.join(project_dir, f"#deleted-{secrets.token_hex(8)}")
     try:
-        os.rename(sdir, doomed)
+        dfd = open_dir(root, os.path.dirname(sdir))
     except (FileNotFoundError, NotADirectoryError):
         return False
-    if durable:
-        fsync_dir(project_dir)
-    shutil.rmtree(doomed, ignore_errors=True)
+    doomed = f"#deleted-{secrets.token_hex(8)}"
+    try:
+        try:
+            os.rename(key.session_id, doomed, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if durable:
+            os.fsync(dfd)
+        if stat.S_ISLNK(os.stat(doomed, dir_fd=dfd, follow_symlinks=False).st_mode):
+            os.unlink(doomed, dir_fd=dfd)
+        else:
+            shutil.rmtree(doomed, dir_fd=dfd, ignore_errors=True)
+    finally:
+        os.close(dfd)
     return True
 
 
 def delete_subkey(root: str, key: SessionKey, *, durable: bool) -> bool:
     path = transcript_path(root, key)
     try:
-        os.unlink(path)
+        dfd = open_dir(root, os.path.dirname(path))
     except (FileNotFoundError, NotADirectoryError):
         return False
+    try:
+        os.unlink(os.path.basename(path), dir_fd=dfd)
+        if durable:
+            os.fsync(dfd)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    finally:
+        os.close(dfd)
     stop = os.path.join(session_dir(root, key), SUB)
     parent = os.path.dirname(path)
-    if durable:
-        fsync_dir(parent)
     while len(parent) >= len(stop):  # tidy directories left empty, up to sub/
         try:
-            os.rmdir(parent)
-        except OSError:
+            dfd = open_dir(root, os.path.dirname(parent))
+            try:
+                os.rmdir(os.path.basename(parent), dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except (OSError, StoreError):
             break
         parent = os.path.dirname(parent)
     return True
+
+
+def _exists(root: str, path: str) -> bool:
+    try:
+        dfd = open_dir(root, os.path.dirname(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        os.stat(os.path.basename(path), dir_fd=dfd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(dfd)
 
 
 @attrs.frozen
@@ -535,7 +658,7 @@ def repair_transcript(root: str, key: SessionKey, *, durable: bool) -> RepairRep
     """
     path = transcript_path(root, key)
     try:
-        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+        fd = open_file(root, path, os.O_RDWR)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
@@ -565,34 +688,52 @@ def repair_transcript(root: str, key: SessionKey, *, durable: bool) -> RepairRep
         rel = os.path.relpath(path, sdir)
         dest_dir = os.path.join(sdir, QUARANTINE, stamp)
         n = 1
-        while os.path.exists(os.path.join(dest_dir, rel)):
+        while _exists(root, os.path.join(dest_dir, rel)):
             n += 1
             dest_dir = os.path.join(sdir, QUARANTINE, f"{stamp}-{n}")
         dest = os.path.join(dest_dir, rel)
-        make_dirs(os.path.dirname(dest), durable=durable)
-        tmp = os.path.join(os.path.dirname(path), f"#repair-{secrets.token_hex(6)}.tmp")
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600)
+        dest_fd = open_dir(root, os.path.dirname(dest), create=True, durable=durable)
+        parent_fd = -1
         try:
-            copied = 0
-            while copied < good_end:
-                chunk = os.pread(fd, min(_CHUNK, good_end - copied), copied)
-                os.write(out, chunk)
-                copied += len(chunk)
-            os.fsync(out)
-        finally:
-            os.close(out)
-        # A second name for the damaged file first, then swap the good prefix
-        # in: at every moment every byte is reachable under some name.
-        os.link(path, dest)
-        os.replace(tmp, path)
-        if durable:
-            fsync_dir(os.path.dirname(dest))
-            fsync_dir(os.path.dirname(path))
-        if key.is_main:
+            parent_fd = open_dir(root, os.path.dirname(path))
+            name = os.path.basename(path)
+            tmp = f"#repair-{secrets.token_hex(6)}.tmp"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC
+            out = os.open(tmp, flags, 0o600, dir_fd=parent_fd)
             try:
-                os.unlink(os.path.join(sdir, SUMMARY))
+                copied = 0
+                while copied < good_end:
+                    chunk = os.pread(fd, min(_CHUNK, good_end - copied), copied)
+                    os.write(out, chunk)
+                    copied += len(chunk)
+                os.fsync(out)
+            finally:
+                os.close(out)
+            # A second name for the damaged file first, then swap the good prefix
+            # in: at every moment every byte is reachable under some name.
+            os.link(
+                name,
+                os.path.basename(dest),
+                src_dir_fd=parent_fd,
+                dst_dir_fd=dest_fd,
+                follow_symlinks=False,
+            )
+            os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+            if durable:
+                os.fsync(dest_fd)
+                os.fsync(parent_fd)
+        finally:
+            os.close(dest_fd)
+            if parent_fd >= 0:
+                os.close(parent_fd)
+        if key.is_main:
+            sfd = open_dir(root, sdir)
+            try:
+                os.unlink(SUMMARY, dir_fd=sfd)
             except FileNotFoundError:
                 pass
+            finally:
+                os.close(sfd)
         return RepairReport(path, kept, first_bad_line=bad_line, quarantined=dest)
     finally:
         os.close(fd)

@@ -228,7 +228,7 @@ class FileStore(BaseStore):
             if handle is not None:
                 return FdOwner(os.dup(handle.fd)), handle.size
             path = _disk.transcript_path(self._root, key)
-            fd = await trio.to_thread.run_sync(_disk.open_for_read, path)
+            fd = await trio.to_thread.run_sync(_disk.open_for_read, self._root, path)
             return (None if fd is None else FdOwner(fd)), None
 
     async def load(self, key: SessionKey) -> list[dict[str, Any]] | None:
@@ -270,7 +270,7 @@ class FileStore(BaseStore):
         check_name("project", project)
         self._check_open()
         listed = await trio.to_thread.run_sync(
-            _disk.list_sessions, os.path.join(self._root, project)
+            _disk.list_sessions, self._root, os.path.join(self._root, project)
         )
         live = self._open_mains(project)
         if live:  # their mtime is in memory until they are closed
@@ -288,7 +288,7 @@ class FileStore(BaseStore):
         check_name("project", project)
         self._check_open()
         good, stale = await trio.to_thread.run_sync(
-            _disk.list_summaries, os.path.join(self._root, project)
+            _disk.list_summaries, self._root, os.path.join(self._root, project)
         )
         by_id = {s.session_id: s for s in good}
         for sid in stale:
@@ -313,8 +313,12 @@ class FileStore(BaseStore):
 
     def _mtime_ms_sync(self, key: SessionKey) -> int:
         try:
-            return os.stat(_disk.transcript_path(self._root, key)).st_mtime_ns // 1_000_000
-        except OSError:
+            fd = _disk.open_file(self._root, _disk.transcript_path(self._root, key), os.O_RDONLY)
+            try:
+                return os.fstat(fd).st_mtime_ns // 1_000_000
+            finally:
+                os.close(fd)
+        except (OSError, StoreError):
             return 0
 
     def _rebuild_sync(self, key: SessionKey) -> SessionSummary | None:

@@ -300,8 +300,10 @@ async def test_listing_never_opens_a_transcript(tmp_path: Path, opened_files: li
         assert await store.list_subkeys(SessionKey("proj", "s3")) == ["sub"]
         await store.append(SessionKey("proj", "s3"), [entry(99)])  # opens s3 only
         assert len(await store.list_session_summaries("proj")) == 20
+    # Files are opened relative to their directory's fd (no link followed below the
+    # root), so the hook sees the last component: one transcript, the append's.
     transcripts = [p for p in opened_files if p.endswith(".jsonl")]
-    assert transcripts == [str(transcript(tmp_path, SessionKey("proj", "s3")))]
+    assert transcripts == [transcript(tmp_path, SessionKey("proj", "s3")).name]
     assert any(p.endswith("summary.json") for p in opened_files)  # the hook does see opens
 
 
