@@ -27,7 +27,13 @@ import attrs
 from cattrs.strategies import configure_tagged_union
 
 from .errors import ProtocolError
-from .messages import ToolCall, converter, describe_structure_error
+from .messages import (
+    ToolCall,
+    converter,
+    describe_structure_error,
+    json_problem,
+    replace_lone_surrogates,
+)
 
 PROTOCOL_VERSION: Final = 1
 DEFAULT_PROJECT: Final = "default"
@@ -303,8 +309,7 @@ _LONE_SURROGATE_ESCAPE = re.compile(
 def _recordable(value: Any) -> Any:
     """``value`` with lone surrogates replaced by U+FFFD and non-finite floats by ``None``."""
     if isinstance(value, str):
-        # UTF-16 joins a surrogate pair split across code points; a lone one is replaced.
-        return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return replace_lone_surrogates(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -333,37 +338,27 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-class _NonFinite:
-    """Stands in the decoded value for a number that JSON cannot carry, until reported."""
-
-    def __init__(self, literal: str) -> None:
-        self.literal = literal
-
-
-def _non_finite(found: list[str], literal: str) -> _NonFinite:
+def _flag_constant(found: list[str], literal: str) -> float:
     # json.loads accepts NaN, Infinity and -Infinity, which are not JSON.
     found.append(literal)
-    return _NonFinite(literal)
+    return float(literal)
 
 
-def _float(found: list[str], literal: str) -> float | _NonFinite:
-    number = float(literal)
-    if math.isfinite(number):
-        return number
-    found.append(literal)  # 1e999: valid JSON, but no finite float
-    return _NonFinite(literal)
-
-
+# Only what these can match may decode to an unrecordable value, so a frame without
+# them skips the walk: a surrogate reaches a decoded string only through a
+# \uD800-\uDFFF escape (frame text comes from UTF-8, which cannot hold one), and
+# a float overflows to infinity only with a 3-digit exponent or 200+ digits (fewer
+# digits times 10**99 stays finite).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _MAY_OVERFLOW = re.compile(r"[eE]\+?0*[1-9][0-9]{2}|[0-9]{200}")
 
-# Surrogates reach a decoded string only through \uD800-\uDFFF escapes (a frame's
-# text came from UTF-8, which cannot hold them): without one, the walk is skipped.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
-
-def _may_hold_surrogates(text: str) -> bool:
-    return _SURROGATE_ESCAPE.search(text) is not None or not _is_unicode(text)
+def _may_be_unrecordable(text: str) -> bool:
+    return (
+        _SURROGATE_ESCAPE.search(text) is not None
+        or _MAY_OVERFLOW.search(text) is not None
+        or not _is_unicode(text)
+    )
 
 
 def _is_unicode(text: str) -> bool:
@@ -375,41 +370,6 @@ def _is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _unrecordable(value: Any, path: str) -> str | None:
-    """Where ``value`` holds what strict JSON in UTF-8 cannot (first problem), or ``None``.
-
-    Nesting is bounded (``MAX_NESTING``) before this runs.
-    """
-    if isinstance(value, str):
-        if _is_unicode(value):
-            return None
-        return f"{path}: {_surrogate_in(value)} is not valid Unicode"
-    if isinstance(value, _NonFinite):
-        literal = value.literal[:40]
-        if literal in ("NaN", "Infinity", "-Infinity"):
-            return f"{path}: {literal} is not valid JSON"
-        return f"{path}: {literal} is not a finite number"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            key_path = f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"
-            if not _is_unicode(key):
-                return f"{key_path}: the key holds {_surrogate_in(key)}, not valid Unicode"
-            problem = _unrecordable(item, key_path)
-            if problem is not None:
-                return problem
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            problem = _unrecordable(item, f"{path}[{index}]")
-            if problem is not None:
-                return problem
-    return None
-
-
-def _surrogate_in(text: str) -> str:
-    found = _SURROGATE.search(text)
-    return f"lone surrogate \\u{ord(found.group()):04x}" if found else "a lone surrogate"
 
 
 def _id_of(value: dict[str, Any]) -> str | None:
@@ -428,16 +388,7 @@ def decode_request(text: str) -> Request:
     """
     non_finite: list[str] = []
     try:
-        value = json.loads(
-            text,
-            parse_constant=functools.partial(_non_finite, non_finite),
-            # A Python hook per float doubles the cost of a frame of numbers: only
-            # when a literal could overflow (a 3-digit exponent, or 200+ digits:
-            # fewer digits times 10**99 stays finite).
-            parse_float=(
-                functools.partial(_float, non_finite) if _MAY_OVERFLOW.search(text) else float
-            ),
-        )
+        value = json.loads(text, parse_constant=functools.partial(_flag_constant, non_finite))
     except (ValueError, RecursionError) as exc:
         # RecursionError: deeply nested arrays are valid JSON but not a request
         raise FrameError("bad_json", f"not JSON: {exc}") from None
@@ -451,12 +402,10 @@ def decode_request(text: str) -> Request:
         )
     raw_id = value.get("id")
     re = raw_id if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_LENGTH else None
-    if non_finite or _may_hold_surrogates(text):
+    if non_finite or _may_be_unrecordable(text):
         # The kernel records a request before it acts on it; what cannot be
         # recorded (as strict JSON in UTF-8) must not run.
-        problem = _unrecordable(value, "$")
-        if problem is None and non_finite:  # not reached: the walk finds every _NonFinite
-            problem = f"$: {non_finite[0][:40]} is not valid JSON"
+        problem = json_problem(value)
         if problem is not None:
             raise FrameError("bad_message", problem, re=re if re and _is_unicode(re) else None)
     version = value.get("v")
