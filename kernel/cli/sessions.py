@@ -153,13 +153,51 @@ def format_entry(entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _track_answers(
+    entry: dict[str, Any],
+    unanswered: dict[str, list[tuple[str, str]]],
+    last_assistant: str | None,
+) -> str | None:
+    """Keep ``unanswered`` (assistant uuid -> its calls) current; the last assistant uuid.
+
+    A ``tool`` entry answers the assistant entry it names (``answers``), or, in
+    transcripts written before calls were recorded ahead of running, the one just
+    before it.
+    """
+    uuid = str(entry.get("uuid"))
+    if entry.get("type") == "tool":
+        unanswered.pop(str(entry.get("answers", last_assistant)), None)
+        return None
+    message = entry.get("message")
+    calls = message.get("parts", []) if isinstance(message, dict) else []
+    pending = [
+        (str(p.get("name")), str(p.get("id")))
+        for p in calls
+        if isinstance(p, dict) and p.get("type") == "tool_call"
+    ]
+    if entry.get("type") == "assistant" and pending:
+        unanswered[uuid] = pending
+        return uuid
+    return last_assistant
+
+
 def cmd_show(args: argparse.Namespace) -> int:
+    from ..session import KERNEL_STOPPED
+
     async def body(store: FileStore) -> int:
         key = _key(args, args.sub)
         count = 0
+        # Calls recorded before they ran whose results never landed (the kernel stopped).
+        unanswered: dict[str, list[tuple[str, str]]] = {}
+        last_assistant: str | None = None
         async for entry in store.iter_entries(key):
             print(format_entry(entry))
             count += 1
+            last_assistant = _track_answers(entry, unanswered, last_assistant)
+        for calls in unanswered.values():
+            for name, call_id in calls:
+                print(f"  <- {name} (error)  [call {call_id}]")
+                print(f"     Error (crashed): {KERNEL_STOPPED.message}")
         if count == 0:
             print(f"tak: error: no session {key}", file=sys.stderr)
             return 1

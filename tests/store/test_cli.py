@@ -100,3 +100,20 @@ def test_repair_and_show_damage(home: Path, capsys: pytest.CaptureFixture[str]) 
     assert "subagents/a1: ok (1 entries)" in out
     assert tak(home, "sessions", "show", "chat1") == 0
     assert tak(home, "sessions", "ls") == 0
+
+
+def test_show_marks_calls_whose_results_never_landed(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def crash_between_records() -> None:
+        async with FileStore(TakHome(home).sessions) as store:
+            session = Session(store, SessionKey("default", "chat1"))
+            await session.record_calls(
+                Message("assistant", [ToolCall("c9", "write", {"path": "x"}, 0)])
+            )
+
+    trio.run(crash_between_records)
+    assert tak(home, "sessions", "show", "chat1") == 0
+    out = capsys.readouterr().out
+    assert "<- add  [call c1]\n     4" in out  # answered in the older one-append form
+    assert "<- write (error)  [call c9]\n     Error (crashed): the kernel stopped" in out
