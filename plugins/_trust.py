@@ -145,7 +145,7 @@ class TrustStore:
             raise TrustError(f"{self.path}: {exc.strerror}; no plugin is trusted") from None
         try:
             data = _converter.structure(json.loads(raw), _TrustFile)
-        except (ValueError, cattrs.BaseValidationError, UsageError) as exc:
+        except Exception as exc:  # not JSON, or JSON of another shape: both mean "damaged"
             why = (
                 describe_structure_error(exc)
                 if isinstance(exc, cattrs.BaseValidationError)
