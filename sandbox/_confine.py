@@ -51,13 +51,9 @@ _SYSTEM_READ = (
     "/etc/localtime",
     "/usr/share/zoneinfo",
 )
-#: Needed to resolve names and check certificates, for plugins with network access.
+#: Needed to check certificates and name ports, for plugins with network access. No
+#: resolver files: the kernel resolves names for the worker (``sandbox._netbroker``).
 _NETWORK_READ = (
-    "/etc/resolv.conf",
-    "/etc/hosts",
-    "/etc/nsswitch.conf",
-    "/etc/gai.conf",
-    "/etc/host.conf",
     "/etc/services",
     "/etc/protocols",
     "/etc/ssl",
@@ -334,7 +330,12 @@ def confine(config: WorkerConfig) -> Confinement:
     if config.seccomp:
         try:
             count = seccomp.install(
-                seccomp.SeccompPolicy(network=config.network, subprocess=config.subprocess)
+                seccomp.SeccompPolicy(
+                    network=config.network,
+                    subprocess=config.subprocess,
+                    # The kernel connects for it (sandbox._netbroker): no connect() here.
+                    direct_connect=False,
+                )
             )
             report.seccomp = f"{count}-instruction filter"
         except SandboxError as exc:

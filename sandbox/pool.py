@@ -55,7 +55,7 @@ from kernel.messages import ERROR_KINDS
 from kernel.plugin import context
 from kernel.tools import Tool, ToolFailure
 
-from . import _cgroup, _protocol
+from . import _cgroup, _netbroker, _protocol
 from ._confine import WorkerConfig
 from ._logtext import escape_log_text
 from ._policy import Policy
@@ -184,7 +184,16 @@ class _Connection:
         self.name = escape_log_text(worker.name, limit=200)
         try:
             await self.stream.send_all(_protocol.encode(config.to_json()))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if config.network:  # its names and connections go through the kernel
+                approval = _netbroker.Approval.of(self.name, worker.policy.network)
+                await _netbroker.start(
+                    self.pool._nursery,
+                    self.stream,
+                    approval,
+                    finished=self.finished,
+                    kill=self.kill,
+                )
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # it died; the greeting never comes and the supervisor says why
         with trio.move_on_after(START_TIMEOUT_S):
             await self.hello_event.wait()

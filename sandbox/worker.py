@@ -46,7 +46,7 @@ from kernel.messages import converter
 from kernel.plugin import Plugin, ToolContext, use_context
 from kernel.tools import ArgumentError, Tool, ToolFailure, describe_exception
 
-from . import _protocol
+from . import _netbroker, _protocol
 from ._confine import IPC_FD, WorkerConfig, close_stray_fds, confine
 
 if TYPE_CHECKING:
@@ -575,10 +575,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -I -m sandbox.worker FD", file=sys.stderr)
         return 2
     close_stray_fds(int(args[0]))
-    channel = _Channel(socket.socket(fileno=IPC_FD))
+    ipc = socket.socket(fileno=IPC_FD)
+    channel = _Channel(ipc)
     try:
         first = channel.receive()
         config = WorkerConfig.from_json(first)
+        # With network, the kernel sends the broker channel right after the configuration.
+        broker = _netbroker.receive_channel(ipc) if config.network else None
     except (EOFError, OSError, _protocol.FrameError, TypeError) as exc:
         print(f"sandbox.worker: no usable configuration: {exc!r}", file=sys.stderr)
         return 2
@@ -591,6 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SandboxError, OSError) as exc:
         channel.send({"type": "fatal", "message": str(exc)})
         return 1
+    if broker is not None:
+        _netbroker.install(broker)  # before any plugin code: it never resolves or connects
     try:
         plugin, tools = load_plugin(config.plugin)
     except BaseException as exc:
