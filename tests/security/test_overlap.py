@@ -1,0 +1,141 @@
+"""Class 3: the workspace overlaps what the kernel runs, and the store follows links.
+
+A workspace that holds the interpreter, site-packages, the kernel's source tree
+or ``$TAK_HOME`` lets a tool plant a ``.pth`` file, edit a module or grant
+itself trust, run unconfined by the next start. Every kernel start goes
+through ``open_plugin_host``: it must refuse such a workspace before writing
+anything into it. These attempts are kernel-side: the arena's canaries and log
+are checked, and nothing was created in the guarded directory.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+from kit import Arena
+
+import kernel
+from kernel.errors import SandboxError, StoreError
+from kernel.home import TakHome
+from kernel.store import FileStore, SessionKey
+from plugins import open_plugin_host
+
+SOURCE_TREE = Path(kernel.__file__).resolve().parents[1]
+SITE_PACKAGES = Path(site.getsitepackages()[0])
+
+
+def _home(arena: Arena) -> TakHome:
+    return TakHome(arena.root / "home").ensure()
+
+
+# Each case: (the workspace an attacker steers the user to, given the arena's home).
+CASES: dict[str, Callable[[Arena, TakHome], Path]] = {
+    "sys.prefix": lambda a, h: Path(sys.prefix),
+    "sys.base_prefix": lambda a, h: Path(sys.base_prefix),
+    "contains sys.prefix": lambda a, h: Path(sys.prefix).parent,
+    "inside site-packages": lambda a, h: SITE_PACKAGES / "trio",
+    "site-packages": lambda a, h: SITE_PACKAGES,
+    "the source tree": lambda a, h: SOURCE_TREE,
+    "inside the kernel package": lambda a, h: SOURCE_TREE / "kernel",
+    "the root directory": lambda a, h: Path("/"),
+    "$TAK_HOME": lambda a, h: h.root,
+    "contains $TAK_HOME": lambda a, h: a.root,
+    "$TAK_HOME/config": lambda a, h: h.config,
+    "inside $TAK_HOME/data": lambda a, h: h.sessions,
+}
+LINKED = ["sys.prefix", "the source tree", "$TAK_HOME", "inside site-packages"]
+
+
+def _refused(workspace: Path, home: TakHome) -> str:
+    async def main() -> None:
+        async with open_plugin_host(workspace, plugins=[], home=home):
+            pass
+
+    with pytest.raises(SandboxError) as caught:
+        trio.run(main)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_overlapping_workspace_is_refused(arena: Arena, case: str) -> None:
+    home = _home(arena)
+    workspace = CASES[case](arena, home)
+    existed = (workspace / ".tak").exists()
+    message = _refused(workspace, home)
+    assert ("\n" not in message and str(workspace.resolve()) in message) or "really" in message
+    assert message.startswith("workspace ")
+    assert (workspace / ".tak").exists() == existed  # nothing was written into it
+    arena.assert_nothing_seen([message])
+
+
+@pytest.mark.parametrize("case", LINKED)
+def test_overlap_through_a_symlink_is_refused(arena: Arena, case: str) -> None:
+    home = _home(arena)
+    link = arena.root / "innocent-looking"
+    link.symlink_to(CASES[case](arena, home), target_is_directory=True)
+    message = _refused(link, home)
+    assert "really" in message and "\n" not in message
+    arena.assert_nothing_seen([message])
+
+
+def test_kit_the_default_workspace_is_allowed(arena: Arena) -> None:
+    # Not an attempt: the rule allows $TAK_HOME/workspace (the default) and beside it.
+    home = _home(arena)
+
+    async def main() -> None:
+        for workspace in (home.workspace, arena.workspace):
+            async with open_plugin_host(workspace, plugins=[], home=home):
+                pass
+
+    trio.run(main)
+
+
+def test_tak_run_in_the_repository_is_refused(arena: Arena) -> None:
+    # `tak run --workspace .` inside a project whose .venv lies in it.
+    result = subprocess.run(
+        [sys.executable, "-m", "kernel.cli", "--home", str(_home(arena).root), "run",
+         "--workspace", ".", "hello"],
+        cwd=SOURCE_TREE, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"tak run: workspace {SOURCE_TREE} contains sys.prefix")
+    arena.assert_nothing_seen([result.stdout, result.stderr])
+
+
+# -- the session store never follows a link below its root ---------------------------------
+
+
+@pytest.mark.parametrize("planted", ["session_dir", "project_dir", "transcript", "sub_dir"])
+async def test_store_link_planted_in_the_store_is_refused(arena: Arena, planted: str) -> None:
+    root = arena.root / "sessions"
+    key = SessionKey("proj", "chat")
+    async with FileStore(root) as store:
+        await store.append(SessionKey("proj", "other"), [{"type": "note", "uuid": "u0"}])
+    target = arena.outside
+    if planted == "project_dir":
+        os.symlink(target, root / "proj2")
+        key = SessionKey("proj2", "sub")
+    elif planted == "session_dir":
+        os.symlink(target, root / "proj" / "chat")
+    elif planted == "transcript":
+        (root / "proj" / "chat").mkdir()
+        os.symlink(arena.canary, root / "proj" / "chat" / "transcript.jsonl")
+    else:
+        (root / "proj" / "chat").mkdir()
+        os.symlink(target, root / "proj" / "chat" / "sub")
+        key = SessionKey("proj", "chat", "deep")
+    entry = {"type": "note", "uuid": "u1", "text": "written where?"}
+    async with FileStore(root) as store:
+        with pytest.raises(StoreError, match="symbolic link"):
+            await store.append(key, [entry])
+        with pytest.raises(StoreError, match="symbolic link"):  # nor read through it
+            await store.load(key)
+    arena.assert_nothing_seen()
