@@ -21,8 +21,8 @@ Arguments are checked where the harm is in a register:
    no fast-open data or options, no TCP repair, no bind/listen/accept, and
    ``connect`` only while ``direct_connect`` (Landlock then limits the ports);
 3. without ``subprocess`` no process may be created (threads may) and nothing
-   may be executed; ``execveat`` (which runs a ``memfd`` that is on no disk) is
-   refused always.
+   may be executed; ``execveat`` and ``memfd_create`` (an anonymous file runs
+   through ``execveat`` or ``/proc/self/fd/N``: code on no disk) are refused always.
 
 ``setsid``/``setpgid`` are refused so that every descendant stays in the
 worker's process group, which the pool kills as one.
@@ -250,6 +250,9 @@ NOT_IMPLEMENTED: Final = (
     "inotify_init",  # watchers fall back to polling, which Landlock does check
     "inotify_init1",
     "inotify_add_watch",
+    # An anonymous file can be executed through /proc/self/fd/N (Landlock checks the
+    # memfd's own path, on an internal mount, and lets it through): code on no disk.
+    "memfd_create",
     # A pidfd of any process carries its uid, cgroup and exit status (PIDFD_GET_INFO);
     # Trio and asyncio fall back to waitid for their own children.
     "pidfd_open",
