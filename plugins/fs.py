@@ -78,8 +78,8 @@ MAX_GREP_MATCHES = 100_000
 #: how many candidate regions it compares closely, and how much of each.
 MAX_CLOSEST_LINES = 400
 MAX_CLOSEST_CHARS = 20_000
-CLOSEST_CANDIDATES = 8
-CLOSEST_COMPARE_CHARS = 4000
+CLOSEST_CANDIDATES = 5
+CLOSEST_COMPARE_CHARS = 1500
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -525,6 +525,7 @@ def _compile_grep(pattern: str) -> Any:
     options = re2.Options()
     options.log_errors = False  # the error goes to the model, not to the kernel's stderr
     options.never_nl = True  # a match never spans lines, as with line-by-line search
+    options.never_capture = True  # only where the match is; groups would cost per call
     try:
         return re2.compile(b"(?m)" + pattern.encode("utf-8", "surrogatepass"), options)
     except re2.error as exc:

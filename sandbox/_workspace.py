@@ -23,6 +23,7 @@ on behalf of a hostile model:
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import errno
 import os
@@ -456,7 +457,7 @@ class Workspace:
         rel = self._check(path)
         fd = self._resolve(rel, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            entries = []
+            entries: builtins.list[Entry] = []
             with os.scandir(fd) as it:
                 for e in it:
                     if limit is not None and len(entries) >= limit:
