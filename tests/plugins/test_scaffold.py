@@ -43,6 +43,16 @@ def test_new_install_list_call_and_its_own_test(tmp_path: Path) -> None:
     assert '"name": "greet"' in checked.stdout
     install_editable(project)
     try:
+        # An installed entry point is skipped until approved, with the command to do so.
+        untrusted = tak("--home", str(home), "plugins", "ls", "--json")
+        [skipped] = [
+            e for e in json.loads(untrusted.stdout)["errors"] if "tak-roundtrip" in e["source"]
+        ]
+        assert skipped["reason"].startswith("not trusted: never approved")
+        assert skipped["trust_command"] == f"tak --home {home} plugins trust tak-roundtrip"
+        trusted = tak("--home", str(home), "plugins", "trust", "tak-roundtrip")
+        assert trusted.returncode == 0, trusted.stderr
+        assert "trusted: tak-roundtrip 0.1.0" in trusted.stdout
         listed = tak("--home", str(home), "plugins", "ls", "--json")
         assert listed.returncode == 0, listed.stderr
         plugin = next(
@@ -52,6 +62,13 @@ def test_new_install_list_call_and_its_own_test(tmp_path: Path) -> None:
         assert plugin["source"].startswith("entry point tak-roundtrip")
         called = tak("--home", str(home), "call", "greet", '{"name": "Ada", "times": 2}')
         assert (called.returncode, called.stdout) == (0, "Hello, Ada! Hello, Ada!\n")
+        module = project / "tak_roundtrip" / "__init__.py"
+        module.write_text(module.read_text() + "\n# edited\n")
+        edited = tak("--home", str(home), "plugins", "ls", "--json")
+        [changed] = [
+            e for e in json.loads(edited.stdout)["errors"] if "tak-roundtrip" in e["source"]
+        ]
+        assert changed["reason"].startswith("not trusted: changed since it was approved")
         tested = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
             cwd=project,
