@@ -348,6 +348,8 @@ class Broker:
         except OSError as exc:
             code = exc.errno if isinstance(exc, socket.gaierror) and exc.errno else -2
             return Failed("no_name", code, f"{host}: {exc.strerror or exc}")
+        except (UnicodeError, ValueError) as exc:  # a label the IDNA codec refuses
+            return Failed("no_name", socket.EAI_NONAME, f"{host}: {exc}")
         if found is None:
             return Failed("timeout", socket.EAI_AGAIN, f"{host}: no answer within the deadline")
         addresses: list[str] = []
@@ -388,8 +390,8 @@ class Broker:
                 "refused", errno.EACCES, self.approval.refusal(f"connect to {text}")
             ), None
         timeout = CONNECT_TIMEOUT_S
-        if request.timeout is not None and request.timeout > 0:
-            timeout = min(request.timeout, CONNECT_TIMEOUT_S)
+        if request.timeout is not None and 0 < request.timeout < CONNECT_TIMEOUT_S:
+            timeout = request.timeout  # NaN and infinity fail the test: the default
         sock = trio.socket.socket(family, socket.SOCK_STREAM)
         try:
             target: tuple[Any, ...] = (request.address, port)

@@ -1,6 +1,8 @@
 """Frames between the kernel and a worker: a 4-byte big-endian length, then JSON.
 
-Kernel to worker: ``{"type": "config", ...}`` once, then
+Kernel to worker: ``{"type": "config", ...}`` once (with ``network``, followed by one
+byte that carries the worker's end of the broker channel as ``SCM_RIGHTS``: see
+``sandbox._netbroker``), then
 ``{"type": "call", "id": n, "tool": name, "arguments": {...}}``.
 
 Worker to kernel: ``{"type": "ready", "tools": [...], "confinement": {...}}``

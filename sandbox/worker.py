@@ -20,6 +20,10 @@ log as ``log`` frames. A tool that fails with ``EPERM``/``EACCES`` gets a
 which from the last sensitive operation the tool's thread attempted (Python
 audit events: sockets, programs, file writes).
 
+A plugin with network permission resolves names and connects through the
+kernel (``sandbox._netbroker``, installed before the plugin is imported): the
+worker itself has no resolver files and may not call ``connect``.
+
 It exits when the kernel closes the channel, and takes its process group
 (any programs its tools started) with it.
 """

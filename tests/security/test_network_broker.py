@@ -228,6 +228,10 @@ async def test_fast_open_data_is_refused(arena: Arena) -> None:
         "{'type': 'connect', 'address': '127.0.0.1', 'port': ALLOWED, 'family': 10}",
         "{'type': 'resolve', 'host': 'localhost', 'port': ALLOWED}",
         "{'type': 'resolve', 'host': 'localhost', 'port': 0}",
+        "{'type': 'resolve', 'host': 'a' * 300, 'port': ALLOWED}",
+        "{'type': 'connect', 'address': '127.0.0.1', 'port': ALLOWED + 65536, 'family': 2}",
+        "{'type': 'connect', 'address': '127.0.0.1', 'port': FORBIDDEN, 'family': 2,"
+        " 'timeout': float('nan')}",
     ],
 )
 async def test_forged_broker_requests_are_refused(arena: Arena, request_: str) -> None:
