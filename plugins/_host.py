@@ -723,22 +723,30 @@ def guarded_paths(home: TakHome) -> tuple[list[tuple[str, str]], list[tuple[str,
     ``sandbox.check_workspace_overlap``.
 
     Disjoint (the workspace may neither contain nor lie inside them): the
-    interpreter's prefixes, every ``sys.path`` entry (site-packages and the user
-    site included: a ``.pth`` file there runs at every start), the directories the
+    interpreter's prefixes, site-packages and the user site (a ``.pth`` file there
+    runs at every start; a directory there is a package), the directories the
     ``kernel``, ``plugins`` and ``sandbox`` packages are imported from (the source
     tree of an editable install), ``$TAK_HOME/config`` (trust, settings) and
-    ``$TAK_HOME/data`` (sessions, approved plugin copies). Not inside: ``$TAK_HOME``
-    itself, whose ``workspace/`` is the default workspace.
+    ``$TAK_HOME/data`` (sessions, approved plugin copies). Not contained (the
+    workspace may lie inside them): every other ``sys.path`` directory, and
+    ``$TAK_HOME`` itself, whose ``workspace/`` is the default workspace.
     """
     disjoint = [
         ("sys.prefix", sys.prefix),
         ("sys.base_prefix", sys.base_prefix),
         ("sys.exec_prefix", sys.exec_prefix),
     ]
+    # Any sys.path directory (the script's own, PYTHONPATH): the workspace may not
+    # contain one, or a tool could plant a module the next start imports. Lying
+    # inside one (a workspace under /tmp when a script in /tmp runs) is harmless:
+    # nothing imports the workspace's directories as packages, unlike site-packages.
+    not_inside = [("$TAK_HOME", str(home.root))]
     for entry in sys.path:
         path = entry or os.getcwd()  # "" is the current directory
         if os.path.isdir(path):
-            disjoint.append(("a directory on sys.path", path))
+            not_inside.append(("a directory on sys.path", path))
+        if os.path.basename(path) in ("site-packages", "dist-packages"):
+            disjoint.append(("site-packages", path))
     disjoint += [("site-packages", p) for p in site.getsitepackages()]
     disjoint.append(("the user site-packages", site.getusersitepackages()))
     for package in ("kernel", "plugins", "sandbox"):
@@ -747,7 +755,7 @@ def guarded_paths(home: TakHome) -> tuple[list[tuple[str, str]], list[tuple[str,
         if file is not None:
             disjoint.append((f"the directory of the {package} package", _parent_of(file)))
     disjoint += [("$TAK_HOME/config", str(home.config)), ("$TAK_HOME/data", str(home.data))]
-    return disjoint, [("$TAK_HOME", str(home.root))]
+    return disjoint, not_inside
 
 
 def _parent_of(package_init: str) -> str:

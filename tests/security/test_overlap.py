@@ -139,3 +139,43 @@ async def test_store_link_planted_in_the_store_is_refused(arena: Arena, planted:
         with pytest.raises(StoreError, match="symbolic link"):  # nor read through it
             await store.load(key)
     arena.assert_nothing_seen()
+
+
+# -- the workspace disk budget, kernel side ---------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["one_big_file", "many_files"])
+async def test_worker_write_past_the_budget_fails_the_call(
+    arena: Arena, how: str, confined: None
+) -> None:
+    from kernel.executor import run_tool_calls
+    from kernel.messages import ToolCall
+    from kernel.plugin import use_context
+
+    code = {
+        "one_big_file": "open('big', 'wb').write(b'x' * 300_000)",
+        "many_files": "[open(f'f{i}', 'wb').write(b'x' * 8192) for i in range(40)]",
+    }[how]
+    config = {"workspace": {"max_bytes": 100_000}}
+    async with open_plugin_host(
+        arena.workspace, plugins=["python", "fs"], config=config, home=_home(arena)
+    ) as host:
+        with use_context(host.context()):
+            [ran] = await run_tool_calls([ToolCall("1", "run_python", {"code": code})], host.tools)
+            [then] = await run_tool_calls(
+                [ToolCall("2", "write_file", {"path": "more.txt", "content": "y" * 10})],
+                host.tools,
+            )
+    assert ran.is_error and "workspace over its budget" in ran.content
+    assert "max_bytes 100000 ([workspace] max_bytes in tak.toml)" in ran.content
+    assert then.is_error  # fs tools refuse further writes (sandbox.Workspace)
+    arena.assert_nothing_seen([ran.content, then.content])
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "true", '"10"'])
+def test_kit_a_bad_budget_is_one_clear_line(tmp_path: Path, value: str) -> None:
+    home = TakHome(tmp_path).ensure()
+    home.config_file.write_text(f"[workspace]\nmax_bytes = {value}\n")
+    with pytest.raises(Exception) as caught:
+        home.load_config()
+    assert str(caught.value).startswith(f"{home.config_file}: [workspace] max_bytes must be")
