@@ -46,7 +46,7 @@ async def test_notes_in_a_worker(tmp_path: Path) -> None:
         found = await h.call("recall", {"query": "nurseries"})
     assert first.error is None, first.content
     assert "trio nurseries" in found.content and "landlock" not in found.content
-    assert (tmp_path / ".tak" / "notes.sqlite3").is_file()
+    assert (tmp_path / ".notes" / "notes.sqlite3").is_file()
 
 
 @pytest.fixture
