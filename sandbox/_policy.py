@@ -66,9 +66,9 @@ class Policy:
         workspace: ``"write"`` (read, create, change, remove inside the workspace) or
             ``"read"``.
         network: ``"host:port"`` entries the plugin may connect to; empty means no
-            network at all. The operating system enforces the ports (Landlock TCP
-            rules); hosts are not visible to it, so ``"*:443"`` and
-            ``"example.org:443"`` confine alike at that level.
+            network at all. The kernel enforces host:port pairs: it resolves approved
+            names and makes every connection itself (``sandbox._netbroker``);
+            Landlock's TCP port rules remain as a second layer.
         subprocess: may start programs (from the system's binary directories only).
         isolate: the plugin must run confined; when confinement is unavailable it is
             refused unless the pool allows unsandboxed plugins.
