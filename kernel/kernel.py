@@ -251,6 +251,7 @@ async def open_kernel(
                 tools=tools,
                 config=config,
                 allow_unsandboxed=allow_unsandboxed,
+                home=tak_home,
             ) as host,
             open_http_client() as client,
         ):

@@ -55,6 +55,7 @@ from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
 from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolFailure, ToolRegistry
 from sandbox import IsolationSupport, Policy, Workspace, open_worker_pool
 from sandbox._workspace import DEFAULT_MAX_BYTES
+from sandbox._logtext import escape_log_text
 from sandbox.pool import Worker, WorkerPool
 from sandbox.worker import find_plugin
 
@@ -210,15 +211,17 @@ class PluginHost:
                 self._register(result)
 
     def _skip(self, error: PluginLoadError) -> None:
+        # The reason can quote plugin code (an import error): one escaped log line.
+        label, reason = escape_log_text(error.source.label), escape_log_text(error.reason)
         if error.approve is not None:
             logger.warning(
                 "plugin from %s skipped: %s; to trust it: tak plugins trust %s",
-                error.source.label,
-                error.reason,
-                error.approve,
+                label,
+                reason,
+                escape_log_text(error.approve),
             )
         else:
-            logger.warning("plugin from %s skipped: %s", error.source.label, error.reason)
+            logger.warning("plugin from %s skipped: %s", label, reason)
         self.errors.append(error)
 
     def _register(self, candidate: _Candidate) -> None:
@@ -387,7 +390,10 @@ class PluginHost:
         after = self._budget_check(permissions)
         tools = [_remote(t, worker, after) for t in probe.tools]
         if info.get("in_process"):
-            logger.info("plugin %s asks to run in process; third-party plugins never do", name)
+            logger.info(
+                "plugin %s asks to run in process; third-party plugins never do",
+                escape_log_text(name),
+            )
         return _Candidate(
             source,
             name,

@@ -98,6 +98,7 @@ A plugin for `tak`, the trio-agent-kernel.
 
 ```sh
 pip install -e .          # registers the `tak.plugins` entry point
+tak plugins trust {name}  # approve it: its code hash and permissions, under $TAK_HOME/config
 tak plugins ls            # {name} is listed with its tools
 tak call greet '{{"name": "Ada"}}'
 pytest                    # tests/ run the tools in a real sandbox worker

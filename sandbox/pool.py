@@ -393,22 +393,25 @@ class _Connection:
         self, stream: trio.lowlevel.FdStream, level: int, drained: trio.Event
     ) -> None:
         pending = b""
-        prefix = f"[{self.name} pid {self.pid}]"
         try:
             while chunk := await stream.receive_some(1 << 16):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    self._log(level, prefix, line)
+                    self._log(level, self._prefix(), line)
                 if len(pending) > _MAX_LOG_LINE:
-                    self._log(level, prefix, pending)
+                    self._log(level, self._prefix(), pending)
                     pending = b""
             if pending:
-                self._log(level, prefix, pending)
+                self._log(level, self._prefix(), pending)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
         finally:
             drained.set()
+
+    def _prefix(self) -> str:
+        # Read per line: a spare process is renamed when it is given its plugin.
+        return f"[{self.name} pid {self.pid}]"
 
     def _plugin_log(self, message: dict[str, Any]) -> None:
         # The logger is named by the kernel (the worker's name), never by the frame.
@@ -538,7 +541,11 @@ class Worker:
         try:
             await conn.configure(self, pool._worker_config(self, cgroups))
             self._accept(conn)
-            logger.info("%s started, confinement: %s", conn._label(), self.confinement)
+            logger.info(
+                "%s started, confinement: %s",
+                conn._label(),
+                escape_log_text(str(self.confinement)),  # the worker's own report
+            )
         except BaseException:
             conn.kill("its start was abandoned")
             raise
