@@ -54,8 +54,8 @@ from kernel.home import TakHome, workspace_max_bytes
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
 from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolFailure, ToolRegistry
 from sandbox import IsolationSupport, Policy, Workspace, open_worker_pool
-from sandbox._workspace import DEFAULT_MAX_BYTES
 from sandbox._logtext import escape_log_text
+from sandbox._workspace import DEFAULT_MAX_BYTES
 from sandbox.pool import Worker, WorkerPool
 from sandbox.worker import find_plugin
 
