@@ -174,7 +174,12 @@ def _selftest_child(scratch: str) -> dict[str, str]:
 
     from ._confine import WorkerConfig, landlock_rules
 
+    from ._confine import Confinement, protect_tak_dir
+
     results: dict[str, str] = {}
+    os.makedirs(os.path.join(scratch, ".tak", "tmp"))
+    report = Confinement()
+    protect_tak_dir(scratch, report)
     _syscalls.prctl(_syscalls.PR_SET_NO_NEW_PRIVS, 1)
     rules = landlock_rules(WorkerConfig(plugin="sandbox", workspace=scratch))
     seccomp.install(seccomp.SeccompPolicy())
@@ -193,6 +198,15 @@ def _selftest_child(scratch: str) -> dict[str, str]:
     attempt("read /proc/1/environ", lambda: open("/proc/1/environ").close(), errno.EACCES)
     attempt("open a TCP socket", lambda: socket.socket().close(), errno.EPERM)
     attempt("fork", os.fork, errno.EPERM)
+    setuid = os.path.join(scratch, "setuid")
+    attempt(
+        "create a setuid file", lambda: os.close(os.open(setuid, os.O_CREAT, 0o4755)), errno.EPERM
+    )
+    if report.protected is not None and report.protected.startswith("not protected"):
+        results["write in .tak/"] = f"allowed ({report.protected}; plugins still need approval)"
+    else:
+        tak_file = os.path.join(scratch, ".tak", "planted.py")
+        attempt("write in .tak/", lambda: open(tak_file, "w").close(), errno.EROFS)
     with open(os.path.join(scratch, "ok"), "w") as f:
         f.write("ok")
     results["write in the workspace"] = "allowed"

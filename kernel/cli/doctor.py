@@ -73,7 +73,11 @@ def _yes(flag: bool, detail: str = "") -> str:
 def cmd_doctor(args: argparse.Namespace) -> int:
     data = report(selftest=not args.no_selftest)
     selftest: dict[str, str] = data.get("selftest", {})
-    escaped = [name for name, outcome in selftest.items() if outcome not in ("denied", "allowed")]
+    escaped = [
+        name
+        for name, outcome in selftest.items()
+        if outcome != "denied" and not outcome.startswith("allowed")
+    ]
     code = 1 if data["refused_because"] or escaped or data["level"] == "none" else 0
     if args.json:
         print(json.dumps(data, indent=2))

@@ -247,6 +247,8 @@ def test_doctor_reports_full_isolation_here(capsys: pytest.CaptureFixture[str]) 
     assert f"ABI {landlock.abi_version()}" in out
     assert "isolation      full" in out
     assert "read /etc/passwd          denied" in out
+    assert "create a setuid file      denied" in out
+    assert "write in .tak/            denied" in out  # CI runs as root: a mount namespace
     assert "openat2        available" in out
 
 

@@ -99,10 +99,14 @@ async def test_a_memory_bomb_is_held_to_the_limit(arena: Arena, code: str, polic
 
 
 async def test_memory_outside_the_address_space_is_held_and_named(arena: Arena) -> None:
-    # A memfd's pages are not in the address space (RLIMIT_AS misses them), the
-    # memory cgroup counts them: the OOM killer ends the worker, and its call says why.
+    # Pages of the worker's private tmpfs (its TMPDIR) are not in the address space
+    # (RLIMIT_AS misses them; memfd_create is refused outright), the memory cgroup
+    # counts them: the OOM killer ends the worker, and its call says why.
     _needs_memory_cgroup()
-    code = "fd = os.memfd_create('x')\nfor _ in range(40): os.write(fd, b'x' * (10 << 20))"
+    code = (
+        "fd = os.open(os.environ['TMPDIR'] + '/fill', os.O_CREAT | os.O_WRONLY, 0o600)\n"
+        "for _ in range(40): os.write(fd, b'x' * (10 << 20))"
+    )
     policy = Policy(limits=Limits(memory_bytes=200 * MB, file_size_bytes=None))
     result = await while_responsive(arena, lambda: arena.attack(code, policy=policy))
     assert result.startswith("failed: Error (crashed): "), result
