@@ -172,9 +172,7 @@ def _selftest_child(scratch: str) -> dict[str, str]:
     import errno
     import socket
 
-    from ._confine import WorkerConfig, landlock_rules
-
-    from ._confine import Confinement, protect_tak_dir
+    from ._confine import Confinement, WorkerConfig, landlock_rules, protect_tak_dir
 
     results: dict[str, str] = {}
     os.makedirs(os.path.join(scratch, ".tak", "tmp"))

@@ -164,7 +164,9 @@ class Arena:
             assert result.startswith(DENIED_PREFIX), result
         self.assert_nothing_seen(results)
 
-    async def call(self, tool_name: str, policy: Policy | None = None, **arguments: Any) -> Observation:
+    async def call(
+        self, tool_name: str, policy: Policy | None = None, **arguments: Any
+    ) -> Observation:
         """One call of a ``plugins/attack.py`` tool in a fresh confined worker."""
         async with open_worker_pool(self.workspace, spare=False) as pool:
             worker = await pool.start(str(PLUGINS / "attack.py"), policy=policy or Policy())
