@@ -75,6 +75,9 @@ from ._trust import (
 
 logger = logging.getLogger("tak.plugins")
 
+#: What runs after a call of a workspace-writing worker: the disk budget check.
+Settle = Callable[[], Awaitable[None]]
+
 #: What a third-party plugin is imported with, before its permissions are known.
 PROBE_POLICY = Policy(workspace="read")
 
@@ -331,8 +334,8 @@ class PluginHost:
             isolation = "in process"
         else:
             worker = self._worker(source, plugin.name, plugin.permissions)
-            after = self._budget_check(plugin.permissions)
-            tools = [_remote(t, worker, after) for t in plugin.tools]
+            before = self._budget_check(plugin.permissions)
+            tools = [_remote(t, worker, before) for t in plugin.tools]
             isolation = self._isolation(plugin.permissions)
         if not tools:
             raise UsageError(f"plugin {plugin.name} defines no tools")
@@ -387,8 +390,8 @@ class PluginHost:
         else:
             await probe.aclose()
             worker = self._worker(target, name, permissions)
-        after = self._budget_check(permissions)
-        tools = [_remote(t, worker, after) for t in probe.tools]
+        before = self._budget_check(permissions)
+        tools = [_remote(t, worker, before) for t in probe.tools]
         if info.get("in_process"):
             logger.info(
                 "plugin %s asks to run in process; third-party plugins never do",
@@ -443,22 +446,28 @@ class PluginHost:
             worker.config = dict(config)
             worker.policy = self.granted(name, permissions).policy()
 
-    def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[None]] | None:
-        """After each call of a plugin that may write the workspace: measure it again.
+    def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[Settle]] | None:
+        """Around each call of a plugin that may write the workspace: measure it again.
 
-        A worker's writes do not go through ``self.workspace``, so its figure is
-        refreshed (in a thread: it walks the tree); fs tools then refuse writes past
-        the budget, and the call that took the workspace over it fails and says so.
+        A worker's writes do not go through ``self.workspace``: the free space of the
+        workspace's file system is read before the call, and after it the usage is
+        settled from that (``Workspace.settle_usage``: a walk of the tree only when it
+        could be over the budget), in a thread. fs tools then refuse writes past the
+        budget, and the call that took the workspace over it fails and says so.
         """
         if permissions.workspace != "write" or self.workspace.max_bytes is None:
             return None
-        return self._check_budget
+        return self._before_call
 
-    async def _check_budget(self) -> None:
+    async def _before_call(self) -> Settle:
+        free_before = await trio.to_thread.run_sync(self.workspace.free_bytes)
+        return functools.partial(self._check_budget, free_before)
+
+    async def _check_budget(self, free_before: int) -> None:
         """Raises: ToolFailure: the workspace is over its disk budget."""
         limit = self.workspace.max_bytes
         try:
-            used = await trio.to_thread.run_sync(self.workspace.refresh_usage)
+            used = await trio.to_thread.run_sync(self.workspace.settle_usage, free_before)
         except KernelError as exc:  # the tree kept changing: measure next time
             logger.warning("workspace usage not measured: %s", exc)
             return
@@ -514,17 +523,19 @@ class PluginHost:
         return attrs.evolve(t, fn=run)
 
 
-def _remote(t: Tool, worker: Worker, after: Callable[[], Awaitable[None]] | None = None) -> Tool:
+def _remote(t: Tool, worker: Worker, before: Callable[[], Awaitable[Settle]] | None = None) -> Tool:
     """The tool as its worker serves it, under the plugin's name for it.
 
-    ``after`` runs when each call has returned or failed (the disk budget check of a
-    plugin that writes the workspace); a failure it raises replaces the call's result.
+    ``before`` runs before each call and returns what runs when the call has returned
+    or failed (the disk budget check of a plugin that writes the workspace); a failure
+    that raises replaces the call's result.
     """
     invoke: Callable[[dict[str, Any]], Awaitable[Any]] = functools.partial(worker.invoke, t.name)
-    if after is not None:
-        call, check = invoke, after
+    if before is not None:
+        call, prepare = invoke, before
 
         async def invoke(arguments: dict[str, Any]) -> Any:
+            check = await prepare()
             try:
                 value = await call(arguments)
             except ToolFailure:

@@ -13,6 +13,7 @@ from sandbox_kit import Canary
 
 from kernel.errors import SandboxError
 from sandbox import Entry, Workspace, openat2_available
+from sandbox._workspace import _WALK_EVERY
 
 # Every behaviour is checked with openat2 and with the O_NOFOLLOW walk.
 RESOLVERS = [
@@ -278,3 +279,39 @@ def test_symlink_swapped_between_check_and_use(ws: Workspace, canary: Canary, st
         stop.set()
         thread.join()
     canary.assert_untouched()
+
+
+def test_settling_usage_walks_only_when_the_budget_could_be_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").write_bytes(b"x" * 10_000)
+    with Workspace(tmp_path, max_bytes=1_000_000) as ws:
+        walks = 0
+        measure = ws._measure
+
+        def counted() -> int:
+            nonlocal walks
+            walks += 1
+            return measure()
+
+        monkeypatch.setattr(ws, "_measure", counted)
+        first = ws.usage()
+        assert walks == 1
+        # Someone else (a worker) writes a little: the free-space bound settles it.
+        free = ws.free_bytes()
+        (tmp_path / "b").write_bytes(b"y" * 8192)
+        os.sync()
+        settled = ws.settle_usage(free)
+        assert walks == 1 and settled >= first
+        # A write that could pass the budget is measured for real.
+        free = ws.free_bytes()
+        (tmp_path / "c").write_bytes(b"z" * 2_000_000)
+        os.sync()
+        assert ws.settle_usage(free) > 1_000_000
+        assert walks == 2
+        (tmp_path / "c").unlink()
+        ws.refresh_usage()
+        # However small the writes, the tree is walked again every _WALK_EVERY settles.
+        for _ in range(_WALK_EVERY):
+            ws.settle_usage(ws.free_bytes())
+        assert walks == 4
