@@ -1,0 +1,454 @@
+"""A second engineer's attempts against the kernel side of issue 10 (review pass).
+
+Each test is one attempt. Those marked ``xfail(strict=True, reason="HOLE: ...")``
+got through when they were written: the lead fixes the hole and removes the
+mark. The others were refused and stay as part of the adversarial suite.
+
+Attempts whose failure would leave a runaway thread (a call into the kernel's
+``fs`` tools that keeps burning CPU after its deadline) run in a child process
+that is killed at the bound, so the suite stays fast and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+from kit import Arena
+from test_trust import home_of, plant, trust
+
+from kernel.errors import SandboxError
+from kernel.executor import run_tool_calls
+from kernel.home import TakHome
+from kernel.messages import ToolCall
+from kernel.plugin import Permissions, use_context
+from kernel.tools import ToolFailure
+from plugins import open_plugin_host
+from plugins._host import PluginHost, _check_overlap
+from plugins._trust import TRUST_FILE, TrustedPlugin, TrustStore
+from sandbox import Workspace
+from tests.server.wsclient import connect, open_test_kernel, running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: An ``fs`` call must end by itself within this (as in test_fs_dos.py).
+BOUND = 4.0
+
+_FS_CALL = """
+import json, logging, sys, time
+sys.path.insert(0, sys.argv[1])
+from kernel.plugin import ToolContext, use_context
+from plugins import fs
+from sandbox import Workspace
+workspace, name, arguments = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+[tool] = [t for t in fs.plugin.tools if t.name == name]
+with Workspace(workspace, protected=(".tak",)) as ws:
+    with use_context(ToolContext(ws, "p/s", logging.getLogger("review"), {})):
+        started = time.monotonic()
+        try:
+            tool.fn(**arguments)
+        except Exception:
+            pass
+        print(time.monotonic() - started)
+"""
+
+
+def fs_call_seconds(workspace: Path, tool: str, **arguments: object) -> float:
+    """How long one ``fs`` call runs by itself (``inf`` when it ran past the bound).
+
+    In a child process, killed at the bound: an abandoned thread in this process
+    would keep burning CPU for the rest of the suite.
+    """
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _FS_CALL,
+                str(ROOT),
+                str(workspace),
+                tool,
+                json.dumps(arguments),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=BOUND + 1,
+            check=True,
+        )
+    except subprocess.TimeoutExpired:
+        return float("inf")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+# -- class 6: fs tools whose cost outlives the deadline ---------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: edit_file computes the line of every occurrence of `old` with "
+    "text.count('\\n', 0, offset): quadratic; an 8 MiB file of 'a' with old='a' runs for hours",
+)
+def test_edit_file_with_an_old_text_occurring_everywhere_is_bounded(arena: Arena) -> None:
+    # 400 000 occurrences: ~20 s today; an 8 MiB file (the cap) would take hours.
+    (arena.workspace / "many.txt").write_text("a" * 400_000)
+    elapsed = fs_call_seconds(arena.workspace, "edit_file", path="many.txt", old="a", new="b")
+    assert elapsed < BOUND, f"edit_file ran {elapsed:.1f} s"
+    assert (arena.workspace / "many.txt").read_text() == "a" * 400_000
+    arena.assert_nothing_seen()
+
+
+def _ab_lines(path: Path, size: int) -> None:
+    """Random ``a``/``b`` lines of 1000 characters: the DFA of ``[ab]*a[ab]{999}c`` explodes."""
+    table = bytes(97 + (i & 1) for i in range(256))
+    raw = bytearray(os.urandom(size).translate(table))
+    raw[1000::1001] = b"\n" * len(raw[1000::1001])
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: RE2 is linear in the text but its constant is the program size: a pattern "
+    "whose DFA blows up falls back to the NFA, ~2 us/byte; 256 MiB (MAX_GREP_BYTES) is ~8 min "
+    "of kernel CPU per call, past any deadline",
+)
+def test_grep_with_a_dfa_exploding_pattern_is_bounded(arena: Arena) -> None:
+    _ab_lines(arena.workspace / "ab.txt", 8 * 1024 * 1024 - 1)
+    elapsed = fs_call_seconds(arena.workspace, "grep", pattern=r"[ab]*a[ab]{999}c", path=".")
+    assert elapsed < BOUND, f"grep ran {elapsed:.1f} s on one 8 MiB file"
+    arena.assert_nothing_seen()
+
+
+def test_edit_file_with_a_few_occurrences_answers_quickly(arena: Arena) -> None:
+    """Not the hole above: the error for several occurrences on a big file is fast."""
+    (arena.workspace / "few.txt").write_text(("x" * 1000 + "\n") * 8000 + "needle\n" * 3)
+    elapsed = fs_call_seconds(arena.workspace, "edit_file", path="few.txt", old="needle", new="n")
+    assert elapsed < BOUND
+    arena.assert_nothing_seen()
+
+
+# -- class 6: the disk budget, measured after a worker's call ---------------------------
+
+
+def _churner(moving: Path, other: Path) -> subprocess.Popen[bytes]:
+    """What a background process left by ``run_command`` can do: move a directory
+    back and forth between two parents, as fast as it can."""
+    code = (
+        "import os, sys\n"
+        "a, b = sys.argv[1], sys.argv[2]\n"
+        "os.rename(a, b); os.rename(b, a)\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    try:\n"
+        "        os.rename(a, b); os.rename(b, a)\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(moving), str(other)], stdout=subprocess.PIPE
+    )
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+    return process
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: the usage walk skips a directory that vanished between listing and open "
+    "(`except OSError: continue`); one moved back and forth is never counted, so any amount "
+    "of data inside it escapes [workspace] max_bytes",
+)
+def test_data_in_a_directory_moving_back_and_forth_is_counted(arena: Arena) -> None:
+    ws = arena.workspace
+    (ws / "a" / "hidden").mkdir(parents=True)
+    (ws / "b").mkdir()
+    (ws / "a" / "hidden" / "blob").write_bytes(os.urandom(4 << 20))
+    churn = _churner(ws / "a" / "hidden", ws / "b" / "hidden")
+    seen: list[int | str] = []
+    try:
+        with Workspace(ws, max_bytes=1 << 20) as w:
+            # As many measurements as 2 s allow (each takes about a millisecond): one
+            # that misses the data is enough, and it comes within the first few dozen.
+            stop = time.monotonic() + 2.0
+            while time.monotonic() < stop:
+                try:
+                    seen.append(w.refresh_usage())
+                except SandboxError as exc:  # refusing to measure is fine (fail closed)
+                    seen.append(str(exc))
+    finally:
+        churn.kill()
+        churn.wait()
+    under = [n for n in seen if isinstance(n, int) and n < 4 << 20]
+    assert not under, f"{len(under)} of {len(seen)} measurements missed the 4 MiB: {seen[:5]}"
+    arena.assert_nothing_seen()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: PluginHost._check_budget logs 'workspace usage not measured' and lets the "
+    "call succeed when the tree kept changing: a worker that keeps it changing is never "
+    "over budget (fail open)",
+)
+async def test_budget_check_fails_closed_when_the_workspace_cannot_be_measured(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (arena.workspace / "big").write_bytes(os.urandom(1 << 20))
+
+    def keeps_changing(self: Workspace) -> int:
+        raise SandboxError("the workspace kept changing while its disk usage was measured")
+
+    with Workspace(arena.workspace, max_bytes=1000) as ws:
+        host = object.__new__(PluginHost)
+        host.workspace = ws
+        monkeypatch.setattr(Workspace, "refresh_usage", keeps_changing)
+        hook = host._budget_check(Permissions(workspace="write"))
+        assert hook is not None
+        with pytest.raises(ToolFailure):
+            # What runs around a worker's call: the check itself, or a preparation
+            # before the call that returns the check.
+            after = await hook()
+            if callable(after):
+                await after()
+    arena.assert_nothing_seen()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: settle_usage counts only the free space lost *during* a call; what a "
+    "background process (left by run_command) writes between two calls is never in any "
+    "call's delta, and stays unseen until the walk every 32nd call (which the moving "
+    "directory above also defeats)",
+)
+async def test_what_a_background_process_writes_between_calls_is_counted(arena: Arena) -> None:
+    with Workspace(arena.workspace, max_bytes=1 << 20) as ws:
+        host = object.__new__(PluginHost)
+        host.workspace = ws
+        await trio.to_thread.run_sync(ws.usage)  # measured once, at the first write
+        hook = host._budget_check(Permissions(workspace="write"))
+        assert hook is not None
+        # Between two calls, a background process fills 4 MiB (past the 1 MiB budget).
+        (arena.workspace / "filler").write_bytes(os.urandom(4 << 20))
+        os.sync()
+        with pytest.raises(ToolFailure):
+            after = await hook()  # the next call starts ...
+            if callable(after):
+                await after()  # ... writes nothing, and ends
+    arena.assert_nothing_seen()
+
+
+# -- class 3: what a workspace may not contain ---------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: guarded_paths keeps only sys.path entries that are directories now; a "
+    "missing one inside the workspace (PYTHONPATH=./lib) is not guarded, a tool creates it "
+    "with sitecustomize.py and the next start imports that unconfined",
+)
+def test_workspace_holding_a_missing_sys_path_directory_is_refused(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planned = arena.workspace / "lib"  # does not exist yet: a tool can make it
+    monkeypatch.setattr(sys, "path", [*sys.path, str(planned)])
+    with pytest.raises(SandboxError, match=r"sys\.path"):
+        _check_overlap(arena.workspace, TakHome(arena.root / "home"))
+    arena.assert_nothing_seen()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: a zip file on sys.path (PYTHONPATH=deps.zip, an .egg) inside the workspace "
+    "is not guarded (os.path.isdir is false); a tool rewrites it, the next start imports it",
+)
+def test_workspace_holding_a_zip_on_sys_path_is_refused(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zipfile
+
+    archive = arena.workspace / "deps.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("depmod.py", "VALUE = 1\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(archive)])
+    with pytest.raises(SandboxError, match=r"sys\.path"):
+        _check_overlap(arena.workspace, TakHome(arena.root / "home"))
+    arena.assert_nothing_seen()
+
+
+def test_workspace_holding_an_existing_sys_path_directory_is_refused(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused: the same, with the directory already there."""
+    (arena.workspace / "lib").mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(arena.workspace / "lib") + "/"])
+    with pytest.raises(SandboxError, match=r"sys\.path"):
+        _check_overlap(str(arena.workspace) + "/.", TakHome(arena.root / "home"))
+    arena.assert_nothing_seen()
+
+
+# -- class 2: the trust file -----------------------------------------------------------------
+
+
+def _approval(key: str) -> TrustedPlugin:
+    return TrustedPlugin(key, key.rpartition(":")[2], "0" * 64, Permissions())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE: TrustStore.approve/revoke read, change and replace the file with no lock; "
+    "`tak plugins untrust A` while `tak plugins trust B` runs is undone: A stays trusted",
+)
+def test_a_revocation_is_not_undone_by_a_concurrent_approval(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = arena.root / "home" / "config" / TRUST_FILE
+    TrustStore(path).approve(_approval("entry_point:a"))
+    loaded = threading.Event()
+    go_on = threading.Event()
+    original = TrustStore.load
+
+    def slow_load(self: TrustStore) -> dict[str, TrustedPlugin]:
+        found = original(self)
+        if threading.current_thread().name == "trust-b":
+            loaded.set()
+            go_on.wait(5)
+        return found
+
+    monkeypatch.setattr(TrustStore, "load", slow_load)
+    approve = threading.Thread(
+        target=TrustStore(path).approve, args=(_approval("entry_point:b"),), name="trust-b"
+    )
+    approve.start()
+    assert loaded.wait(5)
+    revoke = threading.Thread(target=TrustStore(path).revoke, args=("entry_point:a",))
+    revoke.start()
+    revoke.join(0.5)  # with a lock, it waits for the approval; without, it is done
+    go_on.set()
+    approve.join(5)
+    revoke.join(5)
+    final = original(TrustStore(path))
+    assert "entry_point:b" in final
+    assert "entry_point:a" not in final, "the user's untrust was silently undone"
+    arena.assert_nothing_seen()
+
+
+_SIBLING_MAIN = '''
+from kernel import Plugin
+try:
+    import _sibling
+    STATE = "sibling ran: " + _sibling.VALUE
+except ImportError:
+    STATE = "no sibling"
+plugin = Plugin("sib", version="1.0", description="Imports a module beside it.")
+
+@plugin.tool
+def state() -> str:
+    """Whether the sibling module was imported."""
+    return STATE
+'''
+
+
+@pytest.mark.usefixtures("confined")
+async def test_approved_plugin_cannot_import_an_unhashed_sibling(arena: Arena) -> None:
+    """Refused: the hash covers one file, and the worker imports a copy of it from a
+    directory of the kernel's, so ``import _sibling`` finds neither the sibling in
+    ``.tak/plugins`` nor one a tool wrote at the workspace root."""
+    home = home_of(arena)
+    plant(arena, "_sibling", 'VALUE = "from .tak/plugins"\n')
+    plant(arena, "sib", _SIBLING_MAIN)
+    await trust(arena, home, "sib")
+    (arena.workspace / "_sibling.py").write_text('VALUE = "written by a tool"\n')
+    async with open_plugin_host(arena.workspace, home=home) as host:
+        assert "sib" in [p.name for p in host.plugins], host.errors
+        with use_context(host.context()):
+            [obs] = await run_tool_calls([ToolCall("1", "state", {})], host.tools)
+    assert obs.content == "no sibling", obs.content
+    arena.assert_nothing_seen([obs.content])
+
+
+# -- class 7: a connection flood from another process ----------------------------------------
+
+_FLOOD = """
+import socket, sys, threading, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+stop = time.monotonic() + seconds
+def run():
+    held = []
+    while time.monotonic() < stop:
+        try:
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        except OSError:
+            time.sleep(0.001)
+            continue
+        if len(held) > 100:
+            held.pop(0).close()
+    for s in held:
+        s.close()
+threads = [threading.Thread(target=run) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[str]:
+    async with open_test_kernel(tmp_path / "home") as k:
+        async with running_server(k) as url:
+            yield url
+
+
+async def test_a_continuous_connection_flood_does_not_lock_out_the_client(
+    served: str, arena: Arena
+) -> None:
+    """Refused: four threads of another process open connections as fast as they can
+    for 3 s (the server drops the oldest unauthenticated one each time); the real
+    client still gets in, every time."""
+    port = int(served.split(":")[2].split("/")[0])
+    flood = await trio.lowlevel.open_process([sys.executable, "-c", _FLOOD, str(port), "3"])
+    try:
+        await trio.sleep(0.5)
+        for n in range(5):
+            with trio.fail_after(5):
+                async with connect(served) as client:
+                    _, reply = await client.request({"type": "tools", "id": f"t{n}"})
+            assert reply["status"] == "ok"
+    finally:
+        with trio.CancelScope(shield=True):
+            flood.kill()
+            await flood.wait()
+    arena.assert_nothing_seen()
+
+
+# -- class 8: arguments that only become unrecordable once converted ------------------------
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"number": 1' + "0" * 400 + "}",  # an exact integer JSON allows, too big for a float
+        '{"number": 1e999}',  # hidden inside arguments given as a JSON string
+        {"number": 2 * 10**308},
+        '{"number": 1.7976931348623159e308}',  # rounds up to infinity
+    ],
+    ids=["int-400-digits", "string-1e999", "int-past-float", "rounds-to-inf"],
+)
+async def test_a_number_that_overflows_a_float_parameter_does_not_run(
+    tmp_path: Path, arena: Arena, arguments: object
+) -> None:
+    from test_frames import marker_tools
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    async with open_test_kernel(tmp_path / "home", tools=marker_tools(markers)) as k:
+        session = k.session("victim")
+        [obs] = await k.call_tools(session, [ToolCall("k", "mark", arguments)])  # type: ignore[arg-type]
+    assert obs.is_error and "bad_arguments" in obs.content, obs.content
+    assert list(markers.iterdir()) == []
+    arena.assert_nothing_seen([obs.content])
