@@ -75,9 +75,6 @@ from ._trust import (
 
 logger = logging.getLogger("tak.plugins")
 
-#: What runs after a call of a workspace-writing worker: the disk budget check.
-Settle = Callable[[], Awaitable[None]]
-
 #: What a third-party plugin is imported with, before its permissions are known.
 PROBE_POLICY = Policy(workspace="read")
 
@@ -334,8 +331,8 @@ class PluginHost:
             isolation = "in process"
         else:
             worker = self._worker(source, plugin.name, plugin.permissions)
-            before = self._budget_check(plugin.permissions)
-            tools = [_remote(t, worker, before) for t in plugin.tools]
+            after = self._budget_check(plugin.permissions)
+            tools = [_remote(t, worker, after) for t in plugin.tools]
             isolation = self._isolation(plugin.permissions)
         if not tools:
             raise UsageError(f"plugin {plugin.name} defines no tools")
@@ -390,8 +387,8 @@ class PluginHost:
         else:
             await probe.aclose()
             worker = self._worker(target, name, permissions)
-        before = self._budget_check(permissions)
-        tools = [_remote(t, worker, before) for t in probe.tools]
+        after = self._budget_check(permissions)
+        tools = [_remote(t, worker, after) for t in probe.tools]
         if info.get("in_process"):
             logger.info(
                 "plugin %s asks to run in process; third-party plugins never do",
@@ -446,31 +443,31 @@ class PluginHost:
             worker.config = dict(config)
             worker.policy = self.granted(name, permissions).policy()
 
-    def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[Settle]] | None:
-        """Around each call of a plugin that may write the workspace: measure it again.
+    def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[None]] | None:
+        """After each call of a plugin that may write the workspace: measure it again.
 
-        A worker's writes do not go through ``self.workspace``: the free space of the
-        workspace's file system is read before the call, and after it the usage is
-        settled from that (``Workspace.settle_usage``: a walk of the tree only when it
-        could be over the budget), in a thread. fs tools then refuse writes past the
-        budget, and the call that took the workspace over it fails and says so.
+        A worker's writes do not go through ``self.workspace``: its usage is settled
+        from the file system's free space (``Workspace.settle_usage``: a walk of the
+        tree only when it could be over the budget), in a thread. fs tools then refuse
+        writes past the budget, and the call that took the workspace over it fails and
+        says so; so does a call after which the usage could not be measured (fail
+        closed: a worker that keeps the tree changing must not escape the budget).
         """
         if permissions.workspace != "write" or self.workspace.max_bytes is None:
             return None
-        return self._before_call
+        return self._check_budget
 
-    async def _before_call(self) -> Settle:
-        free_before = await trio.to_thread.run_sync(self.workspace.free_bytes)
-        return functools.partial(self._check_budget, free_before)
-
-    async def _check_budget(self, free_before: int) -> None:
-        """Raises: ToolFailure: the workspace is over its disk budget."""
+    async def _check_budget(self) -> None:
+        """Raises: ToolFailure: the workspace is over its disk budget, or unmeasurable."""
         limit = self.workspace.max_bytes
         try:
-            used = await trio.to_thread.run_sync(self.workspace.settle_usage, free_before)
-        except KernelError as exc:  # the tree kept changing: measure next time
-            logger.warning("workspace usage not measured: %s", exc)
-            return
+            used = await trio.to_thread.run_sync(self.workspace.settle_usage)
+        except KernelError as exc:
+            raise ToolFailure(
+                "denied",
+                f"the workspace's disk usage could not be measured after this call ({exc}); "
+                "its budget cannot be checked, so the call is refused",
+            ) from None
         if limit is not None and used > limit:
             raise ToolFailure(
                 "denied",
@@ -523,23 +520,21 @@ class PluginHost:
         return attrs.evolve(t, fn=run)
 
 
-def _remote(t: Tool, worker: Worker, before: Callable[[], Awaitable[Settle]] | None = None) -> Tool:
+def _remote(t: Tool, worker: Worker, after: Callable[[], Awaitable[None]] | None = None) -> Tool:
     """The tool as its worker serves it, under the plugin's name for it.
 
-    ``before`` runs before each call and returns what runs when the call has returned
-    or failed (the disk budget check of a plugin that writes the workspace); a failure
-    that raises replaces the call's result.
+    ``after`` runs when each call has returned or failed (the disk budget check of a
+    plugin that writes the workspace); a failure it raises replaces the call's result.
     """
     invoke: Callable[[dict[str, Any]], Awaitable[Any]] = functools.partial(worker.invoke, t.name)
-    if before is not None:
-        call, prepare = invoke, before
+    if after is not None:
+        call, check = invoke, after
 
         async def invoke(arguments: dict[str, Any]) -> Any:
-            check = await prepare()
             try:
                 value = await call(arguments)
             except ToolFailure:
-                await check()  # a failed call may have written too; its own failure wins
+                await check()  # a failed call may have written too: over budget wins
                 raise
             await check()
             return value
@@ -760,8 +755,9 @@ def guarded_paths(home: TakHome) -> tuple[list[tuple[str, str]], list[tuple[str,
     not_inside = [("$TAK_HOME", str(home.root))]
     for entry in sys.path:
         path = entry or os.getcwd()  # "" is the current directory
-        if os.path.isdir(path):
-            not_inside.append(("a directory on sys.path", path))
+        # Whether or not it exists yet, and whatever it is (a directory, a zip, an egg):
+        # a tool could create or rewrite it, and the next start would import from it.
+        not_inside.append(("an entry of sys.path", path))
         if os.path.basename(path) in ("site-packages", "dist-packages"):
             disjoint.append(("site-packages", path))
     disjoint += [("site-packages", p) for p in site.getsitepackages()]

@@ -35,6 +35,8 @@ refuses to overwrite it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -175,9 +177,10 @@ class TrustStore:
         Raises:
             TrustError: the existing file is unreadable (it is left as it is).
         """
-        plugins = self.load()
-        plugins[plugin.key] = plugin
-        self._save(plugins)
+        with self._locked():
+            plugins = self.load()
+            plugins[plugin.key] = plugin
+            self._save(plugins)
 
     def revoke(self, key: str) -> TrustedPlugin | None:
         """Forget the approval of ``key``; the one removed, or ``None``.
@@ -185,11 +188,28 @@ class TrustStore:
         Raises:
             TrustError: the existing file is unreadable (it is left as it is).
         """
-        plugins = self.load()
-        removed = plugins.pop(key, None)
-        if removed is not None:
-            self._save(plugins)
-        return removed
+        with self._locked():
+            plugins = self.load()
+            removed = plugins.pop(key, None)
+            if removed is not None:
+                self._save(plugins)
+            return removed
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """An exclusive ``flock`` on ``<file>.lock`` around read-change-replace.
+
+        The file itself cannot carry the lock (it is replaced by rename), and two
+        ``tak plugins trust``/``untrust`` runs at once must not undo each other.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -189,6 +189,7 @@ class Workspace:
     _usage: int | None = None
     _usage_lock: threading.Lock = threading.Lock()
     _settles: int = 0
+    _free_seen: int | None = None
 
     def __init__(
         self,
@@ -207,6 +208,7 @@ class Workspace:
         self._openat2 = openat2_available() if use_openat2 is None else use_openat2
         self._usage_lock = threading.Lock()
         self._settles = 0
+        self._free_seen = None
         try:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
@@ -598,9 +600,11 @@ class Workspace:
 
     def refresh_usage(self) -> int:
         """Measure the workspace again (after writes that did not go through this object)."""
+        # Read before the walk: what is written during it counts in the next settle.
+        free = self.free_bytes() if self._fd >= 0 else None
         measured = self._measure()
         with self._usage_lock:
-            self._usage = measured
+            self._usage, self._free_seen = measured, free
         return measured
 
     def free_bytes(self) -> int:
@@ -608,32 +612,28 @@ class Workspace:
         st = os.fstatvfs(self.fileno())
         return st.f_bfree * st.f_frsize
 
-    def settle_usage(self, free_before: int) -> int:
+    def settle_usage(self) -> int:
         """The usage after writes that did not go through this object (a worker's call).
 
-        ``free_before`` is ``free_bytes()`` from before those writes. The file system
-        lost at most ``free_before - free_bytes()`` bytes since, so the kept figure
-        plus that is an upper bound on the usage, and the tree is walked again only
-        when that bound passes the budget (or every ``_WALK_EVERY`` settles): a call in
-        a workspace of 100,000 files does not pay a 250 ms walk. Space freed elsewhere
-        on the same file system during the call could hide growth: the periodic walk
-        bounds how long that can last. Blocking.
+        The file system lost at most ``free space when the figure was last settled -
+        free space now`` bytes since, whoever wrote them, so the kept figure plus that
+        is an upper bound on the usage; the tree is walked again only when that bound
+        passes the budget (or every ``_WALK_EVERY`` settles): a call in a workspace of
+        100,000 files does not pay a 250 ms walk. Space freed elsewhere on the same
+        file system could hide growth: the periodic walk bounds how long. Blocking.
 
         Raises:
             SandboxError: the tree kept changing while it was measured.
         """
-        grown = max(0, free_before - self.free_bytes())
+        free_now = self.free_bytes()
         with self._usage_lock:
-            current = self._usage
+            current, seen = self._usage, self._free_seen
             self._settles += 1
-            if (
-                current is not None
-                and self.max_bytes is not None
-                and current + grown <= self.max_bytes
-                and self._settles < _WALK_EVERY
-            ):
-                self._usage = current + grown
-                return self._usage
+            if current is not None and seen is not None and self.max_bytes is not None:
+                bound = current + max(0, seen - free_now)
+                if bound <= self.max_bytes and self._settles < _WALK_EVERY:
+                    self._usage, self._free_seen = bound, free_now
+                    return bound
             self._settles = 0
         return self.refresh_usage()
 
@@ -691,7 +691,9 @@ class Workspace:
                     try:
                         child = os.open(pending.pop(), flags, dir_fd=fd)
                     except OSError:
-                        continue  # gone, or replaced by a link, since it was listed
+                        # Gone, or replaced by a link, since it was listed: skipping it
+                        # would let a directory moved back and forth hide what it holds.
+                        raise _TreeChanged from None
                     st = os.fstat(child)
                     if st.st_dev != top.st_dev:
                         os.close(child)  # another file system mounted inside

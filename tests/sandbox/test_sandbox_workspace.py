@@ -298,20 +298,38 @@ def test_settling_usage_walks_only_when_the_budget_could_be_passed(
         first = ws.usage()
         assert walks == 1
         # Someone else (a worker) writes a little: the free-space bound settles it.
-        free = ws.free_bytes()
         (tmp_path / "b").write_bytes(b"y" * 8192)
         os.sync()
-        settled = ws.settle_usage(free)
+        settled = ws.settle_usage()
         assert walks == 1 and settled >= first
-        # A write that could pass the budget is measured for real.
-        free = ws.free_bytes()
+        # A write that could pass the budget is measured for real, even when it
+        # happened between calls rather than during one.
         (tmp_path / "c").write_bytes(b"z" * 2_000_000)
         os.sync()
-        assert ws.settle_usage(free) > 1_000_000
+        ws.settle_usage()  # (another call) does not reset what was seen
         assert walks == 2
+        assert ws.usage() > 1_000_000
         (tmp_path / "c").unlink()
         ws.refresh_usage()
         # However small the writes, the tree is walked again every _WALK_EVERY settles.
         for _ in range(_WALK_EVERY):
-            ws.settle_usage(ws.free_bytes())
+            ws.settle_usage()
         assert walks == 4
+
+
+def test_a_directory_moving_during_the_usage_walk_is_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a" / "hidden").mkdir(parents=True)
+    (tmp_path / "a" / "hidden" / "data").write_bytes(b"x" * 100_000)
+    with Workspace(tmp_path, max_bytes=1_000_000) as ws:
+        real_open = os.open
+
+        def moving_open(path: str, flags: int, *args: object, **kwargs: object) -> int:
+            if path == "hidden":  # it was listed; now it is elsewhere
+                raise FileNotFoundError(2, "No such file or directory", path)
+            return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "open", moving_open)
+        with pytest.raises(SandboxError, match="kept changing"):
+            ws.refresh_usage()
