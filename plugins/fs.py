@@ -18,10 +18,15 @@ no double counting) and does not descend into hidden directories (``.git``,
 Running in the kernel's process has a price: a tool here cannot be killed at its
 deadline (its thread is abandoned, not stopped), and C code that holds the GIL
 freezes every session. So every tool's cost is bounded by its input caps, not by
-its deadline: ``grep`` runs RE2 (linear time, no backtracking) over bounded
-windows, the closest-match search of ``edit_file`` compares a bounded number of
-candidates, walks and listings stop after ``MAX_WALK_ENTRIES`` entries, and glob
-patterns match in time linear in pattern times path length.
+its deadline: ``edit_file`` counts lines once however often ``old`` occurs, and its
+closest-match search compares a bounded number of candidates; walks and listings
+stop after ``MAX_WALK_ENTRIES`` entries; glob patterns match in time linear in
+pattern times path length. ``grep`` runs RE2 (linear time, no backtracking), but
+linear is not fast: a pattern whose DFA blows up runs on RE2's NFA at a cost per
+byte proportional to its program size (2 us/byte for ``[ab]*a[ab]{999}c``). So
+``grep`` also has a clock: each RE2 call gets a window small enough for its
+program (``GREP_WINDOW_COST``), and the search stops after ``GREP_SECONDS``, well
+within its own deadline, and says how far it got.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import heapq
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -69,8 +75,18 @@ BINARY_SNIFF_BYTES = 8192
 #: Longest ``grep`` regex and glob pattern accepted, in characters.
 MAX_PATTERN_CHARS = 1000
 #: ``grep`` hands RE2 at most this many bytes per call (whole lines, or a window of a
-#: longer line), so no single call into C holds the GIL for long.
+#: longer line), so no single call into C runs for long.
 GREP_WINDOW_BYTES = 256 * 1024
+#: ... and at most this many bytes times instructions of the compiled program: RE2's
+#: NFA costs up to ~3 ns per instruction per byte, so one call stays under ~0.1 s.
+#: ``TODO`` compiles to 8 instructions (full windows), ``[ab]*a[ab]{999}c`` to 1006.
+GREP_WINDOW_COST = 32 * 1024 * 1024
+#: Largest compiled program ``grep`` runs: windows stay at least 1 KiB.
+MAX_GREP_PROGRAM = 32 * 1024
+#: ``grep``'s deadline, and how long it searches before it stops and says so; the rest
+#: of the deadline is the margin for the last RE2 call and the output.
+GREP_TIMEOUT = 4.0
+GREP_SECONDS = min(GREP_TIMEOUT - 1.0, GREP_TIMEOUT * 0.8)
 #: ``grep`` stops after reading this many bytes in all, or counting this many matches.
 MAX_GREP_BYTES = 256 * 1024 * 1024
 MAX_GREP_MATCHES = 100_000
@@ -80,6 +96,8 @@ MAX_CLOSEST_LINES = 400
 MAX_CLOSEST_CHARS = 20_000
 CLOSEST_CANDIDATES = 5
 CLOSEST_COMPARE_CHARS = 1500
+#: Occurrences whose line ``edit_file`` names when ``old`` is not unique.
+MAX_OCCURRENCES_SHOWN = 50
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -213,6 +231,23 @@ def _line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
 
 
+def _occurrence_lines(text: str, old: str, limit: int) -> list[int]:
+    """The line of each of the first ``limit`` occurrences of ``old``, in one pass.
+
+    Newlines are counted from the previous occurrence, not from the start: counting
+    from the start for each of 400 000 occurrences takes minutes.
+    """
+    lines: list[int] = []
+    line, counted = 1, 0
+    offset = text.find(old)
+    while offset != -1 and len(lines) < limit:
+        line += text.count("\n", counted, offset)
+        counted = offset
+        lines.append(line)
+        offset = text.find(old, offset + len(old))
+    return lines
+
+
 _WORD = re.compile(r"\w+")
 
 
@@ -296,13 +331,9 @@ def edit_file(path: str, old: str, new: str) -> str:
     if count == 0:
         raise ValueError(_missing_message(path, text, old))
     if count > 1:
-        starts: list[int] = []
-        offset = text.find(old)
-        while offset != -1:
-            starts.append(_line_of(text, offset))
-            offset = text.find(old, offset + 1)
-        shown = ", ".join(str(n) for n in starts[:50])
-        more = f" and {len(starts) - 50} more" if len(starts) > 50 else ""
+        starts = _occurrence_lines(text, old, MAX_OCCURRENCES_SHOWN)
+        shown = ", ".join(str(n) for n in starts)
+        more = f" and {count - len(starts)} more" if count > len(starts) else ""
         raise ValueError(
             f"old text occurs {count} times in {path}, starting at lines {shown}{more}; "
             "include more surrounding text so that it matches exactly once"
@@ -527,10 +558,18 @@ def _compile_grep(pattern: str) -> Any:
     options.never_nl = True  # a match never spans lines, as with line-by-line search
     options.never_capture = True  # only where the match is; groups would cost per call
     try:
-        return re2.compile(b"(?m)" + pattern.encode("utf-8", "surrogatepass"), options)
+        regex = re2.compile(b"(?m)" + pattern.encode("utf-8", "surrogatepass"), options)
     except re2.error as exc:
         reason = exc.args[0] if exc.args else exc
         reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+    else:
+        if regex.programsize > MAX_GREP_PROGRAM:
+            raise ValueError(
+                f"regular expression {pattern!r} is too complex: it compiles to "
+                f"{regex.programsize} instructions, more than {MAX_GREP_PROGRAM}; "
+                "use fewer or smaller repetition counts"
+            )
+        return regex
     try:
         re.compile(pattern)
     except (re.error, RecursionError, OverflowError):
@@ -542,18 +581,41 @@ def _compile_grep(pattern: str) -> Any:
     )
 
 
-def _matching_lines(regex: Any, data: bytes) -> Iterator[tuple[int, bytes]]:
+class _OutOfTime(Exception):
+    """``grep``'s time ran out in the middle of a file, at this line."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+def _grep_window(regex: Any) -> int:
+    """Bytes per RE2 call for this pattern: fewer for a bigger program (``GREP_WINDOW_COST``)."""
+    program: int = max(regex.programsize, 1)
+    return min(GREP_WINDOW_COST // program, GREP_WINDOW_BYTES)
+
+
+def _matching_lines(regex: Any, data: bytes, deadline: float) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of each line of ``data`` with a match, in order.
 
-    RE2 is given whole lines, ``GREP_WINDOW_BYTES`` at most per call; a longer line
-    is searched in windows of that size (a match across a window edge is missed).
+    RE2 is given whole lines, ``_grep_window(regex)`` bytes at most per call; a longer
+    line is searched in windows of that size (a match across a window edge is missed)
+    and shown from the window where it matched.
+
+    Raises:
+        _OutOfTime: ``time.monotonic()`` passed ``deadline`` (checked between windows).
     """
+    window = _grep_window(regex)
     size = len(data)
     pos = 0
-    number = 1
-    counted = 0  # ``number`` is the line number at offset ``counted``
+    number = 1  # the line number at offset ``counted``
+    counted = 0
+    scanned = 0  # no newline in ``data[counted:scanned]``: each byte is looked at once
+    line_start = 0
     while pos < size:
-        end = min(pos + GREP_WINDOW_BYTES, size)
+        if time.monotonic() > deadline:
+            raise _OutOfTime(number + data.count(b"\n", counted, pos))
+        end = min(pos + window, size)
         if end < size:
             newline = data.rfind(b"\n", pos, end)
             if newline >= pos:
@@ -561,18 +623,32 @@ def _matching_lines(regex: Any, data: bytes) -> Iterator[tuple[int, bytes]]:
         while pos < end:
             match = regex.search(data, pos, end)
             if match is None:
+                pos = end
                 break
-            line_start = data.rfind(b"\n", 0, match.start()) + 1
-            line_end = data.find(b"\n", match.start(), end)
-            line_end = end if line_end == -1 else line_end
-            number += data.count(b"\n", counted, line_start)
-            counted = line_start
-            yield number, data[max(line_start, pos) : line_end].rstrip(b"\r")
-            pos = line_end + 1
-        pos = end
+            found = match.start()
+            newline = data.rfind(b"\n", scanned, found)
+            if newline != -1:
+                number += data.count(b"\n", counted, newline + 1)
+                counted = line_start = newline + 1
+            scanned = found
+            line_end = data.find(b"\n", found, end)
+            shown = data[max(line_start, pos) : end if line_end == -1 else line_end]
+            yield number, shown.rstrip(b"\r")
+            if line_end == -1:  # one report per line: skip the rest of a long one
+                line_end = data.find(b"\n", end)
+            pos = size if line_end == -1 else line_end + 1
 
 
-@plugin.tool
+def _out_of_time(searched: int, partly: str | None) -> str:
+    files = f"{searched} file{'' if searched == 1 else 's'}"
+    also = f" and {partly}" if partly else ""
+    return (
+        f"[stopped after {GREP_SECONDS:g} s: searched {files}{also}; "
+        "narrow the pattern, path or glob]"
+    )
+
+
+@plugin.tool(timeout=GREP_TIMEOUT)
 @_refusals_denied
 def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
     """Search file contents with a regular expression (RE2 syntax, close to Python's).
@@ -580,7 +656,8 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
     Prints ``file:line: text`` for each matching line. Binary files, files over
     8 MiB and hidden directories are skipped. Use ``(?i)`` for case-insensitive
     matching. Backreferences and lookaround are not supported (RE2 runs in
-    linear time). Output is capped; a marker says when matches were left out.
+    linear time). Output is capped, and the search stops after 3 seconds; a
+    marker says when matches were left out or files not searched.
 
     Args:
         pattern: Regular expression to look for.
@@ -588,6 +665,7 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
         glob: Only search files matching this glob (``*.py`` matches names,
             ``src/**/*.py`` whole paths).
     """
+    deadline = time.monotonic() + GREP_SECONDS
     regex = _compile_grep(pattern)
     ws = _workspace()
     wanted = _path_filter(glob)
@@ -599,11 +677,15 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
     matches = 0
     read = 0
     skipped: list[str] = []
+    searched = 0
     truncated = False
     stopped = ""
     for file in files:
         if not wanted(file):
             continue
+        if time.monotonic() > deadline:
+            stopped = _out_of_time(searched, None)
+            break
         if read >= MAX_GREP_BYTES:
             stopped = f"[stopped after reading {MAX_GREP_BYTES} bytes; narrow the path or glob]"
             break
@@ -617,22 +699,26 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
         read += len(data)
         if _looks_binary(data):
             continue
-        for number, raw in _matching_lines(regex, data):
-            matches += 1
-            if matches >= MAX_GREP_MATCHES:
-                stopped = f"[stopped counting at {MAX_GREP_MATCHES} matching lines]"
-                break
-            if truncated:
-                continue
-            line = raw.decode("utf-8", errors="replace")
-            entry = f"{file}:{number}: {_clip_line(line, MAX_GREP_LINE_CHARS)}"
-            if size + len(entry) + 1 > MAX_GREP_CHARS:
-                truncated = True
-                continue
-            out.append(entry)
-            size += len(entry) + 1
+        try:
+            for number, raw in _matching_lines(regex, data, deadline):
+                matches += 1
+                if matches >= MAX_GREP_MATCHES:
+                    stopped = f"[stopped counting at {MAX_GREP_MATCHES} matching lines]"
+                    break
+                if truncated:
+                    continue
+                line = raw.decode("utf-8", errors="replace")
+                entry = f"{file}:{number}: {_clip_line(line, MAX_GREP_LINE_CHARS)}"
+                if size + len(entry) + 1 > MAX_GREP_CHARS:
+                    truncated = True
+                    continue
+                out.append(entry)
+                size += len(entry) + 1
+        except _OutOfTime as exc:
+            stopped = _out_of_time(searched, f"{file} up to line {exc.line}")
         if stopped:
             break
+        searched += 1
     if truncated:
         of = f"at least {matches}" if stopped else str(matches)
         out.append(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,6 +134,16 @@ def test_edit_file_not_unique_gives_each_line(ws: Path) -> None:
     assert (ws / "m.py").read_text() == "x = 1\ny = 2\nx = 1\n\nx = 1\n"
 
 
+def test_edit_file_not_unique_names_the_first_lines_and_counts_the_rest(ws: Path) -> None:
+    (ws / "m.txt").write_text("x\n\n" * 60 + "xx")
+    with pytest.raises(ValueError) as info:
+        fs.edit_file.fn("m.txt", "x", "y")
+    lines = ", ".join(str(n) for n in range(1, 100, 2))
+    assert str(info.value).startswith(
+        f"old text occurs 62 times in m.txt, starting at lines {lines} and 12 more;"
+    )
+
+
 def test_edit_file_missing_shows_the_closest_region(ws: Path) -> None:
     body = "import os\n\n\ndef main():\n    print('hello world')\n    return 0\n\n\nx = 1\n"
     (ws / "m.py").write_text(body)
@@ -216,6 +227,52 @@ def test_grep_caps_its_output_with_a_marker(ws: Path) -> None:
     out = fs.grep.fn("match")
     assert len(out) < fs.MAX_GREP_CHARS + 200
     assert out.endswith("of 20001 matching lines; narrow the pattern, path or glob]")
+
+
+def test_grep_reports_a_line_longer_than_its_window_once(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fs, "GREP_WINDOW_BYTES", 8)
+    # Line 1 matches in its first and second window; nothing of line 4 may be skipped.
+    (ws / "long.txt").write_text("ab345678ab345678\n\n\nab\nzzzzzzzzzzzzzzzzzzab")
+    assert fs.grep.fn("ab", path="long.txt") == (
+        "long.txt:1: ab345678\nlong.txt:4: ab\nlong.txt:5: zzab"
+    )
+    (ws / "edge.txt").write_text("1234567x" + "abcdefgh\nx")
+    assert fs.grep.fn("x|a", path="edge.txt") == "edge.txt:1: 1234567x\nedge.txt:2: x"
+
+
+def test_grep_shrinks_its_window_for_a_big_program() -> None:
+    assert fs._grep_window(fs._compile_grep("TODO")) == fs.GREP_WINDOW_BYTES
+    slow = fs._compile_grep(r"[ab]*a[ab]{999}c")
+    assert 1000 < fs._grep_window(slow) * slow.programsize <= fs.GREP_WINDOW_COST
+    with pytest.raises(ValueError, match=r"is too complex: it compiles to \d+ instructions"):
+        fs.grep.fn("|".join(rf"(?i)\w*[a-z]\w{{{999 - i}}}\d" for i in range(40)))
+
+
+def test_grep_stops_at_its_time_budget_and_says_how_far_it_got(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert 0 < fs.GREP_SECONDS < fs.GREP_TIMEOUT
+    [grep] = [t for t in fs.plugin.tools if t.name == "grep"]
+    assert grep.timeout == fs.GREP_TIMEOUT
+    monkeypatch.setattr(fs, "GREP_SECONDS", 0.2)
+    (ws / "a.txt").write_text("needle\n")
+    # On random a/b lines the DFA of this pattern blows up: RE2's NFA takes ~2 us a byte.
+    rng = random.Random(0)
+    (ws / "b.txt").write_text(
+        "".join("".join(rng.choices("ab", k=1000)) + "\n" for _ in range(1000))
+    )
+    out = fs.grep.fn(r"[ab]*a[ab]{999}c|needle")
+    first, last = out.splitlines()
+    assert first == "a.txt:1: needle"
+    assert last.startswith("[stopped after 0.2 s: searched 1 file and b.txt up to line ")
+    assert last.endswith("; narrow the pattern, path or glob]")
+    monkeypatch.setattr(fs, "GREP_SECONDS", 0.0)
+    assert fs.grep.fn("needle") == (
+        "no matches for 'needle' in .\n"
+        "[stopped after 0 s: searched 0 files; narrow the pattern, path or glob]"
+    )
 
 
 # --- through the executor ----------------------------------------------------------
