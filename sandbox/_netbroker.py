@@ -32,6 +32,9 @@ one it checks):
    frames are at most ``MAX_FRAME`` bytes; answers that the worker does not
    read fill a small socket buffer and then stop the kernel reading its
    requests; a malformed request kills the worker.
+5. The kernel never takes a descriptor from a worker, on this channel or the call
+   channel: its ends refuse them (``SO_PASSRIGHTS`` 0), or, before Linux 6.16,
+   receive them with room for all, close them in a thread and kill the worker.
 
 Why a channel of its own rather than frames on the worker's call channel:
 answers carry descriptors, which must be received with ``recvmsg`` by the
@@ -407,17 +410,29 @@ class Broker:
         finally:
             sock.close()  # after detach() this closes nothing
 
-    async def serve(self, sock: trio.socket.SocketType, kill: Callable[[str], None]) -> None:
+    async def serve(
+        self,
+        sock: trio.socket.SocketType,
+        kill: Callable[[str], None],
+        *,
+        descriptors_refused: bool = True,
+    ) -> None:
         """Answer requests one at a time until the worker closes its end.
 
-        A malformed request kills the worker (``kill(reason)``); nothing raises.
+        ``descriptors_refused``: whether ``_protocol.refuse_descriptors`` held for
+        ``sock``. A malformed request, or a descriptor sent to the kernel, kills
+        the worker (``kill(reason)``); nothing raises.
         """
+
+        async def receive(n: int) -> bytes | None:
+            return await _receive_exactly(sock, n, refused=descriptors_refused)
+
         try:
             while True:
-                header = await _receive_exactly(sock, _protocol.HEADER.size)
+                header = await receive(_protocol.HEADER.size)
                 if header is None:
                     return
-                body = await _receive_exactly(sock, body_length(header))
+                body = await receive(body_length(header))
                 if body is None:
                     return
                 request = decode(body, Request)
@@ -427,7 +442,7 @@ class Broker:
                 finally:
                     if fd is not None:
                         os.close(fd)
-        except BrokerError as exc:
+        except (BrokerError, _protocol.FrameError) as exc:
             kill(f"broke the network broker protocol ({exc})")
         except OSError:
             return  # the worker is gone
@@ -450,11 +465,15 @@ async def _send_frame(sock: trio.socket.SocketType, frame: bytes, fd: int | None
         sent += await sock.sendmsg([frame[sent:]])
 
 
-async def _receive_exactly(sock: trio.socket.SocketType, n: int) -> bytes | None:
-    """``n`` bytes, or None at end of stream (a frame cut short is an end too)."""
+async def _receive_exactly(sock: trio.socket.SocketType, n: int, *, refused: bool) -> bytes | None:
+    """``n`` bytes, or None at end of stream (a frame cut short is an end too).
+
+    Raises:
+        FrameError: the worker sent a descriptor (see ``_protocol.receive_some``).
+    """
     buffer = bytearray()
     while len(buffer) < n:
-        chunk = await sock.recv(n - len(buffer))
+        chunk = await _protocol.receive_some(sock, n - len(buffer), refused=refused)
         if not chunk:
             return None
         buffer += chunk
@@ -481,6 +500,9 @@ async def start(
     import trio
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # A descriptor sent to the kernel would be closed on its Trio thread, and a
+    # lingering TCP socket's close blocks: refuse them (see sandbox._protocol).
+    refused = _protocol.refuse_descriptors(ours)
     try:
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
         fds = array.array("i", [theirs.fileno()])
@@ -502,7 +524,7 @@ async def start(
                     inner.cancel_scope.cancel()
 
                 inner.start_soon(stop)
-                await broker.serve(sock, kill)
+                await broker.serve(sock, kill, descriptors_refused=refused)
                 inner.cancel_scope.cancel()
 
     nursery.start_soon(serve_until_finished)

@@ -41,7 +41,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,7 +57,7 @@ from kernel.tools import Tool, ToolFailure
 
 from . import _cgroup, _netbroker, _protocol
 from ._confine import WorkerConfig
-from ._logtext import escape_log_text
+from ._logtext import LogBudget, escape_log_text
 from ._policy import Policy
 from ._probe import IsolationSupport, probe_isolation
 from ._workspace import Workspace
@@ -72,6 +72,8 @@ worker_logger = logging.getLogger("sandbox.worker")
 T = TypeVar("T")
 
 _MAX_LOG_LINE = 8192
+#: Frames or lines handled between two checkpoints of the Trio loop.
+_CHECKPOINT_EVERY = 256
 #: How long a dead worker's output may take to drain into the log.
 _DRAIN_S = 1.0
 
@@ -157,6 +159,8 @@ class _Connection:
         stream: trio.SocketStream,
         out: trio.lowlevel.FdStream,
         err: trio.lowlevel.FdStream,
+        *,
+        descriptors_refused: bool,
     ) -> None:
         self.pool = pool
         self.worker: Worker | None = None
@@ -175,6 +179,8 @@ class _Connection:
         self.kill_reason: str | None = None
         self.death: str | None = None  # set once the process is reaped
         self.finished = trio.Event()
+        self.descriptors_refused = descriptors_refused
+        self.log_budget = LogBudget()
         self._pidfd = os.pidfd_open(self.pid)
 
     async def configure(self, worker: Worker, config: WorkerConfig) -> None:
@@ -278,9 +284,10 @@ class _Connection:
         try:
             async with trio.open_nursery() as nursery:
                 drained = [trio.Event(), trio.Event()]
-                nursery.start_soon(self._pump_output, self.out, logging.INFO, drained[0])
-                nursery.start_soon(self._pump_output, self.err, logging.WARNING, drained[1])
-                nursery.start_soon(self._read_replies)
+                pump = self._pump_output
+                nursery.start_soon(self._worker_only, pump, self.out, logging.INFO, drained[0])
+                nursery.start_soon(self._worker_only, pump, self.err, logging.WARNING, drained[1])
+                nursery.start_soon(self._worker_only, self._read_replies)
                 await trio.lowlevel.wait_readable(self._pidfd)
                 self._killpg()  # whatever it started goes with it
                 returncode = self.popen.wait()
@@ -293,6 +300,9 @@ class _Connection:
                     for event in drained:
                         await event.wait()
                 nursery.cancel_scope.cancel()
+            summary = self.log_budget.summary(final=True)
+            if summary is not None:
+                worker_logger.warning("%s %s", self._prefix(), summary)
         finally:
             with trio.CancelScope(shield=True):
                 self._fail_pending()
@@ -324,31 +334,56 @@ class _Connection:
         for pending in self.pending.values():
             pending.resolve(failure=ToolFailure("crashed", message, type="WorkerCrashed"))
 
+    async def _worker_only(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one of the supervisor's tasks: whatever it raises costs this worker only.
+
+        A frame or a line nobody foresaw (or a bug here) must not reach the pool's
+        nursery, which would take every other worker down with it.
+        """
+        try:
+            await fn(*args)
+        except Exception as exc:
+            logger.exception("the kernel's side of %s failed", self._label())
+            self.kill(f"the kernel could not handle its output ({type(exc).__name__}: {exc})")
+
+    async def _receive(self, max_bytes: int) -> bytes:
+        sock = self.stream.socket
+        return await _protocol.receive_some(sock, max_bytes, refused=self.descriptors_refused)
+
     async def _read_replies(self) -> None:
+        limits = _protocol.FROM_WORKER
         buffer = bytearray()
         try:
+            frames = 0
             while True:
                 while len(buffer) < _protocol.HEADER.size:
-                    chunk = await self.stream.receive_some(1 << 16)
+                    chunk = await self._receive(1 << 16)
                     if not chunk:
                         return
                     buffer += chunk
-                length = _protocol.body_length(bytes(buffer[: _protocol.HEADER.size]))
+                length = _protocol.body_length(bytes(buffer[: _protocol.HEADER.size]), limits)
                 end = _protocol.HEADER.size + length
                 while len(buffer) < end:
-                    chunk = await self.stream.receive_some(max(1 << 16, end - len(buffer)))
+                    chunk = await self._receive(max(1 << 16, end - len(buffer)))
                     if not chunk:
                         return
                     buffer += chunk
-                message = _protocol.decode(bytes(buffer[_protocol.HEADER.size : end]))
+                message = _protocol.decode(bytes(buffer[_protocol.HEADER.size : end]), limits)
                 del buffer[:end]
+                if message["type"] == "log" and length > _protocol.MAX_LOG_FRAME:
+                    raise _protocol.FrameError(
+                        f"a log frame of {length} bytes (the limit is {_protocol.MAX_LOG_FRAME})"
+                    )
                 try:
                     self._dispatch(message)
                 except (TypeError, ValueError, KeyError, AttributeError) as exc:
                     raise _protocol.FrameError(repr(exc)) from None
+                frames += 1
+                if frames % _CHECKPOINT_EVERY == 0:  # a chunk may hold a thousand frames
+                    await trio.lowlevel.checkpoint()
         except _protocol.FrameError as exc:
             self.kill(f"broke the protocol ({exc})")
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):  # it is gone
             pass
         finally:
             # The channel closed: the worker is ending; make sure of it.
@@ -394,15 +429,21 @@ class _Connection:
     ) -> None:
         pending = b""
         try:
+            # Read on while lines are dropped: a worker never blocks on a full pipe.
             while chunk := await stream.receive_some(1 << 16):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self._log(level, self._prefix(), line)
                 if len(pending) > _MAX_LOG_LINE:
-                    self._log(level, self._prefix(), pending)
+                    lines.append(pending)
                     pending = b""
-            if pending:
+                for i, line in enumerate(lines):
+                    if not self._admit_line(len(line)):
+                        self.log_budget.drop(len(lines) - i - 1)  # they came with it
+                        break
+                    self._log(level, self._prefix(), line)
+                    if i % _CHECKPOINT_EVERY == _CHECKPOINT_EVERY - 1:
+                        await trio.lowlevel.checkpoint()
+            if pending and self._admit_line(len(pending)):
                 self._log(level, self._prefix(), pending)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
@@ -413,12 +454,22 @@ class _Connection:
         # Read per line: a spare process is renamed when it is given its plugin.
         return f"[{self.name} pid {self.pid}]"
 
+    def _admit_line(self, size: int) -> bool:
+        """Whether the worker's budget lets one more line of ``size`` bytes into the log."""
+        summary = self.log_budget.summary()
+        if summary is not None:
+            worker_logger.warning("%s %s", self._prefix(), summary)
+        return self.log_budget.admit(min(size, _MAX_LOG_LINE))
+
     def _plugin_log(self, message: dict[str, Any]) -> None:
         # The logger is named by the kernel (the worker's name), never by the frame.
         level = message.get("level")
         level = min(max(level, logging.DEBUG), logging.CRITICAL) if type(level) is int else 20
-        text = escape_log_text(str(message.get("message", "")))
-        logging.getLogger(f"tak.plugin.{self.name}").log(level, "%s", text)
+        text = message.get("message")
+        if not isinstance(text, str):
+            raise _protocol.FrameError("a log frame whose message is not text")
+        if self._admit_line(len(text)):
+            logging.getLogger(f"tak.plugin.{self.name}").log(level, "%s", escape_log_text(text))
 
     @staticmethod
     def _log(level: int, prefix: str, line: bytes) -> None:
@@ -692,6 +743,7 @@ class WorkerPool:
     async def _spawn(self) -> _Connection:
         """A new worker process, waiting for its configuration."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        refused = _protocol.refuse_descriptors(ours)  # see sandbox._protocol
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         command = [self.python, "-I", "-m", "sandbox.worker", str(theirs.fileno())]
@@ -728,6 +780,7 @@ class WorkerPool:
             trio.SocketStream(trio.socket.from_stdlib_socket(ours)),
             trio.lowlevel.FdStream(out_r),
             trio.lowlevel.FdStream(err_r),
+            descriptors_refused=refused,
         )
         self._processes.add(conn)
         self._nursery.start_soon(self._supervise, conn)

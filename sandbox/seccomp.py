@@ -18,14 +18,17 @@ Arguments are checked where the harm is in a register:
 2. sockets: without the ``network`` permission only AF_UNIX stream pairs, and no
    socket may connect, bind, listen or accept (abstract names included); with it,
    only TCP over IPv4/IPv6 (no UDP, raw, SCTP, MPTCP, packet or netlink sockets),
-   no fast-open data or options, no TCP repair, no bind/listen/accept, and
-   ``connect`` only while ``direct_connect`` (Landlock then limits the ports);
+   no fast-open data or options, no TCP repair, no ``SO_LINGER``, no
+   bind/listen/accept, and ``connect`` only while ``direct_connect`` (Landlock
+   then limits the ports); in every worker no socket ioctl (0x8900-0x89ff: the
+   host's interfaces, addresses and MACs);
 3. without ``subprocess`` no process may be created (threads may) and nothing
    may be executed; ``execveat`` and ``memfd_create`` (an anonymous file runs
    through ``execveat`` or ``/proc/self/fd/N``: code on no disk) are refused always.
 
 ``setsid``/``setpgid`` are refused so that every descendant stays in the
-worker's process group, which the pool kills as one.
+worker's process group, which the pool kills as one, and ``clone`` with
+``CLONE_PARENT`` so that every child is the worker's to reap.
 
 Cost: the kernel (5.11+) caches, per system call number, the calls this filter
 allows whatever their arguments, so ``read``, ``write``, ``futex``... never run
@@ -75,8 +78,11 @@ def _arg_low(i: int) -> int:
 
 _X32_SYSCALL_BIT: Final = 0x40000000
 _CLONE_THREAD: Final = 0x00010000
-_CLONE_NAMESPACES: Final = (
-    0x00020000  # NEWNS
+_CLONE_DENIED: Final = (
+    # CLONE_PARENT: the child's parent would be the worker's, the kernel, which never
+    # reaps it (a zombie per child). CLONE_PARENT_SETTID and the like are harmless.
+    0x00008000
+    | 0x00020000  # NEWNS
     | 0x02000000  # NEWCGROUP
     | 0x04000000  # NEWUTS
     | 0x08000000  # NEWIPC
@@ -108,6 +114,9 @@ _DENIED_TCP_OPTIONS: Final = (
     34,  # TCP_FASTOPEN_NO_COOKIE
     31,  # TCP_ULP: kernel TLS and other upper layers, attack surface no plugin needs
 )
+_SOL_SOCKET: Final = 1
+# A lingering close blocks whoever holds the last reference; the kernel once did.
+_SO_LINGER: Final = 13
 _DENIED_IOCTLS: Final = (
     0x40086602,  # FS_IOC_SETFLAGS
     0x40046602,  # FS_IOC32_SETFLAGS
@@ -117,6 +126,11 @@ _DENIED_IOCTLS: Final = (
     0x5412,  # TIOCSTI: type into a terminal
     0x541C,  # TIOCLINUX
 )
+# Socket ioctls, 0x8900-0x89ff (SIOCGIFCONF, SIOCGIFADDR, SIOCGIFHWADDR...): on any
+# socket, the worker's channel included, they fall back to the device ioctls and list
+# the host's interfaces, addresses and MACs. Nothing a plugin runtime needs uses them.
+_SOCKET_IOCTL_MASK: Final = 0xFFFFFF00
+_SOCKET_IOCTLS: Final = 0x8900
 
 #: Refused whatever the plugin's permissions.
 ALWAYS_DENIED: Final = (
@@ -447,21 +461,26 @@ def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = N
         p.load(_arg_low(arg))
         p.jump_if(_JMP_JSET_K, _MSG_FASTOPEN, true="deny", false="allow")
 
-    # setsockopt(fd, level, name, ...): no fast open, no repair, no upper-layer protocol.
-    # Other options are harmless without bind: SO_BINDTODEVICE picks an interface, the
-    # destination port is still Landlock's; SO_MARK and IP_TRANSPARENT need capabilities.
+    # setsockopt(fd, level, name, ...): no fast open, no repair, no upper-layer protocol,
+    # no SO_LINGER. Other options are harmless without bind: SO_BINDTODEVICE picks an
+    # interface, the destination port is still Landlock's; SO_MARK and IP_TRANSPARENT
+    # need capabilities.
     p.label("setsockopt")
     p.load(_arg_low(1))
+    p.jump_if(_JMP_JEQ_K, _SOL_SOCKET, true=0, false=2)
+    p.load(_arg_low(2))
+    p.jump_if(_JMP_JEQ_K, _SO_LINGER, true="deny", false="allow")
     p.jump_if(_JMP_JEQ_K, _IPPROTO_TCP, true=0, false="allow")
     p.load(_arg_low(2))
     for option in _DENIED_TCP_OPTIONS:
         p.jump_if(_JMP_JEQ_K, option, true="deny")
     p.goto("allow")
 
-    # clone(flags, ...): never new namespaces; only threads without `subprocess`.
+    # clone(flags, ...): never new namespaces or CLONE_PARENT; only threads without
+    # `subprocess`.
     p.label("clone")
     p.load(_arg_low(0))
-    p.jump_if(_JMP_JSET_K, _CLONE_NAMESPACES, true="deny")
+    p.jump_if(_JMP_JSET_K, _CLONE_DENIED, true="deny")
     if not policy.subprocess:
         p.jump_if(_JMP_JSET_K, _CLONE_THREAD, true="allow", false="deny")
     p.goto("allow")
@@ -518,11 +537,14 @@ def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = N
     p.load(_arg_low(1))
     p.jump_if(_JMP_JEQ_K, 0, true="allow", false="deny")
 
-    # ioctl(fd, cmd, ...): refuse inode-flag changes and terminal injection.
+    # ioctl(fd, cmd, ...): refuse inode-flag changes, terminal injection and the socket
+    # ioctls (a range: the command is an unsigned int, its high half ignored).
     p.label("ioctl")
     p.load(_arg_low(1))
     for cmd in _DENIED_IOCTLS:
         p.jump_if(_JMP_JEQ_K, cmd, true="deny")
+    p.and_(_SOCKET_IOCTL_MASK)
+    p.jump_if(_JMP_JEQ_K, _SOCKET_IOCTLS, true="deny", false="allow")
     p.label("allow")
     p.ret(RET_ALLOW)
     p.label("deny")

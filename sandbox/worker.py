@@ -92,7 +92,7 @@ class _Channel:
             self._sock.sendall(frame)
 
     def send(self, message: dict[str, Any]) -> None:
-        self.send_frame(_protocol.encode(message))
+        self.send_frame(_protocol.encode(message, _protocol.FROM_WORKER))
 
 
 def split_target(target: str) -> tuple[str, str | None]:
@@ -215,13 +215,28 @@ def tool_spec(tool: Tool) -> dict[str, Any]:
     }
 
 
+#: The longest error message a result carries (an exception's text can be anything).
+_MAX_ERROR_TEXT = 64 * 1024
+
+
 def _error(call_id: Any, kind: str, type_: str, message: str) -> dict[str, Any]:
+    if len(message) > _MAX_ERROR_TEXT:
+        message = f"{message[:_MAX_ERROR_TEXT]} [... cut at {_MAX_ERROR_TEXT} characters]"
     return {
         "type": "result",
         "id": call_id,
         "ok": False,
-        "error": {"kind": kind, "type": type_, "message": message},
+        "error": {"kind": kind, "type": type_[:200], "message": message},
     }
+
+
+def _reply(message: dict[str, Any]) -> bytes:
+    """A frame the kernel accepts (``FROM_WORKER``).
+
+    Raises:
+        FrameError: too large or too complex for the kernel.
+    """
+    return _protocol.encode(message, _protocol.FROM_WORKER)
 
 
 def _run_async(fn: Any, kwargs: dict[str, Any]) -> Any:
@@ -388,7 +403,7 @@ class _LogFrames(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = self.format(record)
-            self._channel.send({"type": "log", "level": record.levelno, "message": text[:8192]})
+            self._channel.send_frame(_protocol.encode_log(record.levelno, text))
         except Exception:
             self.handleError(record)
 
@@ -477,7 +492,7 @@ class _Server:
         tool = self.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             reply = _error(call_id, "unknown_tool", "UnknownTool", f"no tool named {name!r}")
-            return _protocol.encode(reply)
+            return _reply(reply)
         self.attempts.clear()
         try:
             arguments = message.get("arguments")
@@ -488,20 +503,20 @@ class _Server:
             with use_context(self.context(message)):
                 result = _run_async(tool.fn, kwargs) if tool.is_async else tool.fn(**kwargs)
         except ToolFailure as exc:
-            return _protocol.encode(_error(call_id, exc.kind, exc.type, exc.message))
+            return _reply(_error(call_id, exc.kind, exc.type, exc.message))
         except ArgumentError as exc:
-            return _protocol.encode(_error(call_id, "bad_arguments", "ArgumentError", str(exc)))
+            return _reply(_error(call_id, "bad_arguments", "ArgumentError", str(exc)))
         except BaseException as exc:  # a tool's SystemExit ends its call, not the worker
             denied = _permission_error(exc)
             if denied is not None:
                 text = denial_message(self.config, self.attempts.last(), denied)
-                return _protocol.encode(_error(call_id, "denied", type(denied).__name__, text))
+                return _reply(_error(call_id, "denied", type(denied).__name__, text))
             text = describe_exception(exc)
             if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
                 # RLIMIT_FSIZE: Python ignores SIGXFSZ, so the write fails and we live.
                 size = self.config.limits.get("file_size_bytes")
                 text += f" (the worker's file size limit is {size} bytes)"
-            return _protocol.encode(_error(call_id, "exception", type(exc).__name__, text))
+            return _reply(_error(call_id, "exception", type(exc).__name__, text))
         return _value_frame(call_id, tool, result)
 
 
@@ -513,13 +528,11 @@ def _value_frame(call_id: Any, tool: Tool, result: Any) -> bytes:
             value = result
         else:
             value = converter.unstructure(result)
-        return _protocol.encode({"type": "result", "id": call_id, "ok": True, "value": value})
+        return _reply({"type": "result", "id": call_id, "ok": True, "value": value})
     except _protocol.FrameError as exc:
-        return _protocol.encode(
-            _error(call_id, "output_too_large", "OutputTooLarge", f"{tool.name}: {exc}")
-        )
+        return _reply(_error(call_id, "output_too_large", "OutputTooLarge", f"{tool.name}: {exc}"))
     except (TypeError, ValueError, RecursionError) as exc:
-        return _protocol.encode(
+        return _reply(
             _error(
                 call_id,
                 "exception",

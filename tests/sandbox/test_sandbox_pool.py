@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -24,7 +26,9 @@ from kernel.errors import SandboxError
 from kernel.executor import CallLimits, run_tool_calls
 from kernel.messages import ToolCall
 from kernel.tools import Tool
-from sandbox import Policy, open_worker_pool, probe_isolation
+from sandbox import Policy, _protocol, open_worker_pool, probe_isolation
+from sandbox._logtext import LogBudget
+from sandbox.pool import _Connection
 
 pytestmark = pytest.mark.skipif(
     probe_isolation().level != "full", reason="needs Landlock ABI 6+ and seccomp"
@@ -331,3 +335,158 @@ async def test_a_plugin_whose_import_hangs_is_refused_not_waited_for(
     async with open_worker_pool(workspace) as pool:
         with trio.fail_after(20), pytest.raises(SandboxError, match="no greeting within 1 s"):
             await pool.start(str(plugin_dir / "stuck.py"))
+
+
+# --- what a worker may send the kernel (sandbox._protocol.FROM_WORKER) ------------------
+
+_BIG_RESULTS = '''
+from kernel.plugin import context
+from kernel.tools import tool
+
+
+@tool
+def big(kind: str) -> object:
+    """Results past the limits of a frame to the kernel."""
+    if kind == "bytes":
+        return "x" * (9 * 1024 * 1024)
+    if kind == "values":
+        return [0] * 300_000
+    if kind == "int":
+        return 10**1500
+    if kind == "digits_in_text":
+        return "1" * 5000
+    if kind == "error":
+        raise ValueError("e" * (9 * 1024 * 1024))
+    if kind == "log":
+        context().logger.warning("\\x01\\U0001f600" * 20_000)
+        return "logged"
+    return [0] * 1000
+'''
+
+
+@pytest.mark.parametrize("kind", ["bytes", "values", "int"])
+async def test_a_result_too_large_or_complex_is_output_too_large(
+    workspace: Path, tmp_path: Path, kind: str
+) -> None:
+    plugin = tmp_path / "big_results.py"
+    plugin.write_text(_BIG_RESULTS)
+    async with open_worker_pool(workspace) as pool:
+        worker = await pool.start(str(plugin))
+        pid = worker.pid
+        [too_big, fine] = await run_tool_calls(
+            [ToolCall("a", "big", {"kind": kind}), ToolCall("b", "big", {"kind": "fine"})],
+            worker.tools,
+        )
+        assert too_big.error is not None and too_big.error.kind == "output_too_large", too_big
+        assert "limit" in too_big.content
+        assert not fine.is_error
+        assert worker.pid == pid  # the worker was not killed: it said so itself
+
+
+@pytest.mark.parametrize("kind", ["digits_in_text", "error", "log"])
+async def test_honest_frames_near_the_limits_pass(
+    workspace: Path, tmp_path: Path, kind: str
+) -> None:
+    plugin = tmp_path / "big_results.py"
+    plugin.write_text(_BIG_RESULTS)
+    async with open_worker_pool(workspace) as pool:
+        worker = await pool.start(str(plugin))
+        pid = worker.pid
+        [observation] = await run_tool_calls([ToolCall("a", "big", {"kind": kind})], worker.tools)
+        assert observation.error is None or observation.error.kind == "exception", observation
+        assert worker.pid == pid
+
+
+def test_decode_turns_every_decoding_error_into_a_frame_error() -> None:
+    limits = _protocol.FROM_WORKER
+    bodies = [
+        b'{"type":"x","v":' + b"1" * 5000 + b"}",  # Python's own digit limit: ValueError
+        b'{"type":"x","v":' + b"1" * 1001 + b"}",
+        b'{"type":"x","v":-' + b"1" * 1001 + b"}",
+        b'{"type":"x","v":"\xff"}',
+        b'{"type":"x","v":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"type":"x","v":[' + b"0," * 200_000 + b"0]}",
+        b'{"type":"x","v":"' + b"x" * (8 * 1024 * 1024) + b'"}',
+        b"[]",
+        b"",
+    ]
+    for body in bodies:
+        with pytest.raises(_protocol.FrameError):
+            _protocol.decode(body, limits)
+    assert _protocol.decode(b'{"type":"x","v":' + b"1" * 1000 + b"}", limits)["v"] > 0
+    assert _protocol.decode(b'{"type":"x","v":"' + b"1" * 5000 + b'"}', limits)
+    with pytest.raises(_protocol.FrameError):
+        _protocol.encode({"type": "x", "v": [0] * 200_000}, limits)
+    with pytest.raises(_protocol.FrameError):
+        _protocol.body_length(struct.pack("!I", limits.max_bytes + 1), limits)
+    frame = _protocol.encode_log(20, "\x01\U0001f600" * 20_000)
+    assert len(frame) <= _protocol.HEADER.size + _protocol.MAX_LOG_FRAME
+
+
+async def test_descriptors_are_refused_at_the_sender() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        if not _protocol.refuse_descriptors(ours):
+            pytest.skip("Linux before 6.16: no SO_PASSRIGHTS")
+        with pytest.raises(PermissionError):
+            socket.send_fds(theirs, [b"x"], [0])
+
+
+async def test_without_so_passrights_descriptors_are_closed_off_the_trio_thread() -> None:
+    # The fallback for Linux before 6.16: received with room for all, closed in a thread.
+    ours, theirs = socket.socketpair()
+    r, w = os.pipe()
+    with theirs:
+        sock = trio.socket.from_stdlib_socket(ours)
+        theirs.send(b"ab")
+        assert await _protocol.receive_some(sock, 2, refused=False) == b"ab"
+        socket.send_fds(theirs, [b"x"], [w] * 200)
+        os.close(w)
+        with pytest.raises(_protocol.FrameError, match="200 file descriptor"):
+            await _protocol.receive_some(sock, 1, refused=False)
+        with trio.fail_after(5):
+            while True:  # every copy of the write end closed: the read end sees EOF
+                await trio.lowlevel.wait_readable(r)
+                if os.read(r, 1) == b"":
+                    break
+        sock.close()
+    os.close(r)
+
+
+def test_log_budget_drops_past_the_burst_and_refills() -> None:
+    now = [0.0]
+    budget = LogBudget(
+        burst_lines=10, lines_per_s=5, burst_bytes=100, bytes_per_s=50, clock=lambda: now[0]
+    )
+    assert [budget.admit(1) for _ in range(12)].count(True) == 10
+    assert "2 lines dropped" in str(budget.summary())
+    assert budget.admit(1) is False
+    assert budget.summary() is None  # once per interval
+    now[0] += 1.0
+    assert [budget.admit(1) for _ in range(6)].count(True) == 5
+    assert budget.admit(0) is False
+    now[0] += 100
+    assert budget.admit(101) is False  # the byte budget
+    assert budget.admit(100) is True
+    assert "4 lines dropped" in str(budget.summary())  # since the first summary
+    assert budget.summary(final=True) is None  # nothing dropped since
+
+
+async def test_an_unforeseen_failure_of_the_reader_costs_the_worker_only(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatch = _Connection._dispatch
+
+    def failing(self: _Connection, message: dict[str, object]) -> None:
+        if message.get("message") == "trigger":
+            raise RuntimeError("a bug in the kernel")
+        dispatch(self, message)
+
+    monkeypatch.setattr(_Connection, "_dispatch", failing)
+    async with open_sandbox(workspace) as sb:
+        observation = await sb.call(
+            "forge_frame", body='{"type": "log", "level": 20, "message": "trigger"}'
+        )
+        assert observation.error is not None and observation.error.kind == "crashed"
+        assert "could not handle its output (RuntimeError" in observation.content
+        assert "pid" in await sb.text("identity")  # the pool lives; a new worker serves

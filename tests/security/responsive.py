@@ -1,9 +1,12 @@
 """For resource attempts: prove the kernel stayed responsive while the attack ran.
 
-``await while_responsive(arena, attempt)`` runs ``attempt`` and, beside it, an
-in-process tool through ``run_tool_calls`` every few milliseconds (each must
-answer well within its deadline) and one call in a second, fresh worker (it
-must complete). Real processes are involved, so this uses the real clock.
+``await while_responsive(arena, attempt)`` runs ``attempt`` and, beside it, a
+ticker that sleeps 10 ms at a time (the longest gap between two of its
+wake-ups, less the 10 ms, is how long the Trio loop was frozen: a freeze
+anywhere counts, not only during a call), an in-process tool through
+``run_tool_calls`` every few milliseconds (each must answer well within its
+deadline) and one call in a second, fresh worker (it must complete). Real
+processes are involved, so this uses the real clock.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ T = TypeVar("T")
 
 #: A ping must come back within this (its deadline is 2 s; the kernel must not stall).
 MAX_PING_S = 1.0
+#: The longest the Trio loop may go without waking a 10 ms sleeper, past its 10 ms.
+#: Generous: real processes start meanwhile on a loaded 2-CPU machine.
+MAX_STALL_S = 0.5
+_TICK_S = 0.01
 #: The second worker's call (a cold start and one call) must come back within this.
 MAX_SECOND_WORKER_S = 10.0
 
@@ -37,8 +44,15 @@ def ping() -> str:
 async def while_responsive(arena: Arena, attempt: Callable[[], Awaitable[T]]) -> T:
     """Run ``attempt``; fail unless the kernel answered throughout."""
     latencies: list[float] = []
+    gaps: list[float] = [0.0]
     second: list[str] = []
     box: list[T] = []
+
+    async def ticker() -> None:
+        while True:
+            started = time.monotonic()
+            await trio.sleep(_TICK_S)
+            gaps.append(time.monotonic() - started - _TICK_S)
 
     async def pinger() -> None:
         while True:
@@ -57,6 +71,7 @@ async def while_responsive(arena: Arena, attempt: Callable[[], Awaitable[T]]) ->
         box.append(await attempt())
 
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
         nursery.start_soon(pinger)
         async with trio.open_nursery() as both:
             both.start_soon(second_worker)
@@ -64,6 +79,7 @@ async def while_responsive(arena: Arena, attempt: Callable[[], Awaitable[T]]) ->
         nursery.cancel_scope.cancel()
     assert latencies, "no ping ran during the attempt"
     assert max(latencies) < MAX_PING_S, f"the kernel stalled for {max(latencies):.2f} s"
+    assert max(gaps) < MAX_STALL_S, f"the Trio loop froze for {max(gaps):.2f} s"
     assert second[0] == "ALLOWED: 1", f"a second worker's call failed: {second[0]}"
     assert float(second[1]) < MAX_SECOND_WORKER_S, f"a second worker took {second[1]} s"
     return box[0]

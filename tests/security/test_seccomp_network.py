@@ -93,6 +93,12 @@ FAST_OPEN = {
     "sendto_fastopen_ipv6": (
         "s = socket.socket(socket.AF_INET6)\ns.sendto(b'x', 0x20000000, ('::1', {port}))"
     ),
+    # A lingering close blocks whoever drops the last reference: once, the kernel.
+    "setsockopt_so_linger": (
+        "import struct\ns = socket.socket()\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 30))\n"
+        "result = 'lingers'"
+    ),
 }
 
 

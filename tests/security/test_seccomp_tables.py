@@ -143,3 +143,52 @@ def test_kit_hot_calls_never_read_their_arguments(
         assert nr is not None
         verdict = emulator.run(program, arch=table.audit_arch, nr=nr, args=(3, 0, 0, 0))
         assert verdict.allowed and not verdict.read_arguments, name
+
+
+_CLONE_PARENT = 0x8000
+_SIGCHLD = 17
+_PTHREAD_FLAGS = 0x3D0F00  # VM|FS|FILES|SIGHAND|THREAD|SYSVSEM|SETTLS|PARENT_SETTID|CHILD_CLEARTID
+_FORK_FLAGS = 0x01200000 | _SIGCHLD  # CHILD_SETTID | CHILD_CLEARTID: glibc's fork
+_VFORK_FLAGS = 0x4000 | 0x100 | _SIGCHLD  # CLONE_VFORK | CLONE_VM: posix_spawn
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=repr)
+@pytest.mark.parametrize("table", TABLES, ids=lambda t: t.machine)
+def test_kit_clone_parent_is_refused_whatever_the_other_flags(
+    table: _syscalls.SyscallTable, policy: seccomp.SeccompPolicy
+) -> None:
+    # CLONE_PARENT makes the child the kernel's, which never reaps it.
+    for flags in (_SIGCHLD, _FORK_FLAGS, _VFORK_FLAGS, _PTHREAD_FLAGS, 0):
+        verdict = _verdict(table, policy, "clone", flags | _CLONE_PARENT, 0, 0, 0, 0)
+        assert verdict.errno == errno.EPERM, hex(flags)
+    assert _verdict(table, policy, "clone", _PTHREAD_FLAGS, 0, 0, 0, 0).allowed
+    fork = _verdict(table, policy, "clone", _FORK_FLAGS, 0, 0, 0, 0)
+    assert fork.allowed == policy.subprocess
+    vfork = _verdict(table, policy, "clone", _VFORK_FLAGS, 0, 0, 0, 0)
+    assert vfork.allowed == policy.subprocess
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=repr)
+@pytest.mark.parametrize("table", TABLES, ids=lambda t: t.machine)
+def test_kit_socket_ioctls_are_refused_everywhere(
+    table: _syscalls.SyscallTable, policy: seccomp.SeccompPolicy
+) -> None:
+    # 0x8900-0x89ff: SIOCGIFCONF, SIOCGIFADDR, SIOCGIFHWADDR, SIOCGIFINDEX... on any socket.
+    for cmd in (0x8900, 0x8910, 0x8912, 0x8915, 0x8927, 0x8933, 0x89FF, 0x1_0000_8912):
+        assert _verdict(table, policy, "ioctl", 3, cmd, 0).errno == errno.EPERM, hex(cmd)
+    # Their neighbours, and what runtimes use: FIONREAD, TCGETS, FIONBIO, FIOCLEX.
+    for cmd in (0x88FF, 0x8A00, 0x541B, 0x5401, 0x5421, 0x5451, 0x18900):
+        assert _verdict(table, policy, "ioctl", 3, cmd, 0).allowed, hex(cmd)
+
+
+@pytest.mark.parametrize("table", TABLES, ids=lambda t: t.machine)
+def test_kit_so_linger_is_refused_with_network(table: _syscalls.SyscallTable) -> None:
+    # A lingering close blocks whoever drops the last reference to the socket.
+    for policy in POLICIES:
+        if not policy.network:
+            continue
+        assert _verdict(table, policy, "setsockopt", 3, 1, 13).errno == errno.EPERM
+        assert _verdict(table, policy, "setsockopt", 3, 1, 9).allowed  # SO_KEEPALIVE
+        assert _verdict(table, policy, "setsockopt", 3, 1, 20).allowed  # SO_RCVTIMEO
+        assert _verdict(table, policy, "setsockopt", 3, 6, 13).allowed  # TCP 13, not linger
+        assert _verdict(table, policy, "setsockopt", 3, 6, 19).errno == errno.EPERM
