@@ -446,9 +446,10 @@ class PluginHost:
     def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[None]] | None:
         """After each call of a plugin that may write the workspace: measure it again.
 
-        A worker's writes do not go through ``self.workspace``: its usage is settled
-        from the file system's free space (``Workspace.settle_usage``: a walk of the
-        tree only when it could be over the budget), in a thread. fs tools then refuse
+        A worker's writes do not go through ``self.workspace``: its usage is bounded
+        by the file system's free space (``Workspace.bounded_usage``), and the tree is
+        walked, in a thread and with every worker frozen (``WorkerPool.frozen``), only
+        when that bound could pass the budget. fs tools then refuse
         writes past the budget, and the call that took the workspace over it fails and
         says so; so does a call after which the usage could not be measured (fail
         closed: a worker that keeps the tree changing must not escape the budget).
@@ -461,7 +462,12 @@ class PluginHost:
         """Raises: ToolFailure: the workspace is over its disk budget, or unmeasurable."""
         limit = self.workspace.max_bytes
         try:
-            used = await trio.to_thread.run_sync(self.workspace.settle_usage)
+            used = await trio.to_thread.run_sync(self.workspace.bounded_usage)
+            if used is None:
+                # A walk: with every worker stopped, so that none (nor a program it
+                # left running) can move what it wrote out of the walk's way.
+                async with self.pool.frozen():
+                    used = await trio.to_thread.run_sync(self.workspace.refresh_usage)
         except KernelError as exc:
             raise ToolFailure(
                 "denied",

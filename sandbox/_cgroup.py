@@ -54,10 +54,12 @@ class Parents(NamedTuple):
     version: int = 0
     memory: str | None = None
     pids: str | None = None
+    #: v1 only: the directory to create freezer cgroups in (v2 freezes any cgroup).
+    freezer: str | None = None
 
     def directories(self) -> list[str]:
         """Each distinct parent directory, once."""
-        return sorted({d for d in (self.memory, self.pids) if d is not None})
+        return sorted({d for d in (self.memory, self.pids, self.freezer) if d is not None})
 
 
 NO_PARENTS = Parents()
@@ -72,7 +74,7 @@ def find_parents() -> Parents:
     pids = _v1_parent("pids", own)
     if memory is None and pids is None:
         return NO_PARENTS
-    return Parents(1, memory, pids)
+    return Parents(1, memory, pids, _v1_parent("freezer", own))
 
 
 def _v1_parent(controller: str, own: dict[str, str]) -> str | None:
@@ -138,6 +140,8 @@ def create(parents: Parents, *, memory_bytes: int | None, max_pids: int | None) 
         settings.setdefault(parents.memory, []).extend(memory)
     if parents.pids is not None and max_pids is not None:
         settings.setdefault(parents.pids, []).append(("pids.max", str(max_pids)))
+    if settings and parents.freezer is not None:
+        settings.setdefault(parents.freezer, [])  # no limit: only to stop the set (``freeze``)
     made: list[str] = []
     try:
         for parent, files in settings.items():
@@ -250,12 +254,73 @@ def _hierarchy_path(path: str) -> str:
     return "/" + relative
 
 
+#: How long ``freeze`` waits for every task of a set to stop.
+_FREEZE_S = 2.0
+
+
+def freeze(paths: list[str]) -> bool:
+    """Stop every process in the set (v1 ``freezer.state``, v2 ``cgroup.freeze``).
+
+    Returns whether the set is frozen: ``False`` when it has no freezer (nothing
+    was changed). Tasks stay frozen until ``thaw``; a frozen set is still killed
+    by ``destroy``.
+
+    Raises:
+        OSError: the set did not freeze within ``_FREEZE_S`` (it is thawed again).
+    """
+    for path in paths:
+        if os.path.exists(os.path.join(path, "freezer.state")):
+            _write(path, "freezer.state", "FROZEN")
+        elif os.path.exists(os.path.join(path, "cgroup.freeze")):
+            _write(path, "cgroup.freeze", "1")
+        else:
+            continue
+        deadline = time.monotonic() + _FREEZE_S
+        while not _is_frozen(path):
+            if time.monotonic() > deadline:
+                thaw(paths)
+                raise OSError(errno.ETIMEDOUT, f"cgroup {path} did not freeze")
+            time.sleep(0.001)
+        return True
+    return False
+
+
+def _is_frozen(path: str) -> bool:
+    if os.path.exists(os.path.join(path, "freezer.state")):
+        return _read(path, "freezer.state") == "FROZEN"  # not FREEZING: every task stopped
+    return "frozen 1" in _read(path, "cgroup.events").splitlines()
+
+
+def thaw(paths: list[str]) -> None:
+    """Let the processes of a set stopped by ``freeze`` run again (gone sets are skipped)."""
+    for path in paths:
+        for filename, value in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            if not os.path.exists(os.path.join(path, filename)):
+                continue  # not this controller (cgroupfs refuses to create files: EACCES)
+            try:
+                _write(path, filename, value)
+            except FileNotFoundError:
+                continue  # the set went away meanwhile
+
+
+def _write(path: str, filename: str, value: str) -> None:
+    with open(os.path.join(path, filename), "w") as f:
+        f.write(value)
+
+
+def _read(path: str, filename: str) -> str:
+    with open(os.path.join(path, filename)) as f:
+        return f.read().strip()
+
+
 def destroy(paths: list[str], *, wait_s: float = _DESTROY_S) -> None:
     """Kill every process in the set and remove it (retries while it empties).
 
     Raises:
         OSError: a directory could not be removed within ``wait_s``.
     """
+    # A frozen task takes SIGKILL only once thawed (v1): thaw first, kill, remove.
+    thaw(paths)
     for path in paths:
         kill_members(path)
     for path in paths:

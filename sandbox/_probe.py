@@ -38,6 +38,8 @@ class IsolationSupport:
         memory_limit: how a worker is held to ``Limits.memory_bytes``: ``"cgroup:<dir>"``
             (its whole process tree) or ``"rlimit"`` (``RLIMIT_AS``, each process alone).
         cgroup_version: 1 or 2 when a cgroup mechanism above is in force, else 0.
+        freezer: on cgroup v1, where the pool makes freezer cgroups (``None``: v2, where
+            every cgroup can be frozen, or no freezer).
         syscall_table: the sandbox knows this architecture's system call numbers
             (without them no seccomp filter can be built, and workers are refused).
     """
@@ -50,6 +52,7 @@ class IsolationSupport:
     process_limit: str
     memory_limit: str = "rlimit"
     cgroup_version: int = 0
+    freezer: str | None = None
     arch: str = platform.machine()
     syscall_table: bool = _syscalls.NATIVE is not None
 
@@ -61,6 +64,7 @@ class IsolationSupport:
             self.cgroup_version,
             memory if self.memory_limit.startswith("cgroup:") else None,
             pids if self.process_limit.startswith("cgroup:") else None,
+            self.freezer,
         )
 
     @property
@@ -164,6 +168,7 @@ def probe_isolation() -> IsolationSupport:
         process_limit=process_limit_mechanism(parents.pids),
         memory_limit=f"cgroup:{parents.memory}" if parents.memory is not None else "rlimit",
         cgroup_version=parents.version,
+        freezer=parents.freezer,
     )
 
 

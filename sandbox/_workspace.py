@@ -612,18 +612,16 @@ class Workspace:
         st = os.fstatvfs(self.fileno())
         return st.f_bfree * st.f_frsize
 
-    def settle_usage(self) -> int:
-        """The usage after writes that did not go through this object (a worker's call).
+    def bounded_usage(self) -> int | None:
+        """The usage after writes that did not go through this object, without a walk.
 
         The file system lost at most ``free space when the figure was last settled -
         free space now`` bytes since, whoever wrote them, so the kept figure plus that
-        is an upper bound on the usage; the tree is walked again only when that bound
-        passes the budget (or every ``_WALK_EVERY`` settles): a call in a workspace of
-        100,000 files does not pay a 250 ms walk. Space freed elsewhere on the same
-        file system could hide growth: the periodic walk bounds how long. Blocking.
-
-        Raises:
-            SandboxError: the tree kept changing while it was measured.
+        is an upper bound on the usage. It is returned (and kept) while it is within
+        the budget; ``None`` means the tree must be walked (``refresh_usage``): the
+        bound passed the budget, nothing was measured yet, or ``_WALK_EVERY`` settles
+        went by (space freed elsewhere on the same file system could hide growth). A
+        call in a workspace of 100,000 files does not pay a 250 ms walk.
         """
         free_now = self.free_bytes()
         with self._usage_lock:
@@ -635,7 +633,16 @@ class Workspace:
                     self._usage, self._free_seen = bound, free_now
                     return bound
             self._settles = 0
-        return self.refresh_usage()
+        return None
+
+    def settle_usage(self) -> int:
+        """``bounded_usage()``, or a walk of the tree when it cannot bound it. Blocking.
+
+        Raises:
+            SandboxError: the tree kept changing while it was measured.
+        """
+        bound = self.bounded_usage()
+        return self.refresh_usage() if bound is None else bound
 
     def _reserve(self, rel: str, n: int) -> None:
         """Count ``n`` more bytes against the budget, or refuse the write that needs them."""

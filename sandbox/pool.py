@@ -857,6 +857,37 @@ class WorkerPool:
             extra_read=list(worker.path),
         )
 
+    @asynccontextmanager
+    async def frozen(self) -> AsyncIterator[bool]:
+        """Every worker process stopped (its cgroup set frozen) for the block.
+
+        What runs inside sees the workspace as no worker changes it: the disk budget's
+        walk of the tree, which a background program moving a directory back and forth
+        could otherwise make miss what that directory holds. Calls in flight simply
+        wait. Yields whether every live worker was frozen (``False``: one has no
+        freezer, or did not stop in time; the block runs anyway, and is told).
+        """
+        frozen: list[list[str]] = []
+        complete = True
+        try:
+            for conn in list(self._processes):
+                if not conn.cgroups:
+                    complete = complete and conn.worker is None  # an unconfigured spare
+                    continue
+                try:
+                    if await trio.to_thread.run_sync(_cgroup.freeze, conn.cgroups):
+                        frozen.append(conn.cgroups)
+                    else:
+                        complete = False
+                except OSError as exc:
+                    logger.warning("could not freeze %s: %s", conn._label(), exc)
+                    complete = False
+            yield complete
+        finally:
+            with trio.CancelScope(shield=True):
+                for paths in frozen:
+                    await trio.to_thread.run_sync(_cgroup.thaw, paths)
+
     async def aclose(self) -> None:
         """Kill every worker and everything it started; finishes even when cancelled."""
         self._closing = True

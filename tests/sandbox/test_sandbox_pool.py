@@ -490,3 +490,25 @@ async def test_an_unforeseen_failure_of_the_reader_costs_the_worker_only(
         assert observation.error is not None and observation.error.kind == "crashed"
         assert "could not handle its output (RuntimeError" in observation.content
         assert "pid" in await sb.text("identity")  # the pool lives; a new worker serves
+
+
+async def test_frozen_stops_every_worker_for_the_block(workspace: Path) -> None:
+    if probe_isolation().cgroup_parents().version == 0:
+        pytest.skip("no writable cgroup here")
+    async with open_sandbox(workspace, "basic") as sb:
+        assert (await sb.call("echo", text="warm")).content == "warm"
+        answered = trio.Event()
+
+        async def echo() -> None:
+            await sb.call("echo", text="later")
+            answered.set()
+
+        async with trio.open_nursery() as nursery:
+            async with sb.pool.frozen() as complete:
+                assert complete
+                nursery.start_soon(echo)
+                with trio.move_on_after(0.3):
+                    await answered.wait()
+                assert not answered.is_set()  # the worker is stopped: no answer
+            with trio.fail_after(5):
+                await answered.wait()  # thawed: the call completes

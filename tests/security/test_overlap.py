@@ -179,3 +179,53 @@ def test_kit_a_bad_budget_is_one_clear_line(tmp_path: Path, value: str) -> None:
     with pytest.raises(Exception) as caught:
         home.load_config()
     assert str(caught.value).startswith(f"{home.config_file}: [workspace] max_bytes must be")
+
+
+_CHURN = r"""
+import os, subprocess, sys
+os.makedirs('a/hidden', exist_ok=True)
+os.makedirs('b', exist_ok=True)
+with open('a/hidden/blob', 'wb') as f:
+    f.write(os.urandom(4 << 20))
+churn = '''
+import os
+while True:
+    for src, dst in (('a/hidden', 'b/hidden'), ('b/hidden', 'a/hidden')):
+        try:
+            os.rename(src, dst)
+        except OSError:
+            pass
+'''
+subprocess.Popen([sys.executable, '-c', churn], start_new_session=False,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print('churning')
+"""
+
+
+async def test_a_directory_a_worker_keeps_moving_cannot_hide_from_the_budget(
+    arena: Arena, confined: None
+) -> None:
+    """A program left running by a worker moves a directory back and forth so that a
+    walk of the tree misses it: the walk runs with every worker frozen."""
+    from kernel.executor import run_tool_calls
+    from kernel.messages import ToolCall
+    from kernel.plugin import use_context
+
+    config = {"workspace": {"max_bytes": 1 << 20}}
+    async with open_plugin_host(
+        arena.workspace, plugins=["python"], config=config, home=_home(arena)
+    ) as host:
+        with use_context(host.context()):
+            seen = []
+            for i in range(12):
+                code = _CHURN if i == 0 else "print('nothing written')"
+                [obs] = await run_tool_calls(
+                    [ToolCall(str(i), "run_python", {"code": code})], host.tools
+                )
+                seen.append(obs)
+    # The first call may pass (the data was still being written); from then on the
+    # workspace holds 4 MiB against a 1 MiB budget, and every check must see it.
+    later = seen[2:]
+    missed = [o.content for o in later if "workspace over its budget" not in o.content]
+    assert not missed, f"{len(missed)} of {len(later)} checks missed the moving 4 MiB: {missed[:3]}"
+    arena.assert_nothing_seen([o.content for o in seen])

@@ -11,12 +11,12 @@ that is killed at the bound, so the suite stays fast and leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -139,56 +139,18 @@ def test_edit_file_with_a_few_occurrences_answers_quickly(arena: Arena) -> None:
 # -- class 6: the disk budget, measured after a worker's call ---------------------------
 
 
-def _churner(moving: Path, other: Path) -> subprocess.Popen[bytes]:
-    """What a background process left by ``run_command`` can do: move a directory
-    back and forth between two parents, as fast as it can."""
-    code = (
-        "import os, sys\n"
-        "a, b = sys.argv[1], sys.argv[2]\n"
-        "os.rename(a, b); os.rename(b, a)\n"
-        "print('ready', flush=True)\n"
-        "while True:\n"
-        "    try:\n"
-        "        os.rename(a, b); os.rename(b, a)\n"
-        "    except OSError:\n"
-        "        pass\n"
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-c", code, str(moving), str(other)], stdout=subprocess.PIPE
-    )
-    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-    return process
+# A directory moved back and forth while the tree is walked: a program doing it can only
+# be a worker's (or a program a worker left running), and the host walks with every
+# worker frozen: tests/security/test_overlap.py::
+# test_a_directory_a_worker_keeps_moving_cannot_hide_from_the_budget.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="HOLE: the usage walk skips a directory that vanished between listing and open "
-    "(`except OSError: continue`); one moved back and forth is never counted, so any amount "
-    "of data inside it escapes [workspace] max_bytes",
-)
-def test_data_in_a_directory_moving_back_and_forth_is_counted(arena: Arena) -> None:
-    ws = arena.workspace
-    (ws / "a" / "hidden").mkdir(parents=True)
-    (ws / "b").mkdir()
-    (ws / "a" / "hidden" / "blob").write_bytes(os.urandom(4 << 20))
-    churn = _churner(ws / "a" / "hidden", ws / "b" / "hidden")
-    seen: list[int | str] = []
-    try:
-        with Workspace(ws, max_bytes=1 << 20) as w:
-            # As many measurements as 2 s allow (each takes about a millisecond): one
-            # that misses the data is enough, and it comes within the first few dozen.
-            stop = time.monotonic() + 2.0
-            while time.monotonic() < stop:
-                try:
-                    seen.append(w.refresh_usage())
-                except SandboxError as exc:  # refusing to measure is fine (fail closed)
-                    seen.append(str(exc))
-    finally:
-        churn.kill()
-        churn.wait()
-    under = [n for n in seen if isinstance(n, int) and n < 4 << 20]
-    assert not under, f"{len(under)} of {len(seen)} measurements missed the 4 MiB: {seen[:5]}"
-    arena.assert_nothing_seen()
+class _NoWorkers:
+    """A pool with no worker running: freezing them all is nothing to do."""
+
+    @contextlib.asynccontextmanager
+    async def frozen(self) -> AsyncIterator[bool]:
+        yield True
 
 
 async def test_budget_check_fails_closed_when_the_workspace_cannot_be_measured(
@@ -202,6 +164,7 @@ async def test_budget_check_fails_closed_when_the_workspace_cannot_be_measured(
     with Workspace(arena.workspace, max_bytes=1000) as ws:
         host = object.__new__(PluginHost)
         host.workspace = ws
+        host.pool = _NoWorkers()  # type: ignore[assignment]
         monkeypatch.setattr(Workspace, "refresh_usage", keeps_changing)
         hook = host._budget_check(Permissions(workspace="write"))
         assert hook is not None
@@ -218,6 +181,7 @@ async def test_what_a_background_process_writes_between_calls_is_counted(arena: 
     with Workspace(arena.workspace, max_bytes=1 << 20) as ws:
         host = object.__new__(PluginHost)
         host.workspace = ws
+        host.pool = _NoWorkers()  # type: ignore[assignment]
         await trio.to_thread.run_sync(ws.usage)  # measured once, at the first write
         hook = host._budget_check(Permissions(workspace="write"))
         assert hook is not None
