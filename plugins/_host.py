@@ -468,6 +468,11 @@ class PluginHost:
                 # left running) can move what it wrote out of the walk's way.
                 async with self.pool.frozen():
                     used = await trio.to_thread.run_sync(self.workspace.refresh_usage)
+                    # A file a worker keeps open after unlinking it is in no directory.
+                    device = os.fstat(self.workspace.fileno()).st_dev
+                    hidden = await self.pool.unlinked_open_bytes(device)
+                    if hidden:
+                        used = self.workspace.add_usage(hidden)
         except KernelError as exc:
             raise ToolFailure(
                 "denied",

@@ -32,6 +32,7 @@ import errno
 import os
 import re
 import signal
+import stat
 import time
 from typing import NamedTuple
 
@@ -204,6 +205,37 @@ def members(path: str) -> list[int]:
             return [int(line) for line in f.read().split()]
     except FileNotFoundError:
         return []
+
+
+def unlinked_open_bytes(paths: list[str], device: int) -> int:
+    """Disk held by files on ``device`` that processes of the set keep open after unlinking.
+
+    Such a file is in no directory, so a walk of the workspace cannot see it, yet
+    it takes space until its last fd closes: a worker could fill the disk that way
+    past any budget. Each inode counts once. Best read while the set is frozen.
+    """
+    seen: set[int] = set()
+    total = 0
+    pids = {pid for path in paths for pid in members(path)}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (
+                st.st_nlink == 0
+                and st.st_dev == device
+                and stat.S_ISREG(st.st_mode)
+                and st.st_ino not in seen
+            ):
+                seen.add(st.st_ino)
+                total += st.st_blocks * 512
+    return total
 
 
 def kill_members(path: str) -> None:

@@ -635,6 +635,12 @@ class Workspace:
             self._settles = 0
         return None
 
+    def add_usage(self, n: int) -> int:
+        """Count ``n`` bytes the walk could not see (files open but unlinked); the usage."""
+        with self._usage_lock:
+            self._usage = (self._usage or 0) + n
+            return self._usage
+
     def settle_usage(self) -> int:
         """``bounded_usage()``, or a walk of the tree when it cannot bound it. Blocking.
 

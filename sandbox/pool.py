@@ -888,6 +888,20 @@ class WorkerPool:
                 for paths in frozen:
                     await trio.to_thread.run_sync(_cgroup.thaw, paths)
 
+    async def unlinked_open_bytes(self, device: int) -> int:
+        """Disk on ``device`` held by files the workers keep open after unlinking them.
+
+        A walk of the workspace cannot see such a file (``_cgroup.unlinked_open_bytes``);
+        the disk budget adds this to what the walk found. Read it inside ``frozen()``.
+        """
+        total = 0
+        for conn in list(self._processes):
+            if conn.cgroups:
+                total += await trio.to_thread.run_sync(
+                    _cgroup.unlinked_open_bytes, conn.cgroups, device
+                )
+        return total
+
     async def aclose(self) -> None:
         """Kill every worker and everything it started; finishes even when cancelled."""
         self._closing = True

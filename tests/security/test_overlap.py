@@ -229,3 +229,47 @@ async def test_a_directory_a_worker_keeps_moving_cannot_hide_from_the_budget(
     missed = [o.content for o in later if "workspace over its budget" not in o.content]
     assert not missed, f"{len(missed)} of {len(later)} checks missed the moving 4 MiB: {missed[:3]}"
     arena.assert_nothing_seen([o.content for o in seen])
+
+
+_HIDDEN = r"""
+import subprocess, sys
+hold = '''
+import os, time
+fd = os.open('hidden', os.O_CREAT | os.O_WRONLY, 0o600)
+os.unlink('hidden')
+for _ in range(4):
+    os.write(fd, os.urandom(1 << 20))
+os.fsync(fd)
+print('held', flush=True)
+time.sleep(600)
+'''
+p = subprocess.Popen([sys.executable, '-c', hold], stdout=subprocess.PIPE,
+                     stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(p.stdout.readline().decode().strip())
+"""
+
+
+async def test_a_file_kept_open_after_unlinking_counts_against_the_budget(
+    arena: Arena, confined: None
+) -> None:
+    """4 MiB in a file a worker's program keeps open after unlinking it: in no
+    directory, so no walk sees it, yet it takes the disk until it is closed."""
+    from kernel.executor import run_tool_calls
+    from kernel.messages import ToolCall
+    from kernel.plugin import use_context
+
+    config = {"workspace": {"max_bytes": 1 << 20}}
+    async with open_plugin_host(
+        arena.workspace, plugins=["python"], config=config, home=_home(arena)
+    ) as host:
+        with use_context(host.context()):
+            seen = []
+            for i in range(3):
+                code = _HIDDEN if i == 0 else "print('nothing written')"
+                [obs] = await run_tool_calls(
+                    [ToolCall(str(i), "run_python", {"code": code})], host.tools
+                )
+                seen.append(obs)
+    missed = [o.content for o in seen if "workspace over its budget" not in o.content]
+    assert not missed, f"{len(missed)} of {len(seen)} checks missed the hidden 4 MiB: {missed}"
+    arena.assert_nothing_seen([o.content for o in seen])
