@@ -21,7 +21,12 @@ freezes every session. So every tool's cost is bounded by its input caps, not by
 its deadline: ``edit_file`` counts lines once however often ``old`` occurs, and its
 closest-match search compares a bounded number of candidates; walks and listings
 stop after ``MAX_WALK_ENTRIES`` entries; glob patterns match in time linear in
-pattern times path length. ``grep`` runs RE2 (linear time, no backtracking), but
+pattern times path length. A walk lists each directory by its path from the
+workspace root (the ``Workspace`` resolves it beneath the root again), so a
+directory at depth d costs d lookups: walks do not enter directories more than
+``MAX_WALK_DEPTH`` levels below the root, and ``glob`` and ``grep`` look at their
+clock before listing each directory, stopping after ``GLOB_SECONDS`` or
+``GREP_SECONDS`` with a marker. ``grep`` runs RE2 (linear time, no backtracking), but
 linear is not fast: a pattern whose DFA blows up runs on RE2's NFA at a cost per
 byte proportional to its program size (2 us/byte for ``[ab]*a[ab]{999}c``). So
 ``grep`` also has a clock: each RE2 call gets a window small enough for its
@@ -70,6 +75,10 @@ MAX_GREP_CHARS = 40_000
 MAX_ENTRIES = 1000
 #: Directory entries a walk visits before it stops, so a huge tree cannot stall a call.
 MAX_WALK_ENTRIES = 200_000
+#: Levels below the workspace root a walk enters. Each directory is listed by its path
+#: from the root, resolved again, so 1 900 levels of 50 directories cost 90 million
+#: lookups (seconds); 256 levels cost at most 256 per listing.
+MAX_WALK_DEPTH = 256
 #: How many leading bytes decide whether a file is binary.
 BINARY_SNIFF_BYTES = 8192
 #: Longest ``grep`` regex and glob pattern accepted, in characters.
@@ -83,10 +92,19 @@ GREP_WINDOW_BYTES = 256 * 1024
 GREP_WINDOW_COST = 32 * 1024 * 1024
 #: Largest compiled program ``grep`` runs: windows stay at least 1 KiB.
 MAX_GREP_PROGRAM = 32 * 1024
-#: ``grep``'s deadline, and how long it searches before it stops and says so; the rest
-#: of the deadline is the margin for the last RE2 call and the output.
+
+
+def _working_seconds(timeout: float) -> float:
+    """How long a tool with this deadline works before it stops and says so: the rest is
+    the margin for the last step (an RE2 call, a directory listing) and the output."""
+    return min(timeout - 1.0, timeout * 0.8)
+
+
+#: ``grep``'s and ``glob``'s deadlines, and how long each works before it stops.
 GREP_TIMEOUT = 4.0
-GREP_SECONDS = min(GREP_TIMEOUT - 1.0, GREP_TIMEOUT * 0.8)
+GREP_SECONDS = _working_seconds(GREP_TIMEOUT)
+GLOB_TIMEOUT = 4.0
+GLOB_SECONDS = _working_seconds(GLOB_TIMEOUT)
 #: ``grep`` stops after reading this many bytes in all, or counting this many matches.
 MAX_GREP_BYTES = 256 * 1024 * 1024
 MAX_GREP_MATCHES = 100_000
@@ -377,21 +395,57 @@ def list_dir(path: str = ".") -> str:
 
 
 class _WalkBudget:
-    """Counts visited entries; a walk past ``MAX_WALK_ENTRIES`` stops and says so."""
+    """What a walk may spend: ``MAX_WALK_ENTRIES`` entries, time until ``deadline``.
 
-    def __init__(self) -> None:
+    A walk that runs out stops (its tool says why); a directory more than
+    ``MAX_WALK_DEPTH`` levels below the workspace root is not entered (and the tool
+    says so too).
+    """
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
         self.visited = 0
         self.exhausted = False
+        self.out_of_time = False
+        self.too_deep = False
 
-    def spend(self, n: int) -> bool:
-        self.visited += n
+    def entries_of(self, ws: Workspace, path: str) -> list[Entry] | None:
+        """The entries of directory ``path``, or ``None`` when the walk must stop.
+
+        A directory that vanished, cannot be read or is too deep has no entries: not
+        worth failing a search for.
+        """
+        # Per directory, not per file: a tree of directories only (or a filter that
+        # matches nothing) would otherwise never look at the clock.
+        if time.monotonic() > self.deadline:
+            self.out_of_time = True
+            return None
+        if sum(1 for name in path.split("/") if name not in ("", ".")) > MAX_WALK_DEPTH:
+            self.too_deep = True
+            return []
+        try:
+            entries = ws.list(path, limit=max(MAX_WALK_ENTRIES - self.visited, 0) + 1)
+        except (OSError, SandboxError):
+            return []
+        self.visited += len(entries)
         if self.visited > MAX_WALK_ENTRIES:
             self.exhausted = True
-        return not self.exhausted
+            return None
+        return entries
 
-    def list(self, ws: Workspace, path: str) -> list[Entry]:
-        """The entries of ``path``, reading no more than the budget has left."""
-        return ws.list(path, limit=max(MAX_WALK_ENTRIES - self.visited, 0) + 1)
+    def notes(self, narrow: str) -> list[str]:
+        """Markers for what the walk left out (not the time: each tool words its own)."""
+        notes = []
+        if self.too_deep:
+            notes.append(
+                f"[did not enter directories more than {MAX_WALK_DEPTH} levels below the "
+                "workspace root]"
+            )
+        if self.exhausted:
+            notes.append(
+                f"[stopped after visiting {MAX_WALK_ENTRIES} entries; narrow the {narrow}]"
+            )
+        return notes
 
 
 def _join(base: str, name: str) -> str:
@@ -403,11 +457,8 @@ def _walk_files(ws: Workspace, top: str, budget: _WalkBudget) -> Iterator[str]:
     stack = [top]
     while stack:
         current = stack.pop()
-        try:
-            entries = budget.list(ws, current)
-        except (OSError, SandboxError):
-            continue  # vanished or unreadable since it was listed: not worth failing a search
-        if not budget.spend(len(entries)):
+        entries = budget.entries_of(ws, current)
+        if entries is None:
             return
         subdirs = []
         for entry in entries:
@@ -455,11 +506,8 @@ def _glob(ws: Workspace, parts: list[str], budget: _WalkBudget) -> Iterator[str]
         last = index == len(parts) - 1
         if segment == "**":
             stack.append((current, index + 1))
-        try:
-            entries = budget.list(ws, current)
-        except (OSError, SandboxError):
-            continue
-        if not budget.spend(len(entries)):
+        entries = budget.entries_of(ws, current)
+        if entries is None:
             return
         for entry in entries:
             path = _join(current, entry.name)
@@ -482,7 +530,7 @@ def _is_dir(ws: Workspace, path: str) -> bool:
         return False
 
 
-@plugin.tool
+@plugin.tool(timeout=GLOB_TIMEOUT)
 @_refusals_denied
 def glob(pattern: str) -> str:
     """Find workspace paths matching a glob pattern, one per line, sorted.
@@ -490,20 +538,24 @@ def glob(pattern: str) -> str:
     ``*`` and ``?`` match within one name, ``**`` matches any number of
     directories (``src/**/*.py``). Wildcards do not match names that start
     with ``.``, and ``**`` does not enter hidden directories, unless the
-    pattern spells the dot (``.github/**/*.yml``).
+    pattern spells the dot (``.github/**/*.yml``). The walk stops after 3
+    seconds, and does not go more than 256 directories deep; a marker says so.
 
     Args:
         pattern: Glob pattern relative to the workspace.
     """
+    budget = _WalkBudget(time.monotonic() + GLOB_SECONDS)
     ws = _workspace()
-    budget = _WalkBudget()
     parts = _split_pattern(pattern, "pattern")
     if parts[-1] == "**":
         parts.append("*")  # a trailing ``**`` means everything below, as ``**/*`` does
     found = sorted(set(_glob(ws, parts, budget)))
-    notes = []
-    if budget.exhausted:
-        notes.append(f"[stopped after visiting {MAX_WALK_ENTRIES} entries; narrow the pattern]")
+    notes = budget.notes("pattern")
+    if budget.out_of_time:
+        notes.append(
+            f"[stopped after {GLOB_SECONDS:g} s: visited {budget.visited} entries; "
+            "narrow the pattern]"
+        )
     if not found:
         return "\n".join([f"no paths match {pattern!r}", *notes])
     lines = found[:MAX_ENTRIES]
@@ -656,8 +708,9 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
     Prints ``file:line: text`` for each matching line. Binary files, files over
     8 MiB and hidden directories are skipped. Use ``(?i)`` for case-insensitive
     matching. Backreferences and lookaround are not supported (RE2 runs in
-    linear time). Output is capped, and the search stops after 3 seconds; a
-    marker says when matches were left out or files not searched.
+    linear time). Output is capped, the search stops after 3 seconds and
+    does not go more than 256 directories deep; a marker says when matches
+    were left out or files not searched.
 
     Args:
         pattern: Regular expression to look for.
@@ -669,7 +722,7 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
     regex = _compile_grep(pattern)
     ws = _workspace()
     wanted = _path_filter(glob)
-    budget = _WalkBudget()
+    budget = _WalkBudget(deadline)
     st = ws.stat(path)
     files = _walk_files(ws, path, budget) if stat.S_ISDIR(st.st_mode) else iter([path])
     out: list[str] = []
@@ -681,11 +734,11 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
     truncated = False
     stopped = ""
     for file in files:
-        if not wanted(file):
-            continue
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline:  # before the filter: it costs path times pattern
             stopped = _out_of_time(searched, None)
             break
+        if not wanted(file):
+            continue
         if read >= MAX_GREP_BYTES:
             stopped = f"[stopped after reading {MAX_GREP_BYTES} bytes; narrow the path or glob]"
             break
@@ -719,6 +772,8 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
         if stopped:
             break
         searched += 1
+    if budget.out_of_time and not stopped:
+        stopped = _out_of_time(searched, None)
     if truncated:
         of = f"at least {matches}" if stopped else str(matches)
         out.append(
@@ -727,8 +782,7 @@ def grep(pattern: str, path: str = ".", glob: str | None = None) -> str:
         )
     if skipped:
         out.append(f"[skipped {len(skipped)} files over {MAX_FILE_BYTES} bytes: {skipped[:5]}]")
-    if budget.exhausted:
-        out.append(f"[stopped after visiting {MAX_WALK_ENTRIES} entries; narrow the path]")
+    out.extend(budget.notes("path"))
     if stopped:
         out.append(stopped)
     if matches == 0:

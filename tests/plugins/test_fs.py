@@ -275,6 +275,61 @@ def test_grep_stops_at_its_time_budget_and_says_how_far_it_got(
     )
 
 
+def _chain(root: Path, depth: int, leaf: str) -> None:
+    here = root
+    for _ in range(depth):
+        here = here / "d"
+        (here / "empty").mkdir(parents=True)
+    (here / leaf).write_text("needle\n")
+
+
+def test_walks_do_not_enter_directories_too_deep_and_say_so(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fs, "MAX_WALK_DEPTH", 3)
+    _chain(ws, 3, "in.py")
+    _chain(ws / "d" / "d" / "d", 1, "out.py")
+    marker = "[did not enter directories more than 3 levels below the workspace root]"
+    assert fs.glob.fn("**/*.py") == f"d/d/d/in.py\n{marker}"
+    assert fs.grep.fn("needle") == f"d/d/d/in.py:1: needle\n{marker}"
+    # Counted from the workspace root, not from where the walk starts.
+    assert fs.grep.fn("needle", path="d/d") == f"d/d/d/in.py:1: needle\n{marker}"
+    assert fs.grep.fn("needle", path="d/d/d/d/out.py") == "d/d/d/d/out.py:1: needle"
+
+
+class _SlowClock:
+    """``fs``'s ``time``: every reading is a second later than the one before."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_walks_look_at_their_clock_for_each_directory(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = {t.name: t for t in fs.plugin.tools}
+    assert tools["glob"].timeout == fs.GLOB_TIMEOUT
+    assert 0 < fs.GLOB_SECONDS < fs.GLOB_TIMEOUT
+    _chain(ws, 5, "a.txt")
+    monkeypatch.setattr(fs, "GLOB_SECONDS", 2.5)
+    monkeypatch.setattr(fs, "GREP_SECONDS", 2.5)
+    # Directories only, or a filter nothing matches: no file is read, yet the walk
+    # reads the clock before each directory (the start, then ".", "d", "d/d": stop).
+    monkeypatch.setattr(fs, "time", _SlowClock())
+    assert fs.glob.fn("**/*.py") == (
+        "no paths match '**/*.py'\n[stopped after 2.5 s: visited 3 entries; narrow the pattern]"
+    )
+    monkeypatch.setattr(fs, "time", _SlowClock())
+    assert fs.grep.fn("needle", glob="*.py") == (
+        "no matches for 'needle' in .\n"
+        "[stopped after 2.5 s: searched 0 files; narrow the pattern, path or glob]"
+    )
+
+
 # --- through the executor ----------------------------------------------------------
 
 

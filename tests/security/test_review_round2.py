@@ -331,16 +331,6 @@ def _deep_and_wide(root: Path, depth: int = 1900, width: int = 50) -> None:
         os.close(here)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F4: grep's deadline is not checked while it walks (only per file read and per "
-    "RE2 window), and every directory is opened by its full path from the root (cost = "
-    "depth): a 1 900-deep tree with 50 empty subdirectories per level holds the kernel's "
-    "thread for more than the 4 s bound, in the unkillable fs plugin. Fix: check the "
-    "deadline in _walk_files (per directory listed) and in the glob/ls walks; list a "
-    "directory from its parent's fd (openat of one name) instead of its full path, or "
-    "bound depth x entries.",
-)
 def test_grep_walking_a_deep_tree_of_directories_is_bounded(arena: Arena) -> None:
     from test_review_kernel import BOUND, fs_call_seconds
 
