@@ -211,20 +211,25 @@ def unlinked_open_bytes(paths: list[str], device: int) -> int:
     """Disk held by files on ``device`` that processes of the set keep open after unlinking.
 
     Such a file is in no directory, so a walk of the workspace cannot see it, yet
-    it takes space until its last fd closes: a worker could fill the disk that way
+    it takes space until its last fd or mapping goes: a worker could fill the disk that way
     past any budget. Each inode counts once. Best read while the set is frozen.
     """
     seen: set[int] = set()
     total = 0
     pids = {pid for path in paths for pid in members(path)}
     for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue  # gone
-        for fd in fds:
+        # Open fds, and mappings (an mmap outlives the fd it was made from).
+        links = []
+        for where in ("fd", "map_files"):
             try:
-                st = os.stat(f"/proc/{pid}/fd/{fd}")
+                links += [
+                    f"/proc/{pid}/{where}/{name}" for name in os.listdir(f"/proc/{pid}/{where}")
+                ]
+            except OSError:
+                continue  # gone (map_files needs CAP_SYS_ADMIN: without it, fds only)
+        for link in links:
+            try:
+                st = os.stat(link)
             except OSError:
                 continue
             if (

@@ -67,6 +67,8 @@ from .worker import PLUGIN_PATH_ENV
 START_TIMEOUT_S = 30.0
 
 logger = logging.getLogger("sandbox.pool")
+#: How long ``frozen`` waits for a worker it could not stop to be gone.
+_FREEZE_KILL_S = 5.0
 worker_logger = logging.getLogger("sandbox.worker")
 
 T = TypeVar("T")
@@ -362,6 +364,10 @@ class _Connection:
                         return
                     buffer += chunk
                 length = _protocol.body_length(bytes(buffer[: _protocol.HEADER.size]), limits)
+                if length > _protocol.MAX_LOG_FRAME and self.hello is not None and not self.pending:
+                    # Past its greeting, only a result may be large, and only while a call
+                    # waits for one: refuse before paying for the decode.
+                    raise _protocol.FrameError(f"a {length}-byte frame while no call is waiting")
                 end = _protocol.HEADER.size + length
                 while len(buffer) < end:
                     chunk = await self._receive(max(1 << 16, end - len(buffer)))
@@ -407,8 +413,11 @@ class _Connection:
         if kind != "result" or type(call_id) is not int:
             raise _protocol.FrameError(f"unexpected {kind!r} frame")
         pending = self.pending.get(call_id)
-        if pending is None:
-            return  # a call that was cancelled meanwhile
+        if pending is None or pending.done.is_set():
+            # No honest worker sends it: a cancelled call kills its worker, so a result
+            # for no call waiting (or a second one) is forged, to make the kernel decode
+            # frames nobody asked for.
+            raise _protocol.FrameError(f"a result for no call waiting for one (id {call_id})")
         if message.get("ok") is True:
             pending.resolve(value=message.get("value"))
             return
@@ -864,8 +873,15 @@ class WorkerPool:
         What runs inside sees the workspace as no worker changes it: the disk budget's
         walk of the tree, which a background program moving a directory back and forth
         could otherwise make miss what that directory holds. Calls in flight simply
-        wait. Yields whether every live worker was frozen (``False``: one has no
-        freezer, or did not stop in time; the block runs anyway, and is told).
+        wait. A worker that does not stop in time (tasks in uninterruptible sleep) is
+        killed, and its whole cgroup set with it, before the block runs: the block
+        never runs beside a worker that was meant to be stopped. Yields ``False`` when
+        this machine has no freezer for some worker (no writable cgroup): then nothing
+        could be stopped, and the block runs anyway.
+
+        Raises:
+            SandboxError: a worker could neither be stopped nor killed in time; the
+                block did not run.
         """
         frozen: list[list[str]] = []
         complete = True
@@ -875,12 +891,19 @@ class WorkerPool:
                     complete = complete and conn.worker is None  # an unconfigured spare
                     continue
                 try:
-                    if await trio.to_thread.run_sync(_cgroup.freeze, conn.cgroups):
-                        frozen.append(conn.cgroups)
-                    else:
-                        complete = False
+                    stopped = await trio.to_thread.run_sync(_cgroup.freeze, conn.cgroups)
                 except OSError as exc:
-                    logger.warning("could not freeze %s: %s", conn._label(), exc)
+                    conn.kill(f"could not be stopped to measure the workspace ({exc})")
+                    with trio.move_on_after(_FREEZE_KILL_S):
+                        await conn.finished.wait()  # its cgroups destroyed: nobody left
+                    if not conn.finished.is_set():
+                        raise SandboxError(
+                            f"{conn._label()} could neither be stopped nor killed in time"
+                        ) from exc
+                    continue
+                if stopped:
+                    frozen.append(conn.cgroups)
+                else:
                     complete = False
             yield complete
         finally:

@@ -223,6 +223,11 @@ ALWAYS_DENIED: Final = (
     "fanotify_mark",
     # running code that is on no disk (a memfd), so no Landlock execute right applies
     "execveat",
+    # descriptors passed over a socket (SCM_RIGHTS, only through sendmsg/sendmmsg): one
+    # held in flight in an unread socket keeps an unlinked file's disk out of every
+    # count; no runtime a plugin uses sends with them (send/sendto do)
+    "sendmsg",
+    "sendmmsg",
     # being reached: no plugin declares a listening socket, and Landlock's bind rule
     # does not stop listen()'s automatic bind to an ephemeral port
     "bind",
@@ -406,8 +411,6 @@ def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = N
     dispatch("ioctl", "ioctl")
     if policy.network:
         dispatch("sendto", "msg_flags_arg3")
-        dispatch("sendmsg", "msg_flags_arg2")
-        dispatch("sendmmsg", "msg_flags_arg3")
     answer_each(_FAST_ALLOW, RET_ALLOW)
 
     answer_each(ALWAYS_DENIED, deny)
@@ -453,13 +456,12 @@ def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = N
         p.load(_arg_low(arg))
         p.jump_if(_JMP_JSET_K, _MODE_PRIVILEGE_BITS, true="deny", false="allow")
 
-    # sendto(fd, buf, len, flags, ...), sendmmsg(fd, vec, n, flags), sendmsg(fd, msg,
-    # flags): MSG_FASTOPEN connects and sends in one call, and Landlock sees no connect.
+    # sendto(fd, buf, len, flags, ...): MSG_FASTOPEN connects and sends in one call, and
+    # Landlock sees no connect (sendmsg and sendmmsg are refused outright).
     # An address on a connected or unconnected TCP socket is otherwise ignored or refused.
-    for arg in (2, 3):
-        p.label(f"msg_flags_arg{arg}")
-        p.load(_arg_low(arg))
-        p.jump_if(_JMP_JSET_K, _MSG_FASTOPEN, true="deny", false="allow")
+    p.label("msg_flags_arg3")
+    p.load(_arg_low(3))
+    p.jump_if(_JMP_JSET_K, _MSG_FASTOPEN, true="deny", false="allow")
 
     # setsockopt(fd, level, name, ...): no fast open, no repair, no upper-layer protocol,
     # no SO_LINGER. Other options are harmless without bind: SO_BINDTODEVICE picks an

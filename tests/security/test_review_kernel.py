@@ -152,6 +152,9 @@ class _NoWorkers:
     async def frozen(self) -> AsyncIterator[bool]:
         yield True
 
+    async def unlinked_open_bytes(self, device: int) -> int:
+        return 0
+
 
 async def test_budget_check_fails_closed_when_the_workspace_cannot_be_measured(
     arena: Arena, monkeypatch: pytest.MonkeyPatch
