@@ -22,6 +22,7 @@ root itself is the user's choice and may be a link.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import secrets
@@ -160,13 +161,16 @@ class LineReader:
     append) is never returned, and ``good_end`` stops before it.
     """
 
-    def __init__(self, fd: int, path: str, limit: int | None = None) -> None:
+    def __init__(
+        self, fd: int, path: str, limit: int | None = None, *, start: int = 0, lineno: int = 0
+    ) -> None:
         self.fd = fd
         self.path = path
         self.limit = limit
-        self.offset = 0  # next byte to read
-        self.good_end = 0  # end of the last finished append
-        self.lineno = 0
+        self.offset = start  # next byte to read; ``start`` is the end of an append
+        self.good_end = start  # end of the last finished append
+        self.lineno = lineno  # lines before ``start``
+        self.good_lines = lineno  # lines up to ``good_end``
         self.eof = False
         self._carry = b""
         self._unfinished: list[tuple[int, bytes]] = []  # lines of an append under way
@@ -199,6 +203,7 @@ class LineReader:
                         unfinished.clear()
                     yield self.lineno, line
                     self.good_end = line_end + start
+                    self.good_lines = self.lineno
                 end = data.find(b"\n", start)
             self._carry = data[start:]
 
@@ -207,8 +212,10 @@ class LineReader:
         """Bytes after the last finished append (meaningful once ``eof``)."""
         return self.offset - self.good_end
 
-    def entries(self, max_bytes: int = _CHUNK) -> list[Entry]:
-        return [decode_line(line, self.path, n) for n, line in self.read(max_bytes)]
+    def entries(self, max_bytes: int = _CHUNK, first: int = 0) -> list[Entry]:
+        """The entries in the next ``max_bytes`` or so, but none of the first ``first``
+        of the file (those lines are counted, not decoded)."""
+        return [decode_line(line, self.path, n) for n, line in self.read(max_bytes) if n > first]
 
 
 def batch_bytes(lines: list[bytes]) -> bytes:
@@ -311,7 +318,9 @@ class Opened:
 
     fd: int
     dev: int
+    ino: int
     size: int
+    lines: int
     uuids: set[str]
     summary: SummaryBuilder | None
     mtime_ms: int
@@ -320,7 +329,7 @@ class Opened:
 
 def _scan(
     fd: int, path: str, *, main: bool, truncate: bool, durable: bool
-) -> tuple[int, set[str], SummaryBuilder | None]:
+) -> tuple[int, int, set[str], SummaryBuilder | None]:
     """Check every line, collect uuids, fold the summary, and (with ``truncate``)
     cut off what follows the last finished append.
 
@@ -341,13 +350,17 @@ def _scan(
         os.ftruncate(fd, reader.good_end)
         if durable:
             os.fsync(fd)
-    return reader.good_end, uuids, summary
+    return reader.good_end, reader.good_lines, uuids, summary
 
 
-def open_transcript(root: str, key: SessionKey, *, durable: bool, create: bool = True) -> Opened:
+def open_transcript(
+    root: str, key: SessionKey, *, durable: bool, create: bool = True, truncate: bool = True
+) -> Opened:
     """Open (with ``create``, creating if needed) ``key``'s transcript for appending.
 
-    What follows the last finished append (a torn line, an unfinished
+    The caller holds the session's lock (``SessionFlock``): only a lock
+    holder may cut a file, since anyone else may be looking at another
+    process's append half-way through its ``write()``. What follows the last finished append (a torn line, an unfinished
     append) is truncated away; the summary is rebuilt from the transcript,
     and marked dirty when the stored one does not match.
 
@@ -369,11 +382,13 @@ def open_transcript(root: str, key: SessionKey, *, durable: bool, create: bool =
         if durable:
             fsync_dir(root, os.path.dirname(path))
     try:
-        size = 0
+        size = lines = 0
         uuids: set[str] = set()
         summary = SummaryBuilder() if key.is_main else None
         if not created:
-            size, uuids, summary = _scan(fd, path, main=key.is_main, truncate=True, durable=durable)
+            size, lines, uuids, summary = _scan(
+                fd, path, main=key.is_main, truncate=truncate, durable=durable
+            )
         st = os.fstat(fd)
         mtime_ms = st.st_mtime_ns // 1_000_000 if size else 0
         dirty = False
@@ -387,7 +402,7 @@ def open_transcript(root: str, key: SessionKey, *, durable: bool, create: bool =
                 or stored.mtime_ms != mtime_ms
                 or stored.data != summary.data()
             )
-        return Opened(fd, st.st_dev, size, uuids, summary, mtime_ms, dirty)
+        return Opened(fd, st.st_dev, st.st_ino, size, lines, uuids, summary, mtime_ms, dirty)
     except BaseException:
         os.close(fd)
         raise
@@ -432,9 +447,14 @@ def close_transcript(
     durable: bool,
 ) -> None:
     """Stamp the file's mtime, store the summary, close. Best effort: the
-    summary and mtime are derived data, rebuilt on the next open if lost."""
+    summary and mtime are derived data, rebuilt on the next open if lost.
+
+    Only when the file is still ``size`` bytes long: if another process
+    appended since, this summary is behind and its mtime older than the
+    file's, and leaving both alone lets the next listing rebuild them.
+    """
     try:
-        if dirty and size:
+        if dirty and size and os.fstat(fd).st_size == size:
             ns = mtime_ms * 1_000_000
             os.utime(fd, ns=(ns, ns))
             if summary is not None:
@@ -459,6 +479,8 @@ def _stat_transcripts(root: str, project_dir: str) -> Iterator[tuple[str, os.sta
     try:
         for name in os.listdir(dfd):
             if not is_session_name(name):
+                if name.startswith("#deleted-"):
+                    sweep_deleted(dfd, name)
                 continue
             try:
                 # A session directory that is a link is not listed (it is refused when used).
@@ -500,30 +522,156 @@ def list_summaries(root: str, project_dir: str) -> tuple[list[SessionSummary], l
 
 
 def rebuild_summary(root: str, key: SessionKey, *, durable: bool) -> SessionSummary | None:
-    """Fold ``key``'s transcript into a new summary.json (the caller holds the key).
+    """Fold ``key``'s transcript into a summary, and store it if the session is free.
+
+    Reads whole appends only. When this call can take the session's lock
+    without waiting, it also cuts a torn tail and replaces summary.json;
+    otherwise (a writer holds it, maybe in this very process) it stores
+    nothing and cuts nothing.
 
     Raises:
         CorruptTranscript: damage before the last line.
     """
     try:
-        opened = open_transcript(root, key, durable=durable, create=False)
+        dfd = open_dir(root, session_dir(root, key))
     except (FileNotFoundError, NotADirectoryError):
         return None
-    summary = opened.summary
-    assert summary is not None
-    close_transcript(
-        root,
-        key,
-        opened.fd,
-        size=opened.size,
-        summary=summary,
-        mtime_ms=opened.mtime_ms,
-        dirty=True,
-        durable=durable,
-    )
+    try:  # dfd is a description of our own: its flock is this call's alone
+        locked = try_flock(dfd) and session_is_at(root, key, dfd)
+        try:
+            opened = open_transcript(root, key, durable=durable, create=False, truncate=locked)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        summary = opened.summary
+        assert summary is not None
+        close_transcript(
+            root,
+            key,
+            opened.fd,
+            size=opened.size,
+            summary=summary,
+            mtime_ms=opened.mtime_ms,
+            dirty=locked,
+            durable=durable,
+        )
+    finally:
+        os.close(dfd)  # releases the lock
     if not opened.size:
         return None
     return SessionSummary(key.session_id, opened.mtime_ms, summary.data())
+
+
+# -- the session lock ----------------------------------------------------------
+
+
+def try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def open_session_dir(root: str, key: SessionKey, *, create: bool, durable: bool) -> int:
+    """An fd on ``key``'s session directory, the thing ``SessionFlock`` locks.
+
+    Raises:
+        FileNotFoundError: no such session and not ``create``.
+        StoreError: a link in the way.
+    """
+    return open_dir(root, session_dir(root, key), create=create, durable=durable)
+
+
+def session_is_at(root: str, key: SessionKey, fd: int) -> bool:
+    """Whether ``fd`` is still the directory at ``key``'s session path.
+
+    A lock on a directory that was renamed aside (deleted) protects nothing:
+    whoever takes the lock checks this before trusting it.
+    """
+    st = os.fstat(fd)
+    try:
+        now = os.stat(session_dir(root, key), follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev) and st.st_nlink > 0
+
+
+def transcript_stat(path: str) -> os.stat_result | None:
+    """The file now at ``path`` (``None`` if none): an append checks its fd is still it."""
+    try:
+        return os.stat(path, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+@attrs.define
+class Tail:
+    """Whole appends another process made after the end this process knew."""
+
+    entries: list[Entry]
+    end: int
+    lines: int
+    mtime_ms: int
+
+
+def read_tail(fd: int, path: str, start: int, lineno: int, *, durable: bool) -> Tail:
+    """The entries after byte ``start`` (line ``lineno``), the caller holding the lock.
+
+    A torn tail there is an append whose writer died: nobody else can be
+    writing, so it is cut.
+
+    Raises:
+        CorruptTranscript: a complete line is not an entry.
+    """
+    reader = LineReader(fd, path, start=start, lineno=lineno)
+    entries: list[Entry] = []
+    while not reader.eof:
+        entries += reader.entries()
+    if reader.torn_bytes:
+        os.ftruncate(fd, reader.good_end)
+        if durable:
+            os.fsync(fd)
+    mtime_ms = os.fstat(fd).st_mtime_ns // 1_000_000
+    return Tail(entries, reader.good_end, reader.good_lines, mtime_ms)
+
+
+# Leftovers younger than this may belong to a writer that does not hold the
+# lock (a summary written on close): they are left alone.
+_LEFTOVER_AGE_S = 60.0
+
+
+def sweep_leftovers(dfd: int, *, now: float | None = None) -> int:
+    """Remove ``#summary-*.tmp`` / ``#repair-*.tmp`` that a crash left in directory ``dfd``.
+
+    Best effort; returns how many were removed.
+    """
+    cutoff = (time.time() if now is None else now) - _LEFTOVER_AGE_S
+    removed = 0
+    try:
+        names = [n for n in os.listdir(dfd) if n.startswith("#") and n.endswith(".tmp")]
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(name, dir_fd=dfd)
+                removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def sweep_deleted(dfd: int, name: str) -> None:
+    """Finish removing ``#deleted-*`` (a delete that crashed after its rename).
+
+    Nobody appends there: an append checks that its session directory is
+    still at its name.
+    """
+    shutil.rmtree(name, dir_fd=dfd, ignore_errors=True)
+    try:
+        os.rmdir(name, dir_fd=dfd)
+    except OSError:
+        pass
 
 
 def list_subkeys(root: str, key: SessionKey) -> list[str]:

@@ -13,18 +13,22 @@ import trio
 
 from ..errors import CorruptTranscript, StoreError, UsageError
 from . import _disk
-from ._base import BaseStore, TranscriptState
+from ._base import BaseStore, TranscriptState, check_start
 from ._commit import GroupCommit
 from ._disk import FdOwner, LineReader, RepairReport
 from ._entries import EncodedEntry, Entry
 from ._key import SessionKey, check_name
-from ._locks import KeyedLocks, SessionGates
+from ._locks import KeyedLocks, SessionFlock, SessionGates, lock_holders
 from ._summary import SessionInfo, SessionSummary
 
 Durability: TypeAlias = Literal["flush", "fsync"]
 
 # Appends bigger than this are written from a worker thread.
 _BIG_WRITE = 64 * 1024
+# Bytes iter_entries decodes per trip to a worker thread.
+_CHUNK = 1 << 20
+# Read positions remembered for iter_entries(start=...).
+_POSITIONS_MAX = 4096
 
 
 def default_max_open() -> int:
@@ -41,21 +45,46 @@ def default_max_open() -> int:
 
 
 class _OpenTranscript(TranscriptState):
-    __slots__ = ("dev", "dirty", "fd", "key", "size")
+    __slots__ = ("dev", "dirty", "fd", "ino", "key", "lines", "path", "release", "session", "size")
 
-    def __init__(self, key: SessionKey, opened: _disk.Opened) -> None:
+    def __init__(
+        self,
+        key: SessionKey,
+        path: str,
+        opened: _disk.Opened,
+        session: SessionFlock,
+        release: Callable[[SessionFlock], None],
+    ) -> None:
         super().__init__(summary=opened.summary, uuids=opened.uuids, mtime_ms=opened.mtime_ms)
         self.key = key
+        self.path = path
         self.fd = opened.fd
         self.dev = opened.dev
-        self.size = opened.size
+        self.ino = opened.ino
+        self.size = opened.size  # the end of the last whole append, as of the last look
+        self.lines = opened.lines
         self.dirty = opened.summary_dirty  # mtime and summary not yet on disk
+        self.session = session  # its flock is held from _state_for_append to _write
+        self.release = release
+
+    def fresh(self, batch: list[EncodedEntry]) -> list[EncodedEntry]:
+        fresh = super().fresh(batch)
+        if not fresh:
+            # BaseStore.append calls _write only when something is fresh: the
+            # session lock _state_for_append took is given back here instead.
+            self.release(self.session)
+        return fresh
 
 
 class FileStore(BaseStore):
     """Transcripts as JSONL files under ``root`` (layout: ``kernel.store._disk``).
 
-    One process owns a root at a time. Each append is one ``write()`` of
+    Several processes may use one root: each append, delete and repair holds
+    an exclusive ``flock`` on the session directory (``SessionFlock``), checks
+    that its file is still the one at the path, and first takes in what
+    other processes appended (their uuids, their summary counts); readers
+    take no lock and read whole appends only (docs/store.md, "Many
+    processes"). Each append is one ``write()`` of
     whole lines on a descriptor kept open; at most ``max_open`` such
     descriptors are open, the least recently used idle one being closed to
     make room (reads use a short-lived descriptor of their own).
@@ -98,6 +127,12 @@ class FileStore(BaseStore):
         self._room = trio.lowlevel.ParkingLot()  # tasks waiting for a free slot
         self._waiting_for_room = 0
         self._gates: SessionGates[tuple[str, str]] = SessionGates()
+        # Session directory locks by (project, session_id), while this process
+        # has a transcript of the session open or holds the lock.
+        self._sessions: dict[tuple[str, str], SessionFlock] = {}
+        # The end of the last entry read by iter_entries, per key name: file
+        # identity, entries before it, byte offset. Oldest first, bounded.
+        self._positions: dict[str, tuple[tuple[int, int], int, int]] = {}
 
     @property
     def open_files(self) -> int:
@@ -135,6 +170,8 @@ class FileStore(BaseStore):
 
     def _close_all_sync(self, handles: list[_OpenTranscript]) -> None:
         for h in handles:
+            self._forget(h)
+        for h in handles:
             _disk.close_transcript(
                 self._root,
                 h.key,
@@ -151,32 +188,194 @@ class FileStore(BaseStore):
         name = handle.key.name
         if self._open.get(name) is handle:
             del self._open[name]
+        self._forget(handle)
         os.close(handle.fd)
 
-    def _cached_state(self, name: str) -> TranscriptState | None:
-        handle = self._open.get(name)
-        if handle is not None:
-            self._open.move_to_end(name)
-        return handle
+    def _forget(self, handle: _OpenTranscript) -> None:
+        """``handle`` has left the open table: it no longer keeps its session lock alive."""
+        session = handle.session
+        session.handles -= 1
+        self._tidy(session)
+
+    def _tidy(self, session: SessionFlock) -> None:
+        if session.holders == 0 and (session.handles == 0 or session.dead):
+            if session.handles == 0:  # a dead session's handles may still be closing
+                session.close()
+            for sk, s in list(self._sessions.items()):
+                if s is session:
+                    del self._sessions[sk]
+
+    def _release(self, session: SessionFlock) -> None:
+        session.release()
+        self._tidy(session)
+
+    async def _lock_session(self, key: SessionKey, *, create: bool = True) -> SessionFlock | None:
+        """Hold the flock of ``key``'s session directory (``None``: no session, not ``create``).
+
+        A new lock is checked to be on the directory that is at the session's
+        path (a lock on a directory deleted meanwhile protects nothing); a
+        known one is checked by the caller, when the file it wants is not
+        where it was.
+
+        Raises:
+            StoreError: the directory cannot be opened or locked.
+        """
+        sk = (key.project, key.session_id)
+        while True:
+            session = self._sessions.get(sk)
+            if session is not None and not session.dead:
+                if not session.try_acquire():
+                    await session.acquire()
+                if self._sessions.get(sk) is session:  # not buried while waiting
+                    return session
+                self._release(session)
+                continue
+            try:
+                fd = await trio.to_thread.run_sync(self._open_session_sync, key, create)
+            except FileNotFoundError:
+                return None
+            known = self._sessions.get(sk)
+            if known is not None and not known.dead:  # another task was quicker
+                os.close(fd)
+                continue
+            st = os.fstat(fd)
+            session = SessionFlock(fd, st.st_dev, st.st_ino)
+            self._sessions[sk] = session
+            try:
+                if not session.try_acquire():
+                    await session.acquire()
+            except BaseException:
+                self._tidy(session)
+                raise
+            if _disk.session_is_at(self._root, key, fd):
+                return session
+            self._bury(session)  # deleted between the open and the lock
+            self._release(session)
+
+    def _open_session_sync(self, key: SessionKey, create: bool) -> int:
+        try:
+            fd = _disk.open_session_dir(self._root, key, create=create, durable=self._durable)
+        except NotADirectoryError as exc:
+            raise FileNotFoundError(str(exc)) from None
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"{key}: cannot open the session directory: {exc}") from exc
+        _disk.sweep_leftovers(fd)
+        return fd
+
+    def _bury(self, session: SessionFlock) -> None:
+        """``session``'s directory was deleted by another process: forget its transcripts.
+
+        Called with the lock held, so no append of this process is writing to
+        them (each checked its file after taking the lock).
+        """
+        session.dead = True
+        for sk, s in list(self._sessions.items()):
+            if s is session:
+                del self._sessions[sk]
+        for name, h in list(self._open.items()):
+            if h.session is session:
+                del self._open[name]
+                session.handles -= 1
+                os.close(h.fd)  # no summary: the file is gone
 
     async def _state_for_append(self, key: SessionKey) -> TranscriptState:
-        await self._make_room()
+        """``key``'s transcript, current, with its session lock held (``_write``
+        or ``fresh`` gives it back)."""
+        name = key.name
+        # A descriptor slot is reserved before the session is locked, so that
+        # the session descriptors of tasks waiting for room stay bounded too.
+        reserved = name not in self._open
+        if reserved:
+            await self._make_room()
         try:
-            session = (key.project, key.session_id)
-            await self._gates.enter_open(session)
-            try:
-                opened = await trio.to_thread.run_sync(self._open_sync, key)
-                handle = _OpenTranscript(key, opened)
-                if self._closed:
-                    # aclose ran while this was opening: it cannot have seen it.
-                    await self._close(handle)
-                    raise StoreError("the store is closed")
-                self._open[key.name] = handle
-            finally:
-                self._gates.exit_open(session)
+            return await self._locked_state(key, reserved)
         finally:
-            self._opening -= 1
-            self._room.unpark_all()
+            if reserved:
+                self._opening -= 1
+                self._room.unpark_all()
+
+    async def _locked_state(self, key: SessionKey, reserved: bool) -> _OpenTranscript:
+        name = key.name
+        while True:
+            session = await self._lock_session(key)
+            assert session is not None
+            try:
+                handle = self._open.get(name)
+                if handle is not None:
+                    self._open.move_to_end(name)
+                    st = _disk.transcript_stat(handle.path)
+                    if (
+                        st is not None
+                        and st.st_ino == handle.ino
+                        and st.st_dev == handle.dev
+                        and st.st_size >= handle.size
+                    ):
+                        if st.st_size != handle.size:  # another process appended
+                            await self._catch_up(handle, st.st_size)
+                        return handle
+                    # Another file at the path, or none: ours was deleted or
+                    # replaced (by `tak sessions rm` or `repair` elsewhere).
+                    del self._open[name]
+                    self._forget(handle)
+                    os.close(handle.fd)
+                if not _disk.session_is_at(self._root, key, session.fd):
+                    self._bury(session)
+                    self._release(session)
+                    continue
+                if not reserved:
+                    await self._make_room()
+                    try:
+                        handle = await self._open_handle(key, session)
+                    finally:
+                        self._opening -= 1
+                        self._room.unpark_all()
+                else:
+                    handle = await self._open_handle(key, session)
+                self._open[name] = handle
+                return handle
+            except BaseException:
+                self._release(session)
+                raise
+
+    async def _catch_up(self, handle: _OpenTranscript, size: int) -> None:
+        """Take in the appends other processes made since ``handle.size``."""
+        args = (handle.fd, handle.path, handle.size, handle.lines)
+        if size - handle.size > _BIG_WRITE:
+            tail = await trio.to_thread.run_sync(
+                lambda: _disk.read_tail(*args, durable=self._durable)
+            )
+        else:
+            tail = _disk.read_tail(*args, durable=self._durable)
+        uuids = handle.uuids
+        summary = handle.summary
+        for entry in tail.entries:
+            uuid = entry.get("uuid")
+            if isinstance(uuid, str):
+                uuids.add(uuid)
+            if summary is not None:
+                summary.add(entry)
+        handle.size = tail.end
+        handle.lines = tail.lines
+        handle.mtime_ms = max(handle.mtime_ms, tail.mtime_ms)
+        handle.dirty = True
+
+    async def _open_handle(self, key: SessionKey, session: SessionFlock) -> _OpenTranscript:
+        """Open ``key``'s transcript in a slot reserved by ``_make_room``."""
+        sk = (key.project, key.session_id)
+        await self._gates.enter_open(sk)
+        try:
+            opened = await trio.to_thread.run_sync(self._open_sync, key)
+            path = _disk.transcript_path(self._root, key)
+            session.handles += 1
+            handle = _OpenTranscript(key, path, opened, session, self._release)
+            if self._closed:
+                # aclose ran while this was opening: it cannot have seen it.
+                await self._close(handle)
+                raise StoreError("the store is closed")
+        finally:
+            self._gates.exit_open(sk)
         return handle
 
     def _open_sync(self, key: SessionKey) -> _disk.Opened:
@@ -191,6 +390,14 @@ class FileStore(BaseStore):
         self, key: SessionKey, state: TranscriptState, fresh: list[EncodedEntry], mtime_ms: int
     ) -> None:
         assert isinstance(state, _OpenTranscript)
+        try:
+            await self._write_locked(key, state, fresh, mtime_ms)
+        finally:
+            self._release(state.session)
+
+    async def _write_locked(
+        self, key: SessionKey, state: _OpenTranscript, fresh: list[EncodedEntry], mtime_ms: int
+    ) -> None:
         data = fresh[0][2] if len(fresh) == 1 else _disk.batch_bytes([e[2] for e in fresh])
         try:
             if self._durable:
@@ -211,50 +418,89 @@ class FileStore(BaseStore):
             self._discard(state)
             raise
         state.size += len(data)
+        state.lines += len(fresh)
         state.dirty = True
         state.commit(fresh, mtime_ms)
 
     # -- reading -------------------------------------------------------------
 
-    async def _open_for_read(self, key: SessionKey) -> tuple[FdOwner | None, int | None]:
-        """An fd on ``key``'s transcript as of now, and how far to read it.
+    async def _open_for_read(self, key: SessionKey) -> FdOwner | None:
+        """An fd on the file at ``key``'s transcript path now.
 
-        Taken under the key's lock, so it sees whole appends only; the
-        reading itself happens outside the lock.
+        No lock: another process may be half-way through an append, and
+        ``LineReader`` stops before whatever follows the last whole one. The
+        file at the path, not a descriptor this process holds: another
+        process may have replaced it (repair) or deleted it.
         """
         self._check_open()
-        async with self._locks.hold(key.name):
-            handle = self._open.get(key.name)
-            if handle is not None:
-                return FdOwner(os.dup(handle.fd)), handle.size
-            path = _disk.transcript_path(self._root, key)
-            fd = await trio.to_thread.run_sync(_disk.open_for_read, self._root, path)
-            return (None if fd is None else FdOwner(fd)), None
+        path = _disk.transcript_path(self._root, key)
+        fd = await trio.to_thread.run_sync(_disk.open_for_read, self._root, path)
+        return None if fd is None else FdOwner(fd)
 
     async def load(self, key: SessionKey) -> list[dict[str, Any]] | None:
         """See ``SessionStore.load``."""
-        owner, limit = await self._open_for_read(key)
+        owner = await self._open_for_read(key)
         if owner is None:
             return None
         path = _disk.transcript_path(self._root, key)
         try:
-            return await trio.to_thread.run_sync(_disk.read_all, owner, path, limit)
+            return await trio.to_thread.run_sync(_disk.read_all, owner, path, None)
         finally:
             owner.close()
 
-    async def iter_entries(self, key: SessionKey) -> AsyncIterator[dict[str, Any]]:
-        """See ``SessionStore.iter_entries``."""
-        owner, limit = await self._open_for_read(key)
+    async def iter_entries(
+        self, key: SessionKey, *, start: int = 0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """See ``SessionStore.iter_entries``.
+
+        Starts reading at the byte offset of the last position this process
+        knows at or before ``start`` (from its own appends or an earlier
+        read of the same file), and decodes nothing before ``start``.
+        """
+        check_start(start)
+        owner = await self._open_for_read(key)
         if owner is None:
             return
         try:
-            reader = LineReader(owner.take(), _disk.transcript_path(self._root, key), limit)
+            fd = owner.take()
+            line, offset = self._known_position(key.name, os.fstat(fd), start)
+            reader = LineReader(
+                fd, _disk.transcript_path(self._root, key), start=offset, lineno=line
+            )
             while not reader.eof:
-                batch: list[Entry] = await trio.to_thread.run_sync(reader.entries)
+                batch: list[Entry] = await trio.to_thread.run_sync(reader.entries, _CHUNK, start)
                 for entry in batch:
                     yield entry
+            self._remember(key.name, os.fstat(fd), reader.good_lines, reader.good_end)
         finally:
             owner.close()
+
+    def _known_position(self, name: str, st: os.stat_result, start: int) -> tuple[int, int]:
+        """(entries, byte offset) of the furthest known end of an entry at or before
+        ``start`` in the file ``st``; (0, 0) when none is known.
+
+        A position is kept with the file's identity, and trusted only while the
+        file is at least that long: a file deleted and written again, or cut
+        by a repair, is read from its start.
+        """
+        best = (0, 0)
+        ident = (st.st_dev, st.st_ino)
+        handle = self._open.get(name)
+        known = [self._positions.get(name)]
+        if handle is not None:
+            known.append(((handle.dev, handle.ino), handle.lines, handle.size))
+        for pos in known:
+            if pos is not None and pos[0] == ident and best[0] < pos[1] <= start:
+                if pos[2] <= st.st_size:
+                    best = (pos[1], pos[2])
+        return best
+
+    def _remember(self, name: str, st: os.stat_result, lines: int, offset: int) -> None:
+        positions = self._positions
+        positions.pop(name, None)
+        positions[name] = ((st.st_dev, st.st_ino), lines, offset)
+        if len(positions) > _POSITIONS_MAX:
+            del positions[next(iter(positions))]
 
     # -- listing -------------------------------------------------------------
 
@@ -335,30 +581,65 @@ class FileStore(BaseStore):
     # -- deleting, repairing, closing ---------------------------------------
 
     async def delete(self, key: SessionKey) -> bool:
-        """See ``SessionStore.delete``."""
+        """See ``SessionStore.delete``.
+
+        Holds the session's lock: waits while another process is appending to
+        it (wrap the call in a cancel scope to bound the wait; ``lock_holders``
+        names who holds it).
+        """
         self._check_open()
         async with self._locks.hold(key.name):
-            if key.subpath is not None:
-                handle = self._open.pop(key.name, None)
-                if handle is not None:
-                    os.close(handle.fd)
-                return await trio.to_thread.run_sync(self._delete_sync, key)
-            session = (key.project, key.session_id)
-            await self._gates.enter_delete(session)
+            session = await self._lock_session(key, create=False)
+            if session is None:
+                return False
             try:
-                async with contextlib.AsyncExitStack() as stack:
-                    # Appends to children in flight finish first; no child
-                    # transcript opens again until the directory is gone.
-                    children = sorted(
-                        n for n, h in self._open.items() if h.key.main == key and n != key.name
-                    )
-                    for name in children:
-                        await stack.enter_async_context(self._locks.hold(name))
-                    for name in [n for n, h in self._open.items() if h.key.main == key]:
-                        os.close(self._open.pop(name).fd)
+                if key.subpath is not None:
+                    handle = self._open.pop(key.name, None)
+                    if handle is not None:
+                        self._forget(handle)
+                        os.close(handle.fd)
                     return await trio.to_thread.run_sync(self._delete_sync, key)
+                return await self._delete_session(key, session)
             finally:
-                self._gates.exit_delete(session)
+                self._release(session)
+
+    async def _delete_session(self, key: SessionKey, session: SessionFlock) -> bool:
+        sk = (key.project, key.session_id)
+        await self._gates.enter_delete(sk)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                # Appends to children in flight finish first; no child
+                # transcript opens again until the directory is gone.
+                children = sorted(
+                    n for n, h in self._open.items() if h.key.main == key and n != key.name
+                )
+                for name in children:
+                    await stack.enter_async_context(self._locks.hold(name))
+                for name in [n for n, h in self._open.items() if h.key.main == key]:
+                    handle = self._open.pop(name)
+                    self._forget(handle)
+                    os.close(handle.fd)
+                deleted = await trio.to_thread.run_sync(self._delete_sync, key)
+                self._bury(session)
+                return deleted
+        finally:
+            self._gates.exit_delete(sk)
+
+    async def lock_holders(self, key: SessionKey) -> list[int]:
+        """The pids holding ``key``'s session lock now (Linux; empty if unknown)."""
+        self._check_open()
+
+        def holders() -> list[int]:
+            try:
+                fd = _disk.open_session_dir(self._root, key, create=False, durable=False)
+            except (OSError, StoreError):
+                return []
+            try:
+                return lock_holders(fd)
+            finally:
+                os.close(fd)
+
+        return await trio.to_thread.run_sync(holders)
 
     def _delete_sync(self, key: SessionKey) -> bool:
         try:
@@ -374,20 +655,25 @@ class FileStore(BaseStore):
         A torn last line is cut off. Damage before that moves the whole file
         to ``<session>/quarantine/<time>/`` and leaves the lines before the
         first damaged one in its place. Returns ``None`` if there is no
-        transcript.
+        transcript. Holds the session's lock, like ``delete``.
 
         Raises:
             StoreError: the file system refused.
         """
         self._check_open()
         async with self._locks.hold(key.name):
-            handle = self._open.pop(key.name, None)
-            if handle is not None:
-                await self._close(handle)
+            session = await self._lock_session(key, create=False)
+            if session is None:
+                return None
             try:
+                handle = self._open.pop(key.name, None)
+                if handle is not None:
+                    await self._close(handle)
                 return await trio.to_thread.run_sync(self._repair_sync, key)
             except OSError as exc:
                 raise StoreError(f"{key}: repair failed: {exc}") from exc
+            finally:
+                self._release(session)
 
     def _repair_sync(self, key: SessionKey) -> RepairReport | None:
         return _disk.repair_transcript(self._root, key, durable=self._durable)

@@ -1,7 +1,11 @@
-"""Per-key locks whose table empties itself, and the per-session delete gate."""
+"""Per-key locks whose table empties itself, the per-session delete gate, and
+the per-session ``flock`` that keeps other processes out."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
 from collections.abc import Callable, Hashable
 from types import TracebackType
 from typing import Generic, TypeVar
@@ -192,3 +196,140 @@ class SessionGates(Generic[K]):
         gate.deleting = False
         gate.lot.unpark_all()
         self._tidy(key, gate)
+
+
+class SessionFlock:
+    """An exclusive ``flock`` on a session directory, shared by this process's tasks.
+
+    ``flock`` belongs to an open file description, not to a task: while any
+    task of this process holds it (``holders > 0``) no other *process* can
+    append to, repair or delete the session, and the tasks of this process
+    keep their own order with ``KeyedLocks``. So a task finding the lock held
+    here joins the hold, and the last one out unlocks.
+
+    The first attempt never blocks (``LOCK_NB`` on the shared descriptor).
+    Waiting for another process is done by a worker thread on a private open
+    file description of the same directory: a blocked ``flock`` cannot be
+    interrupted, so a cancelled waiter abandons the thread, and whichever of
+    the two comes last closes the private description, which releases the
+    lock if the thread got it after all.
+    """
+
+    __slots__ = ("_held_fd", "dead", "dev", "fd", "handles", "holders", "ino")
+
+    def __init__(self, fd: int, dev: int, ino: int) -> None:
+        self.fd = fd  # the session directory, opened O_RDONLY|O_DIRECTORY
+        self.dev = dev
+        self.ino = ino
+        self.holders = 0
+        self.handles = 0  # transcripts of this session open for appending here
+        self.dead = False  # the directory was deleted: never lock it again
+        self._held_fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        """Take (or join) the lock without waiting; whether it is now held."""
+        if self.holders:
+            self.holders += 1
+            return True
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        self._held_fd = self.fd
+        self.holders = 1
+        return True
+
+    async def acquire(self) -> None:
+        """Take (or join) the lock, waiting in a thread while another process holds it.
+
+        Raises:
+            OSError: ``flock`` failed for another reason than the lock being held.
+        """
+        while not self.try_acquire():
+            wait = _FlockWait(os.open(".", _DIR_FLAGS, dir_fd=self.fd))
+            try:
+                got = await trio.to_thread.run_sync(wait.block, abandon_on_cancel=True)
+            except BaseException:
+                wait.abandon()
+                raise
+            if not got:
+                continue
+            if self.holders:  # cannot happen: our private description holds it
+                os.close(wait.fd)
+                raise AssertionError("flock held twice by one process")
+            self._held_fd = wait.fd
+            self.holders = 1
+            return
+
+    def release(self) -> None:
+        """Leave the hold; the last holder unlocks."""
+        self.holders -= 1
+        if self.holders:
+            return
+        fd, self._held_fd = self._held_fd, None
+        if fd == self.fd:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        elif fd is not None:
+            os.close(fd)  # a private description: closing it releases the lock
+
+    def close(self) -> None:
+        assert self.holders == 0
+        os.close(self.fd)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+class _FlockWait:
+    """One blocking ``flock`` in a worker thread, safe to abandon.
+
+    Exactly one side closes ``fd`` unless the waiter takes it over: the
+    thread when ``flock`` failed or the waiter had already gone, ``abandon``
+    when the thread got the lock for a waiter that is gone.
+    """
+
+    __slots__ = ("abandoned", "fd", "got", "lock")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.got = False
+
+    def block(self) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            with self.lock:
+                os.close(self.fd)
+            raise
+        with self.lock:
+            if self.abandoned:
+                os.close(self.fd)
+                return False
+            self.got = True
+        return True
+
+    def abandon(self) -> None:
+        """The waiter is gone (cancelled): release the lock if the thread has it."""
+        with self.lock:
+            self.abandoned = True
+            if self.got:
+                os.close(self.fd)
+
+
+def lock_holders(fd: int) -> list[int]:
+    """Pids holding a ``flock`` on the file of ``fd`` (Linux ``/proc/locks``; else none)."""
+    st = os.fstat(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids: list[int] = []
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; "->" marks waiters
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
+                    pids.append(int(fields[4]))
+    except (OSError, ValueError):
+        pass
+    return pids
