@@ -1,7 +1,7 @@
 """Durable sessions: transcripts of JSON entries, their summaries, and the stores.
 
-``SessionStore`` is the protocol; ``MemoryStore`` and ``FileStore`` implement
-it. See docs/store.md.
+``SessionStore`` is the protocol; ``MemoryStore``, ``FileStore`` and
+``PostgresStore`` implement it. See docs/store.md.
 """
 
 from ._disk import RepairReport as RepairReport
@@ -9,6 +9,7 @@ from ._file import Durability as Durability
 from ._file import FileStore as FileStore
 from ._key import SessionKey as SessionKey
 from ._memory import MemoryStore as MemoryStore
+from ._postgres import PostgresStore as PostgresStore  # psycopg loads on first use
 from ._protocol import SessionStore as SessionStore
 from ._summary import SessionInfo as SessionInfo
 from ._summary import SessionSummary as SessionSummary
@@ -19,6 +20,7 @@ __all__ = [
     "Durability",
     "FileStore",
     "MemoryStore",
+    "PostgresStore",
     "RepairReport",
     "SessionInfo",
     "SessionKey",

@@ -1,0 +1,575 @@
+"""``PostgresStore``: transcripts in PostgreSQL, shared by many kernel processes and hosts.
+
+psycopg 3's async API needs asyncio, so the store runs its sync API in
+threads (``trio.lowlevel.start_thread_soon``), at most ``max_connections``
+at a time (a ``trio.CapacityLimiter`` the size of the connection pool, so a
+thread never waits for a connection another thread of this store holds).
+
+Guarantees (each test in tests/store/test_postgres.py names the one it checks):
+
+1. An append is one transaction: all of its fresh entries are stored, with
+   the main summary folded and the mtime stamped, or nothing is.
+2. Per key, the order of entries is the order in which appends committed,
+   across processes: an append first locks its key's ``tak_sessions`` row
+   (``SELECT … FOR UPDATE``), which orders concurrent appends, and takes its
+   sequence numbers from that row. Sequence numbers have no gaps, so
+   ``iter_entries(key, start=n)`` is ``WHERE seq >= n``.
+3. uuid idempotence holds across processes: under the row lock, uuids already
+   stored for the key are looked up and skipped (a unique index stands
+   behind it).
+4. ``mtime_ms`` comes from the database clock (``clock_timestamp()``), or the
+   ``clock=`` given for tests, and strictly grows per key
+   (``greatest(now, previous + 1)``), whichever host appends.
+5. The summary is the same pure fold as in the other stores, folded in the
+   append's transaction onto the summary read under the row lock.
+6. Cancellation never leaves a query running unbounded: every session has a
+   ``statement_timeout``; when the Trio task waiting for a thread is
+   cancelled, the thread's query is cancelled on the server
+   (``cancel_safe``), and the task waits for the thread to give its
+   connection back before raising ``Cancelled``. If the append committed
+   before the cancel landed, it returns normally instead (the cancellation
+   is seen at the caller's next checkpoint): an append that raises
+   ``Cancelled`` stored nothing.
+7. Listing reads the ``tak_sessions`` table only, never an entry.
+8. The schema is versioned in the database (``tak_schema_version``); new
+   versions are applied under an advisory lock, so processes starting
+   together do not race, and a database newer than this code is refused.
+
+Entries are stored as PostgreSQL ``json`` (the exact text ``FileStore``
+writes), not ``jsonb``: ``jsonb`` refuses strings with ``\\u0000``, turns
+``1e300`` into an integer and ``-0.0`` into ``0``, so entries would not come
+back deep-equal to what was appended.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import attrs
+import outcome
+import trio
+
+from ..errors import StoreError, UsageError
+from ._entries import EncodedEntry, encode_entries
+from ._key import SessionKey, check_name
+from ._locks import KeyedLocks
+from ._summary import SessionInfo, SessionSummary, SummaryBuilder, SummaryData
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+    from psycopg_pool import ConnectionPool
+
+T = TypeVar("T")
+
+# Rows per page of iter_entries: each page is one query in one thread hop.
+_PAGE = 500
+
+_PASSWORD = re.compile(r"(://[^:/@\s\"']*):[^@\s\"']*@")
+
+# pg_advisory_xact_lock key of schema migrations ("tak" + 1).
+_MIGRATION_LOCK = 0x74616B01
+
+# Each version is a list of statements, applied in one transaction. Never
+# edit one that has shipped: add the next.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        # Names are [A-Za-z0-9._-]: the C collation sorts them as Python does,
+        # and lets the primary keys serve ORDER BY and prefix scans.
+        """
+        CREATE TABLE tak_sessions (
+            project text COLLATE "C" NOT NULL,
+            session_id text COLLATE "C" NOT NULL,
+            subpath text COLLATE "C" NOT NULL,  -- '' for the main transcript
+            next_seq bigint NOT NULL DEFAULT 0,
+            mtime_ms bigint NOT NULL DEFAULT 0,
+            summary jsonb,                      -- main transcripts only
+            PRIMARY KEY (project, session_id, subpath)
+        )
+        """,
+        """
+        CREATE TABLE tak_entries (
+            project text COLLATE "C" NOT NULL,
+            session_id text COLLATE "C" NOT NULL,
+            subpath text COLLATE "C" NOT NULL,
+            seq bigint NOT NULL,
+            uuid text COLLATE "C",
+            entry json NOT NULL,
+            PRIMARY KEY (project, session_id, subpath, seq)
+        )
+        """,
+        """
+        CREATE UNIQUE INDEX tak_entries_uuid ON tak_entries (project, session_id, subpath, uuid)
+            WHERE uuid IS NOT NULL
+        """,
+    ),
+)
+
+_LOCK_KEY = """
+SELECT next_seq, summary FROM tak_sessions
+WHERE project = %s AND session_id = %s AND subpath = %s FOR UPDATE
+"""
+_CREATE_KEY = """
+INSERT INTO tak_sessions (project, session_id, subpath) VALUES (%s, %s, %s)
+ON CONFLICT DO NOTHING
+"""
+_KNOWN_UUIDS = """
+SELECT uuid FROM tak_entries
+WHERE project = %s AND session_id = %s AND subpath = %s AND uuid = ANY(%s)
+"""
+_INSERT_ENTRIES = """
+INSERT INTO tak_entries (project, session_id, subpath, seq, uuid, entry)
+SELECT %s, %s, %s, %s + t.ord - 1, t.uuid, t.entry::json
+FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS t(uuid, entry, ord)
+"""
+_UPDATE_KEY = """
+UPDATE tak_sessions SET
+    next_seq = next_seq + %s,
+    summary = %s,
+    mtime_ms = greatest(
+        coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint),
+        mtime_ms + 1)
+WHERE project = %s AND session_id = %s AND subpath = %s
+"""
+_SELECT_ENTRIES = """
+SELECT seq, entry::text FROM tak_entries
+WHERE project = %s AND session_id = %s AND subpath = %s AND seq >= %s
+ORDER BY seq LIMIT %s
+"""
+
+
+def _summary_json(data: SummaryData) -> dict[str, Any]:
+    return attrs.asdict(data)
+
+
+def _summary_data(value: object) -> SummaryData | None:
+    if not isinstance(value, dict):
+        return None
+    names = {f.name for f in attrs.fields(SummaryData)}
+    return SummaryData(**{k: v for k, v in value.items() if k in names})
+
+
+def _subpath(key: SessionKey) -> str:
+    return "" if key.subpath is None else key.subpath
+
+
+class _Running:
+    """The connection a store thread is using, so a cancelled task can cancel its query."""
+
+    __slots__ = ("conn", "lock")
+
+    def __init__(self) -> None:
+        self.conn: Connection[Any] | None = None
+        # Held while the connection is set and while a cancel is sent, so a
+        # cancel never reaches the next user of a connection back in the pool.
+        self.lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self.lock:
+            if self.conn is not None:
+                try:
+                    self.conn.cancel_safe(timeout=5.0)
+                except Exception:  # the query ends anyway, by statement_timeout
+                    pass
+
+
+class PostgresStore:
+    """Transcripts in a PostgreSQL database, shared by every process that opens it.
+
+    ``url`` is a libpq URL (``postgresql://user@host:5432/db``). The store
+    connects and applies its schema on first use. Tables are ``tak_sessions``,
+    ``tak_entries`` and ``tak_schema_version`` (see docs/store.md).
+
+    Args:
+        url: where the database is.
+        max_connections: connections (and threads) this store uses at most.
+        statement_timeout_s: longest a statement may run on the server.
+        clock: for tests, the store clock (epoch ms) instead of the database's.
+
+    Raises:
+        UsageError: ``url`` is not a PostgreSQL URL, or psycopg is not installed.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 8,
+        statement_timeout_s: float = 60.0,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self._conninfo = parse_url(url)
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+            raise UsageError("max_connections: expected a positive int")
+        if max_connections < 1:
+            raise UsageError("max_connections: expected a positive int")
+        if not statement_timeout_s > 0:
+            raise UsageError("statement_timeout_s: expected a positive number of seconds")
+        self._url = url
+        self._where = _describe(self._conninfo)
+        self._max = max_connections
+        self._timeout_ms = max(1, round(statement_timeout_s * 1000))
+        self._clock = clock
+        self._limiter = trio.CapacityLimiter(max_connections)
+        self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
+        self._pool: ConnectionPool[Any] | None = None
+        self._opening = trio.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._where})"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- threads and connections ---------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+    async def _open(self) -> ConnectionPool[Any]:
+        self._check_open()
+        if self._pool is not None:
+            return self._pool
+        async with self._opening:
+            if self._pool is None:
+                pool = await trio.to_thread.run_sync(self._connect)
+                if self._closed:  # closed while connecting
+                    await trio.to_thread.run_sync(pool.close)
+                    self._check_open()
+                self._pool = pool
+        return self._pool
+
+    def _connect(self) -> ConnectionPool[Any]:
+        """Apply the schema on a connection of its own, then open the pool."""
+        import psycopg
+        from psycopg_pool import ConnectionPool
+
+        try:
+            with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
+                _migrate(conn, self._where)
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
+        timeout_ms = self._timeout_ms
+
+        def configure(conn: Connection[Any]) -> None:
+            # Session settings, so every statement of every transaction is bounded.
+            conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(timeout_ms),))
+            conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                (str(timeout_ms),),
+            )
+
+        pool: ConnectionPool[Any] = ConnectionPool(
+            self._url,
+            kwargs={"autocommit": True, "connect_timeout": 10},
+            min_size=1,
+            max_size=self._max,
+            configure=configure,
+            open=False,
+            name="tak-store",
+        )
+        pool.open(wait=False)
+        return pool
+
+    async def _run(self, fn: Callable[[Connection[Any]], T]) -> T:
+        """Run ``fn`` with a pooled connection in a thread (see guarantee 6).
+
+        Raises:
+            StoreError: a database error (connection lost, statement timeout...).
+        """
+        import psycopg
+
+        pool = await self._open()
+        async with self._limiter:
+            running = _Running()
+            token = trio.lowlevel.current_trio_token()
+            done = trio.Event()
+            box: list[outcome.Outcome[T]] = []
+
+            def work() -> T:
+                with pool.connection() as conn:
+                    with running.lock:
+                        running.conn = conn
+                    try:
+                        return fn(conn)
+                    finally:
+                        with running.lock:
+                            running.conn = None
+
+            def deliver(result: outcome.Outcome[T]) -> None:
+                box.append(result)
+                try:
+                    token.run_sync_soon(done.set)
+                except trio.RunFinishedError:  # nobody waits any more
+                    pass
+
+            trio.lowlevel.start_thread_soon(work, deliver)
+            try:
+                await done.wait()
+            except trio.Cancelled:
+                with trio.CancelScope(shield=True):
+                    if not done.is_set():
+                        await trio.to_thread.run_sync(running.cancel)
+                    await done.wait()
+                if isinstance(box[0], outcome.Value):
+                    return box[0].unwrap()  # it finished first: it happened
+                raise
+            try:
+                return box[0].unwrap()
+            except psycopg.Error as exc:
+                raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
+
+    # -- the protocol ----------------------------------------------------------
+
+    async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
+        """See ``SessionStore.append``."""
+        batch = encode_entries(entries)
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        if not batch:
+            return
+        # One append per key at a time in this process: it would only wait for
+        # the row lock, holding a connection, behind this process's own append.
+        async with self._locks.hold(key.name):
+            self._check_open()
+            clock_ms = self._clock() if self._clock is not None else None
+            await self._run(lambda conn: _append(conn, key, batch, clock_ms))
+
+    async def load(self, key: SessionKey) -> list[dict[str, Any]] | None:
+        """See ``SessionStore.load``."""
+        entries = [e async for e in self.iter_entries(key)]
+        return entries or None
+
+    async def iter_entries(
+        self, key: SessionKey, *, start: int = 0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """See ``SessionStore.iter_entries``: from index ``start`` on, a page per query.
+
+        Raises:
+            UsageError: ``start`` is not an int >= 0.
+        """
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise UsageError(f"start: expected an int >= 0, got {start!r}")
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        params = (key.project, key.session_id, _subpath(key))
+        seq = start
+        while True:
+            rows: list[tuple[int, str]] = await self._run(
+                lambda conn: conn.execute(_SELECT_ENTRIES, (*params, seq, _PAGE)).fetchall()
+            )
+            for _, text in rows:
+                yield json.loads(text)
+            if len(rows) < _PAGE:
+                return
+            seq = rows[-1][0] + 1
+
+    async def list_sessions(self, project: str) -> list[SessionInfo]:
+        """See ``SessionStore.list_sessions``."""
+        check_name("project", project)
+        rows: list[tuple[str, int]] = await self._run(
+            lambda conn: conn.execute(
+                "SELECT session_id, mtime_ms FROM tak_sessions"
+                " WHERE project = %s AND subpath = '' ORDER BY session_id",
+                (project,),
+            ).fetchall()
+        )
+        return [SessionInfo(sid, mtime) for sid, mtime in rows]
+
+    async def list_session_summaries(self, project: str) -> list[SessionSummary]:
+        """See ``SessionStore.list_session_summaries``."""
+        check_name("project", project)
+        rows: list[tuple[str, int, object]] = await self._run(
+            lambda conn: conn.execute(
+                "SELECT session_id, mtime_ms, summary FROM tak_sessions"
+                " WHERE project = %s AND subpath = '' ORDER BY session_id",
+                (project,),
+            ).fetchall()
+        )
+        return [
+            SessionSummary(sid, mtime, _summary_data(summary) or SummaryData())
+            for sid, mtime, summary in rows
+        ]
+
+    async def delete(self, key: SessionKey) -> bool:
+        """See ``SessionStore.delete``: one transaction, after appends in flight commit."""
+        return await self._run(lambda conn: _delete(conn, key))
+
+    async def list_subkeys(self, key: SessionKey) -> list[str]:
+        """See ``SessionStore.list_subkeys``."""
+        prefix = "" if key.subpath is None else key.subpath + "/"
+        rows: list[tuple[str]] = await self._run(
+            lambda conn: conn.execute(
+                "SELECT subpath FROM tak_sessions WHERE project = %s AND session_id = %s"
+                " AND subpath <> '' AND starts_with(subpath, %s) ORDER BY subpath",
+                (key.project, key.session_id, prefix),
+            ).fetchall()
+        )
+        return [sub for (sub,) in rows]
+
+    async def aclose(self) -> None:
+        """Refuse further use and close the connections; finishes even if cancelled."""
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            async with self._opening:
+                pool, self._pool = self._pool, None
+            if pool is not None:
+                await trio.to_thread.run_sync(lambda: pool.close(timeout=10.0))
+            else:
+                await trio.lowlevel.checkpoint()
+
+
+# -- what the threads run ----------------------------------------------------
+
+
+def _append(
+    conn: Connection[Any], key: SessionKey, batch: list[EncodedEntry], clock_ms: int | None
+) -> None:
+    import psycopg
+    from psycopg.types.json import Jsonb
+
+    where = (key.project, key.session_id, _subpath(key))
+    with conn.transaction():
+        row = conn.execute(_LOCK_KEY, where).fetchone()
+        if row is None:  # the first append to this key: create its row, then lock it
+            conn.execute(_CREATE_KEY, where)
+            row = conn.execute(_LOCK_KEY, where).fetchone()
+            assert row is not None
+        next_seq, summary = row
+        uuids = [u for _, u, _ in batch if u is not None]
+        fresh = batch
+        if uuids:
+            known = {u for (u,) in conn.execute(_KNOWN_UUIDS, (*where, uuids))}
+            if known:
+                fresh = [e for e in batch if e[1] is None or e[1] not in known]
+        if not fresh:
+            raise psycopg.Rollback  # nothing new: leave the mtime (and a new row) alone
+        conn.execute(
+            _INSERT_ENTRIES,
+            (
+                *where,
+                next_seq,
+                [u for _, u, _ in fresh],
+                [line[:-1].decode() for _, _, line in fresh],
+            ),
+        )
+        new_summary = None
+        if key.subpath is None:
+            builder = SummaryBuilder(_summary_data(summary))
+            builder.add_all(e for e, _, _ in fresh)
+            new_summary = Jsonb(_summary_json(builder.data()))
+        conn.execute(_UPDATE_KEY, (len(fresh), new_summary, clock_ms, *where))
+
+
+def _delete(conn: Connection[Any], key: SessionKey) -> bool:
+    with conn.transaction():
+        if key.subpath is None:
+            # Locks every row of the session: appends in flight commit first.
+            rows = conn.execute(
+                "DELETE FROM tak_sessions WHERE project = %s AND session_id = %s RETURNING 1",
+                (key.project, key.session_id),
+            ).fetchall()
+            conn.execute(
+                "DELETE FROM tak_entries WHERE project = %s AND session_id = %s",
+                (key.project, key.session_id),
+            )
+            return bool(rows)
+        where = (key.project, key.session_id, key.subpath)
+        rows = conn.execute(
+            "DELETE FROM tak_sessions WHERE project = %s AND session_id = %s AND subpath = %s"
+            " RETURNING 1",
+            where,
+        ).fetchall()
+        conn.execute(
+            "DELETE FROM tak_entries WHERE project = %s AND session_id = %s AND subpath = %s",
+            where,
+        )
+        return bool(rows)
+
+
+def _migrate(conn: Connection[Any], where: str) -> None:
+    """Bring the schema up to date (see guarantee 8).
+
+    Raises:
+        StoreError: the database has a schema newer than this code knows.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS tak_schema_version ("
+            " version integer PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+        row = conn.execute("SELECT coalesce(max(version), 0) FROM tak_schema_version").fetchone()
+        current = int(row[0]) if row is not None else 0
+        if current > len(_MIGRATIONS):
+            raise StoreError(
+                f"{where}: schema version {current} is newer than this tak knows "
+                f"({len(_MIGRATIONS)}): upgrade tak"
+            )
+        for version in range(current + 1, len(_MIGRATIONS) + 1):
+            for statement in _MIGRATIONS[version - 1]:
+                conn.execute(statement)  # type: ignore[arg-type]  # constant SQL
+            conn.execute("INSERT INTO tak_schema_version (version) VALUES (%s)", (version,))
+
+
+# -- urls --------------------------------------------------------------------
+
+
+def parse_url(url: str) -> dict[str, Any]:
+    """The connection parameters of a ``postgresql://`` URL.
+
+    Raises:
+        UsageError: not a ``postgresql://``/``postgres://`` URL libpq accepts,
+            or psycopg is missing.
+    """
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        raise UsageError(
+            f"store url {_redact(url)!r}: expected postgresql://[user@]host[:port]/database"
+        )
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise UsageError(
+            "PostgresStore needs psycopg: pip install 'trio-agent-kernel[postgres]'"
+        ) from None
+    try:
+        conninfo = dict(conninfo_to_dict(url))
+    except Exception as exc:  # psycopg.ProgrammingError, with libpq's reason
+        raise UsageError(f"store url {_redact(url)!r}: {_redact(_first_line(exc))}") from None
+    # libpq would only find a bad port when connecting, far from the config.
+    for port in str(conninfo.get("port") or "5432").split(","):
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"store url {_redact(url)!r}: port {port!r} is not a port number")
+    return conninfo
+
+
+def _redact(text: object) -> str:
+    """``text`` with the password of any URL in it masked (libpq quotes the URL)."""
+    return _PASSWORD.sub(r"\1:***@", str(text))
+
+
+def _describe(conninfo: Mapping[str, Any]) -> str:
+    host = conninfo.get("host") or "localhost"
+    port = conninfo.get("port") or 5432
+    db = conninfo.get("dbname") or conninfo.get("user") or ""
+    return f"PostgreSQL {host}:{port}/{db}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,356 @@
+"""PostgresStore against a real server the tests start (tests/store/pg_server.py).
+
+The numbers refer to the guarantees in kernel/store/_postgres.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernel.errors import StoreError, UsageError
+from kernel.store import PostgresStore, SessionKey
+
+from . import pg_server
+from .conformance import MAIN, MakeStore, StoreConformance, entry
+
+_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[pg_server.PgServer]:
+    reason = pg_server.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with pg_server.running_server() as server:
+        yield server
+
+
+@pytest.fixture
+def db_url(pg: pg_server.PgServer) -> str:
+    """A new, empty database for each test."""
+    return pg_server.create_database(pg, f"t{next(_numbers)}")
+
+
+class TestPostgresStore(StoreConformance):
+    @pytest.fixture
+    def make_store(self, db_url: str) -> MakeStore:
+        return lambda **options: PostgresStore(db_url, **options)  # type: ignore[return-value]
+
+
+def psql(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql, params or None)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+# -- 1, 2: transactions and order --------------------------------------------
+
+
+async def test_entries_are_numbered_without_gaps_and_read_from_an_index(db_url: str) -> None:
+    """2: seq has no gaps, even when uuids are skipped; iter_entries(start=n) is seq >= n."""
+    async with PostgresStore(db_url) as store:
+        await store.append(MAIN, [entry(0), entry(1)])
+        await store.append(MAIN, [entry(1), entry(2), entry(0), entry(3)])
+        await store.append(MAIN, [{"type": "note"}])
+        seqs = psql(db_url, "SELECT seq FROM tak_entries ORDER BY seq")
+        assert [s for (s,) in seqs] == [0, 1, 2, 3, 4]
+        assert [e async for e in store.iter_entries(MAIN, start=3)] == [entry(3), {"type": "note"}]
+        assert [e async for e in store.iter_entries(MAIN, start=5)] == []
+        with pytest.raises(UsageError, match="^start"):
+            [e async for e in store.iter_entries(MAIN, start=-1)]
+
+
+async def test_iter_entries_pages_through_long_transcripts(db_url: str) -> None:
+    async with PostgresStore(db_url) as store:
+        want = [entry(i, i=i) for i in range(1_234)]
+        await store.append(MAIN, want)
+        assert [e async for e in store.iter_entries(MAIN)] == want
+        assert [e async for e in store.iter_entries(MAIN, start=1_000)] == want[1_000:]
+
+
+# -- round trip: json, not jsonb ---------------------------------------------
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Deep equality that also tells 1 from 1.0 and 0.0 from -0.0."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+async def test_awkward_values_round_trip_exactly(db_url: str) -> None:
+    odd = {"type": "t", "nul": "a\u0000b", "big": 1e300, "neg0": -0.0, "one": 1.0, "int": 2**70,
+           "z": 1, "a": 2, "dup": {"b": 1, "a": 2}}  # fmt: skip
+    async with PostgresStore(db_url) as store:
+        await store.append(MAIN, [odd])
+        (loaded,) = await store.load(MAIN) or []
+        assert _same(loaded, json.loads(json.dumps(odd)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(values=st.lists(_json, min_size=1, max_size=5))
+def test_generated_entries_round_trip_exactly(db_url: str, values: list[Any]) -> None:
+    entries = [{"type": "t", "v": v} for v in values]
+
+    async def main() -> list[dict[str, Any]] | None:
+        async with PostgresStore(db_url) as store:
+            key = SessionKey("gen", f"s{next(_numbers)}")
+            await store.append(key, entries)
+            return await store.load(key)
+
+    loaded = trio.run(main)
+    assert loaded is not None
+    assert _same(loaded, json.loads(json.dumps(entries, ensure_ascii=False)))
+
+
+# -- 4: the database clock ---------------------------------------------------
+
+
+async def test_mtime_comes_from_the_database_clock(db_url: str) -> None:
+    """4: without clock=, mtime_ms is the server's clock_timestamp() and strictly grows."""
+    async with PostgresStore(db_url) as store:
+        seen = []
+        for i in range(20):
+            await store.append(MAIN, [entry(i)])
+            (info,) = await store.list_sessions("proj")
+            seen.append(info.mtime_ms)
+        ((now,),) = psql(db_url, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)")
+        assert seen == sorted(set(seen))
+        assert now - 60_000 < seen[0] <= now + 20
+
+
+# -- 6: cancellation ---------------------------------------------------------
+
+
+async def test_cancel_stops_the_query_on_the_server(db_url: str) -> None:
+    """6: a cancelled task cancels its thread's query and waits for the connection back."""
+    async with PostgresStore(db_url, max_connections=1) as store:
+        await store.list_sessions("proj")  # connected
+        with trio.move_on_after(0.3) as scope:
+            await store._run(lambda conn: conn.execute("SELECT pg_sleep(30)").fetchall())
+        assert scope.cancelled_caught
+        # The only connection is free again at once: the sleep ended on the server.
+        with trio.fail_after(5):
+            await store.append(MAIN, [entry(0)])
+        rows = psql(
+            db_url, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'"
+        )
+        assert rows == [(0,)]
+
+
+async def test_statement_timeout_bounds_a_query(db_url: str) -> None:
+    """6: a statement running longer than statement_timeout_s fails with StoreError."""
+    async with PostgresStore(db_url, statement_timeout_s=0.2) as store:
+        with trio.fail_after(10), pytest.raises(StoreError, match="statement timeout"):
+            await store._run(lambda conn: conn.execute("SELECT pg_sleep(5)").fetchall())
+
+
+# -- 8: schema versions ------------------------------------------------------
+
+
+async def test_schema_is_applied_once_by_processes_starting_together(db_url: str) -> None:
+    """8: eight stores opening at once apply version 1 once; a newer schema is refused."""
+    stores = [PostgresStore(db_url) for _ in range(8)]
+    async with trio.open_nursery() as nursery:
+        for i, store in enumerate(stores):
+            nursery.start_soon(store.append, SessionKey("p", f"s{i}"), [entry(0)])
+    for store in stores:
+        await store.aclose()
+    assert psql(db_url, "SELECT version FROM tak_schema_version") == [(1,)]
+    psql(db_url, "INSERT INTO tak_schema_version (version) VALUES (99)")
+    async with PostgresStore(db_url) as store:
+        with pytest.raises(StoreError, match="schema version 99 is newer"):
+            await store.list_sessions("p")
+
+
+# -- urls and errors ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("mysql://x/y", "expected postgresql://"),
+        (
+            "postgresql://u:hunter2@h:notaport/db",
+            r"^store url 'postgresql://u:\*\*\*@h.*port 'notaport'",
+        ),
+        ("postgresql://u:hunter2@h/db?bogus=1", 'invalid URI query parameter: "bogus"'),
+        ("postgresql://u:hunter2@[::1/db", r"matching \"]\""),
+        (3, "expected postgresql://"),
+    ],
+)
+def test_bad_urls_are_refused_in_one_line(url: Any, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as info:
+        PostgresStore(url)
+    assert "\n" not in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+async def test_unreachable_server_is_a_store_error(pg: pg_server.PgServer) -> None:
+    async with PostgresStore(f"postgresql://postgres@127.0.0.1:{pg.port}/no_such_db") as store:
+        with pytest.raises(StoreError, match=r"^PostgreSQL 127.0.0.1:\d+/no_such_db: .*no_such_db"):
+            await store.load(MAIN)
+
+
+# -- many processes ----------------------------------------------------------
+
+WRITER = """
+import sys, trio
+from kernel.store import PostgresStore, SessionKey
+
+url, proc, sessions, per_task, tasks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+
+async def main():
+    async with PostgresStore(url, max_connections=tasks) as store:
+        async def task(t):
+            for i in range(per_task):
+                n = i * tasks + t
+                key = SessionKey("p", f"s{n % sessions}")
+                size = 1 + n % 3
+                batch = [{"type": "t", "uuid": f"{proc}-{n}-{j}", "proc": proc, "n": n, "size": size}
+                         for j in range(size)]
+                await store.append(key, batch)
+                sys.stdout.write(f"{n}\\n")  # no checkpoint since append returned
+                sys.stdout.flush()
+                if n % 5 == 0:  # a retry of an acknowledged append adds nothing
+                    await store.append(key, batch)
+        async with trio.open_nursery() as nursery:
+            for t in range(tasks):
+                nursery.start_soon(task, t)
+
+trio.run(main)
+"""
+
+
+def _check_stored(
+    stored: dict[str, list[dict[str, Any]]], acked: dict[int, list[int]], sessions: int
+) -> int:
+    """0 lost, 0 duplicated, whole batches, per-session order = each process's ack order."""
+    total = 0
+    for sid, entries in stored.items():
+        uuids = [e["uuid"] for e in entries]
+        assert len(uuids) == len(set(uuids)), f"{sid}: an entry stored twice"
+        total += len(entries)
+        batches: dict[tuple[int, int], int] = {}
+        for e in entries:
+            assert f"s{e['n'] % sessions}" == sid, "stored under the wrong key"
+            batches[(e["proc"], e["n"])] = batches.get((e["proc"], e["n"]), 0) + 1
+        for (proc, n), count in batches.items():
+            assert count == 1 + n % 3, f"batch {proc}-{n} half stored"
+        for proc, order in acked.items():
+            mine = [n for n in acked[proc] if f"s{n % sessions}" == sid]
+            in_store = list(dict.fromkeys(e["n"] for e in entries if e["proc"] == proc))
+            # Acknowledged ones in ack order, then at most the one in flight at a kill.
+            assert in_store[: len(mine)] == mine, f"{sid}: proc {proc} out of ack order"
+            assert len(in_store) - len(mine) <= 1
+    return total
+
+
+async def _load_all(url: str, sessions: int) -> dict[str, list[dict[str, Any]]]:
+    async with PostgresStore(url) as store:
+        out = {}
+        for sid in range(sessions):
+            key = SessionKey("p", f"s{sid}")
+            out[key.session_id] = await store.load(key) or []
+            (summary,) = [
+                s for s in await store.list_session_summaries("p") if s.session_id == key.session_id
+            ] or [None]
+            if out[key.session_id]:
+                assert summary is not None
+                assert summary.data.entry_count == len(out[key.session_id])
+        return out
+
+
+async def _run_writer(args: list[str]) -> bytes:
+    done = await trio.run_process(
+        [sys.executable, "-c", WRITER, *args], capture_stdout=True, capture_stderr=True
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize("sessions", [1, 100])
+async def test_four_processes_lose_and_duplicate_nothing(
+    db_url: str, sessions: int, stress: bool
+) -> None:
+    """1-3: 4 OS processes × 4 tasks append to 1 or 100 sessions at once."""
+    per_task = (1_000 if stress else 60) if sessions == 1 else (400 if stress else 50)
+    procs, tasks = 4, 4
+    outputs: dict[int, bytes] = {}
+
+    async def writer(proc: int) -> None:
+        outputs[proc] = await _run_writer(
+            [db_url, str(proc), str(sessions), str(per_task), str(tasks)]
+        )
+
+    async with trio.open_nursery() as nursery:
+        for proc in range(procs):
+            nursery.start_soon(writer, proc)
+    acked = {p: [int(x) for x in out.split()] for p, out in outputs.items()}
+    assert all(len(a) == per_task * tasks for a in acked.values())
+    stored = await _load_all(db_url, sessions)
+    total = _check_stored(stored, acked, sessions)
+    assert total == procs * sum(1 + n % 3 for n in range(per_task * tasks))
+
+
+async def test_kill_9_loses_no_acknowledged_append(db_url: str, stress: bool) -> None:
+    """1: writers SIGKILLed at random moments: every acknowledged batch stored once, whole."""
+    rng = random.Random()
+    rounds, sessions = (30 if stress else 6), 3
+    acked: dict[int, list[int]] = {}
+    for round_ in range(rounds):
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-c", WRITER, db_url, str(round_), str(sessions), "100000", "3"],
+            stdout=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        out = b""
+        try:
+            while out.count(b"\n") < rng.randint(1, 40):
+                chunk = await proc.stdout.receive_some()
+                if not chunk:
+                    break
+                out += chunk
+            await trio.sleep(rng.uniform(0, 0.02))
+        finally:
+            proc.kill()
+            await proc.wait()
+        while chunk := await proc.stdout.receive_some():
+            out += chunk
+        await proc.stdout.aclose()
+        acked[round_] = [int(x) for x in out.split(b"\n")[:-1]]
+    stored = await _load_all(db_url, sessions)
+    _check_stored(stored, acked, sessions)
+    assert sum(len(a) for a in acked.values()) > rounds  # the kills landed while appending
