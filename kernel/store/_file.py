@@ -45,7 +45,19 @@ def default_max_open() -> int:
 
 
 class _OpenTranscript(TranscriptState):
-    __slots__ = ("dev", "dirty", "fd", "ino", "key", "lines", "path", "release", "session", "size")
+    __slots__ = (
+        "dev",
+        "dirty",
+        "fd",
+        "hold",
+        "ino",
+        "key",
+        "lines",
+        "path",
+        "release",
+        "session",
+        "size",
+    )
 
     def __init__(
         self,
@@ -65,6 +77,7 @@ class _OpenTranscript(TranscriptState):
         self.lines = opened.lines
         self.dirty = opened.summary_dirty  # mtime and summary not yet on disk
         self.session = session  # its flock is held from _state_for_append to _write
+        self.hold = -1  # the session's hold in which this file was last checked
         self.release = release
 
     def fresh(self, batch: list[EncodedEntry]) -> list[EncodedEntry]:
@@ -207,7 +220,8 @@ class FileStore(BaseStore):
 
     def _release(self, session: SessionFlock) -> None:
         session.release()
-        self._tidy(session)
+        if session.holders == 0 and (session.handles == 0 or session.dead):
+            self._tidy(session)
 
     async def _lock_session(self, key: SessionKey, *, create: bool = True) -> SessionFlock | None:
         """Hold the flock of ``key``'s session directory (``None``: no session, not ``create``).
@@ -284,6 +298,29 @@ class FileStore(BaseStore):
         """``key``'s transcript, current, with its session lock held (``_write``
         or ``fresh`` gives it back)."""
         name = key.name
+        handle = self._open.get(name)
+        if handle is not None:
+            # The hot path, spelled out: lock, check the file at the path is
+            # still ours and no longer than we know, go.
+            session = handle.session
+            if session.try_acquire():
+                if handle.hold == session.hold:  # checked since the flock was taken
+                    self._open.move_to_end(name)
+                    return handle
+                try:
+                    st = os.stat(handle.path, follow_symlinks=False)
+                except OSError:
+                    st = None
+                if (
+                    st is not None
+                    and st.st_size == handle.size
+                    and st.st_ino == handle.ino
+                    and st.st_dev == handle.dev
+                ):
+                    handle.hold = session.hold
+                    self._open.move_to_end(name)
+                    return handle
+                self._release(session)
         # A descriptor slot is reserved before the session is locked, so that
         # the session descriptors of tasks waiting for room stay bounded too.
         reserved = name not in self._open
@@ -314,6 +351,7 @@ class FileStore(BaseStore):
                     ):
                         if st.st_size != handle.size:  # another process appended
                             await self._catch_up(handle, st.st_size)
+                        handle.hold = session.hold
                         return handle
                     # Another file at the path, or none: ours was deleted or
                     # replaced (by `tak sessions rm` or `repair` elsewhere).
@@ -333,6 +371,7 @@ class FileStore(BaseStore):
                         self._room.unpark_all()
                 else:
                     handle = await self._open_handle(key, session)
+                handle.hold = session.hold
                 self._open[name] = handle
                 return handle
             except BaseException:
@@ -390,14 +429,7 @@ class FileStore(BaseStore):
         self, key: SessionKey, state: TranscriptState, fresh: list[EncodedEntry], mtime_ms: int
     ) -> None:
         assert isinstance(state, _OpenTranscript)
-        try:
-            await self._write_locked(key, state, fresh, mtime_ms)
-        finally:
-            self._release(state.session)
-
-    async def _write_locked(
-        self, key: SessionKey, state: _OpenTranscript, fresh: list[EncodedEntry], mtime_ms: int
-    ) -> None:
+        session = state.session
         data = fresh[0][2] if len(fresh) == 1 else _disk.batch_bytes([e[2] for e in fresh])
         try:
             if self._durable:
@@ -417,6 +449,8 @@ class FileStore(BaseStore):
         except StoreError:
             self._discard(state)
             raise
+        finally:
+            self._release(session)  # the bytes are in (or cut back): others may look
         state.size += len(data)
         state.lines += len(fresh)
         state.dirty = True
