@@ -13,7 +13,11 @@ appended before any of its calls runs (a call whose record cannot be written
 never runs), and its tool results after them, also when the turn is cancelled
 while its calls run (the unfinished ones are recorded as ``cancelled``). If
 the kernel dies in between, reading the transcript back answers the calls
-with ``crashed`` observations (``kernel.session.messages_from_entries``).
+with ``crashed`` observations (``kernel.history.messages_from_entries``).
+
+A turn does not read the transcript again: the session's
+``kernel.history.HistoryCache`` holds the conversation from the latest
+compaction on, extended with what the turn appends.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ import trio
 
 from .errors import ModelAPIError, StoreError, UsageError
 from .executor import CallEvent, CallFinished, CallLimits, CallStarted, run_tool_calls
+from .history import history_from_entries as history_from_entries
 from .messages import Message, Observation, Text, recordable
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
-from .session import Session, messages_from_entries, utc_timestamp
+from .session import Session, utc_timestamp
 from .tools import Tool, ToolFailure, ToolRegistry, tool
 
 TurnEnd: TypeAlias = Literal[
@@ -113,37 +118,9 @@ def usage_entry_fields(usage: Usage) -> dict[str, Any]:
     }
 
 
-def history_from_entries(entries: Sequence[Mapping[str, Any]]) -> list[Message]:
-    """The conversation the model sees: the latest compaction summary, then what followed.
-
-    A ``compaction`` entry holds a summary of every message up to and including
-    the entry whose uuid is its ``through``. Every tool call is followed by its
-    result (a ``crashed`` one when the kernel stopped before it was recorded).
-
-    Raises:
-        StoreError: a message entry's payload is not a message.
-    """
-    start = 0
-    messages: list[Message] = []
-    for position in range(len(entries) - 1, -1, -1):
-        entry = entries[position]
-        if entry.get("type") == "compaction":
-            through = entry.get("through")
-            start = next(
-                (i + 1 for i, e in enumerate(entries) if e.get("uuid") == through), position + 1
-            )
-            summary = str(entry.get("summary", ""))
-            messages.append(
-                Message("user", [Text(f"[Summary of the earlier conversation]\n{summary}")])
-            )
-            break
-    messages += [m for m in messages_from_entries(entries[start:]) if m.role != "system"]
-    return messages
-
-
 async def load_history(session: Session) -> list[Message]:
-    """``history_from_entries`` of the session's transcript."""
-    return history_from_entries(await session.entries())
+    """``history_from_entries`` of the session's transcript (read through its cache)."""
+    return await session.history()
 
 
 async def run_calls_recorded(
@@ -444,7 +421,9 @@ class Agent:
             raise UsageError(f"keep_last_turns must be at least 1, got {keep_last_turns}")
         if self.compact_after_tokens is None:
             return False
-        entries = await session.entries()
+        # From the entry the latest compaction summarised through: what is
+        # before it is in that summary already.
+        entries = await session.entries_since_cut()
         if _prompt_tokens(entries) < self.compact_after_tokens:
             return False
         start = _after_latest_compaction(entries)
@@ -463,8 +442,7 @@ class Agent:
         response = await self.model.complete(request)
         if not response.message.text:
             return False
-        await session.store.append(
-            session.key,
+        await session.append_entries(
             [
                 {
                     "type": "compaction",

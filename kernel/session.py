@@ -18,28 +18,26 @@ observation, so a conversation never holds a call without its result
 (providers refuse that). Older transcripts wrote both entries in one append,
 without ``"answers"``: a ``tool`` entry right after an assistant entry
 answers it.
+
+Reading messages back goes through a ``kernel.history.HistoryCache``: what a
+``Session`` appends is folded in as it is appended, and only what others
+appended since is read from the store.
 """
 
 from __future__ import annotations
 
 import uuid as uuid_module
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .errors import StoreError, UsageError
-from .messages import (
-    Message,
-    Observation,
-    ToolCall,
-    ToolError,
-    converter,
-    describe_structure_error,
-    recordable,
-)
+from .errors import UsageError
+from .history import KERNEL_STOPPED as KERNEL_STOPPED
+from .history import HistoryCache
+from .history import message_from_entry as message_from_entry
+from .history import messages_from_entries as messages_from_entries
+from .messages import Message, Observation, converter, recordable
 from .store import SessionKey, SessionStore
-
-_MESSAGE_TYPES = frozenset({"system", "user", "assistant", "tool"})
 
 
 def utc_timestamp(now: datetime | None = None) -> str:
@@ -67,99 +65,13 @@ def message_entry(
     return entry
 
 
-def message_from_entry(entry: Mapping[str, Any]) -> Message | None:
-    """The message an entry holds, or ``None`` for an entry that is not a message.
-
-    Raises:
-        StoreError: the entry says it is a message but its payload is not one.
-    """
-    if entry.get("type") not in _MESSAGE_TYPES or "message" not in entry:
-        return None
-    try:
-        return converter.structure(entry["message"], Message)
-    except Exception as exc:
-        where = entry.get("uuid", "?")
-        raise StoreError(
-            f"entry {where}: not a message: {describe_structure_error(exc, '$.message')}"
-        ) from exc
-
-
-#: What a call without a recorded result is answered with when a transcript is read.
-KERNEL_STOPPED = ToolError(
-    "crashed", "KernelStopped", "the kernel stopped before this call finished"
-)
-
-
-def messages_from_entries(entries: Iterable[Mapping[str, Any]]) -> list[Message]:
-    """The messages among ``entries``, in order, every tool call followed by its result.
-
-    An assistant message's calls are followed by the ``tool`` entry that answers
-    them (see the module docstring) wherever it was written; a call it does not
-    answer (none was written: the kernel stopped) gets a ``crashed`` observation.
-    A ``tool`` entry whose assistant entry is not among ``entries`` (before a
-    compaction's cut) is left out.
-
-    Raises:
-        StoreError: a message entry's payload is not a message.
-    """
-    listed = list(entries)
-    answered_at: dict[str, int] = {}
-    for position, entry in enumerate(listed):
-        answers = entry.get("answers")
-        if entry.get("type") == "tool" and isinstance(answers, str):
-            answered_at.setdefault(answers, position)
-    messages: list[Message] = []
-    used: set[int] = set()
-    for position, entry in enumerate(listed):
-        if position in used or (entry.get("type") == "tool" and "answers" in entry):
-            continue  # a linked result is read with its calls, or has none here
-        message = message_from_entry(entry)
-        if message is None:
-            continue
-        messages.append(message)
-        calls = message.tool_calls
-        if message.role != "assistant" or not calls:
-            continue
-        where = answered_at.get(str(entry.get("uuid")))
-        if where is None and _is_legacy_result(listed, position + 1):
-            where = position + 1
-        results = message_from_entry(listed[where]) if where is not None else None
-        if where is not None:
-            used.add(where)
-        messages.append(_answer_every_call(calls, results))
-    return messages
-
-
-def _is_legacy_result(entries: Sequence[Mapping[str, Any]], position: int) -> bool:
-    return (
-        position < len(entries)
-        and entries[position].get("type") == "tool"
-        and "answers" not in entries[position]
-    )
-
-
-def _answer_every_call(calls: Sequence[ToolCall], results: Message | None) -> Message:
-    """The tool message for ``calls``: the recorded result of each, else ``KERNEL_STOPPED``."""
-    recorded = {
-        o.index: o
-        for o in (results.observations if results is not None else ())
-        if o.index < len(calls) and o.call_id == calls[o.index].id
-    }
-    if results is not None and len(recorded) == len(calls) == len(results.parts):
-        return results
-    return Message(
-        "tool",
-        [
-            recorded.get(index) or Observation.failure(call, index, KERNEL_STOPPED)
-            for index, call in enumerate(calls)
-        ],
-    )
-
-
 class Session:
     """One session's transcript in ``store``, read and written as messages.
 
     ``now`` is the clock for entry timestamps (tests pass a fixed one).
+    ``cache`` keeps the messages read between turns; a ``Kernel`` passes its
+    own, shared by its sessions; without one, the session has a cache of its
+    own (of one session).
     """
 
     def __init__(
@@ -168,10 +80,12 @@ class Session:
         key: SessionKey,
         *,
         now: Callable[[], datetime] | None = None,
+        cache: HistoryCache | None = None,
     ) -> None:
         self.store = store
         self.key = key
         self._now = now
+        self.cache = cache if cache is not None else HistoryCache(max_sessions=1)
 
     def _timestamp(self) -> str:
         return utc_timestamp(self._now() if self._now is not None else None)
@@ -182,30 +96,57 @@ class Session:
         Raises:
             UsageError: ``subagent_id`` is not a valid name.
         """
-        return Session(self.store, self.key.child(f"subagents/{subagent_id}"), now=self._now)
+        key = self.key.child(f"subagents/{subagent_id}")
+        return Session(self.store, key, now=self._now, cache=self.cache)
 
     async def entries(self) -> list[dict[str, Any]]:
         """Every entry, messages or not (empty for a new session)."""
         return await self.store.load(self.key) or []
 
     async def messages(self) -> list[Message]:
-        """The conversation so far.
+        """The conversation so far (``messages_from_entries`` of every entry).
 
         Raises:
             StoreError: a message entry's payload is not a message.
             CorruptTranscript: the transcript is damaged mid-file.
         """
-        return messages_from_entries(await self.entries())
+        return await self.cache.messages(self.store, self.key)
+
+    async def history(self) -> list[Message]:
+        """The conversation the model sees (``kernel.history.history_from_entries``).
+
+        Raises:
+            StoreError: a message entry's payload is not a message.
+            CorruptTranscript: the transcript is damaged mid-file.
+        """
+        return await self.cache.history(self.store, self.key)
+
+    async def entries_since_cut(self) -> list[dict[str, Any]]:
+        """The entries from the one the latest compaction summarised through (all without one).
+
+        Raises:
+            CorruptTranscript: the transcript is damaged mid-file.
+        """
+        return await self.cache.since_cut(self.store, self.key)
+
+    async def append_entries(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        """Add raw transcript ``entries`` in one atomic append (see ``SessionStore.append``).
+
+        Raises:
+            UsageError: an entry is not a JSON object with a string ``type``.
+            StoreError: the store could not write (nothing was appended).
+        """
+        await self.store.append(self.key, entries)
+        self.cache.appended(self.store, self.key, entries)
 
     async def append(self, *messages: Message) -> None:
         """Add ``messages`` in one atomic append."""
         timestamp = self._timestamp()
-        await self.store.append(self.key, [message_entry(m, timestamp=timestamp) for m in messages])
+        await self.append_entries([message_entry(m, timestamp=timestamp) for m in messages])
 
     async def set_title(self, title: str) -> None:
         """Name the session (the summary keeps the latest title)."""
-        await self.store.append(
-            self.key,
+        await self.append_entries(
             [
                 {
                     "type": "title",
@@ -213,7 +154,7 @@ class Session:
                     "timestamp": self._timestamp(),
                     "title": title,
                 }
-            ],
+            ]
         )
 
     async def record_turn(
@@ -238,7 +179,7 @@ class Session:
         entries = [entry]
         if assistant.tool_calls or observations:
             entries.append(self._results_entry(assistant, observations, answers=entry["uuid"]))
-        await self.store.append(self.key, entries)
+        await self.append_entries(entries)
 
     async def record_calls(
         self,
@@ -259,7 +200,7 @@ class Session:
             StoreError: the store failed.
         """
         entry = self._assistant_entry(assistant, usage=usage, model=model, cost_usd=cost_usd)
-        await self.store.append(self.key, [entry])
+        await self.append_entries([entry])
         return str(entry["uuid"])
 
     async def record_results(
@@ -273,9 +214,7 @@ class Session:
         Raises:
             UsageError: the observations do not answer the calls one to one.
         """
-        await self.store.append(
-            self.key, [self._results_entry(assistant, observations, answers=answers)]
-        )
+        await self.append_entries([self._results_entry(assistant, observations, answers=answers)])
 
     def _assistant_entry(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import json
@@ -38,7 +39,10 @@ class ScriptedModel:
     ``-t<turn>`` suffix, so a script may reuse ids (``reply`` numbers calls
     from 0 in every response) and a transcript still never repeats one.
 
-    ``requests`` holds every request the model was given, in order.
+    ``requests`` holds the last ``keep_requests`` requests the model was
+    given (100 by default), oldest first: enough for a test to look at what
+    it sent, while a long-running ``tak serve`` on a scripted model does not
+    grow. ``keep_requests=None`` keeps them all.
 
     Raises:
         UsageError: ``responses`` is a lone string or response rather than a list;
@@ -51,14 +55,28 @@ class ScriptedModel:
         *,
         name: str = "scripted:test",
         chunk_delay: float = 0.0,
+        keep_requests: int | None = 100,
     ) -> None:
         if isinstance(responses, str | ModelResponse):
             raise UsageError(f"ScriptedModel takes a list of steps: ScriptedModel([{responses!r}])")
+        if keep_requests is not None and (
+            isinstance(keep_requests, bool)
+            or not isinstance(keep_requests, int)
+            or keep_requests < 0
+        ):
+            raise UsageError(f"keep_requests: expected 0 or more (or None), got {keep_requests!r}")
         self._name = name
         self._steps: list[ScriptStep] | None = None if callable(responses) else list(responses)
         self._function: ScriptFunction | None = responses if callable(responses) else None
         self.chunk_delay = chunk_delay
-        self.requests: list[ModelRequest] = []
+        self._requests: collections.deque[ModelRequest] = collections.deque(maxlen=keep_requests)
+        self._served = 0
+        self._ids = _UsedIds()
+
+    @property
+    def requests(self) -> list[ModelRequest]:
+        """The most recent requests (at most ``keep_requests``), oldest first."""
+        return list(self._requests)
 
     @property
     def name(self) -> str:
@@ -112,12 +130,13 @@ class ScriptedModel:
         return cls(steps, name=name, chunk_delay=chunk_delay)
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        self.requests.append(request)
+        self._requests.append(request)
+        served = self._served
+        self._served += 1
         if self._function is not None:
             step: ScriptStep = self._function
         else:
             assert self._steps is not None
-            served = len(self.requests) - 1
             if served >= len(self._steps):
                 raise UsageError(
                     f"{self._name} has {len(self._steps)} scripted responses and was asked "
@@ -134,7 +153,7 @@ class ScriptedModel:
             answer = step
         if isinstance(answer, str):
             answer = self.reply(answer, model=self._name)
-        return _unique_ids(answer, request)
+        return self._ids.unique(answer, request)
 
     @contextlib.asynccontextmanager
     async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
@@ -170,16 +189,46 @@ def _words(text: str) -> list[str]:
     return [p for p in pieces if p]
 
 
-def _unique_ids(response: ModelResponse, request: ModelRequest) -> ModelResponse:
-    used = {c.id for m in request.messages for c in m.tool_calls}
-    if not any(c.id in used for c in response.message.tool_calls):
-        return response
-    turn = sum(1 for m in request.messages if m.role == "assistant")
-    parts = [
-        attrs.evolve(p, id=f"{p.id}-t{turn}") if isinstance(p, ToolCall) and p.id in used else p
-        for p in response.message.parts
-    ]
-    return attrs.evolve(response, message=assistant_message(parts))
+class _UsedIds:
+    """The tool call ids of a conversation and its assistant turns, kept between requests.
+
+    An agent sends the same conversation again with a few messages more each
+    time: when the message where the last request ended is the same object,
+    only the messages after it are looked at, so a request's cost does not
+    grow with the conversation. Any other request is looked at whole.
+    """
+
+    __slots__ = ("_end", "_ids", "_last", "_turns")
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._turns = 0
+        self._end = 0
+        self._last: Message | None = None
+
+    def _update(self, messages: Sequence[Message]) -> None:
+        end = self._end
+        if not (0 < end <= len(messages) and messages[end - 1] is self._last):
+            self._ids, self._turns, end = set(), 0, 0
+        for m in messages[end:]:
+            if m.role == "assistant":
+                self._turns += 1
+                self._ids.update(c.id for c in m.tool_calls)
+        self._end = len(messages)
+        self._last = messages[-1] if messages else None
+
+    def unique(self, response: ModelResponse, request: ModelRequest) -> ModelResponse:
+        """``response`` with the call ids already used in ``request`` suffixed ``-t<turn>``."""
+        self._update(request.messages)
+        used = self._ids
+        if not any(c.id in used for c in response.message.tool_calls):
+            return response
+        turn = self._turns
+        parts = [
+            attrs.evolve(p, id=f"{p.id}-t{turn}") if isinstance(p, ToolCall) and p.id in used else p
+            for p in response.message.parts
+        ]
+        return attrs.evolve(response, message=assistant_message(parts))
 
 
 # --- named scripts, for resolve_model("scripted:NAME") --------------------------

@@ -10,7 +10,7 @@ from typing import Any, Self
 
 import trio
 
-from ..errors import StoreError
+from ..errors import StoreError, UsageError
 from ._entries import EncodedEntry, encode_entries
 from ._key import SessionKey
 from ._locks import KeyedLocks
@@ -20,6 +20,17 @@ from ._summary import SessionInfo, SessionSummary, SummaryBuilder
 # scheduler. Every append is a cancel point; making each one a schedule point
 # too would cost more than the write itself (see bench/bench_store.py).
 _YIELD_INTERVAL_S = 0.001
+
+
+def check_start(start: int) -> None:
+    """Refuse a ``start`` position ``iter_entries`` cannot mean.
+
+    Raises:
+        UsageError: ``start`` is negative or not an int.
+    """
+    # bool is an int in Python: refuse it with the rest.
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        raise UsageError(f"start: expected a position of 0 or more, got {start!r}")
 
 
 def epoch_ms() -> int:
@@ -133,8 +144,18 @@ class BaseStore(abc.ABC):
     @abc.abstractmethod
     async def load(self, key: SessionKey) -> list[dict[str, Any]] | None: ...
 
-    @abc.abstractmethod
-    def iter_entries(self, key: SessionKey) -> AsyncIterator[dict[str, Any]]: ...
+    async def iter_entries(
+        self, key: SessionKey, *, start: int = 0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """See ``SessionStore.iter_entries``.
+
+        This default loads the whole transcript and skips to ``start``: right
+        for any backend, but as slow as ``load``. Backends override it.
+        """
+        check_start(start)
+        entries = await self.load(key)
+        for entry in (entries or [])[start:]:
+            yield entry
 
     @abc.abstractmethod
     async def list_sessions(self, project: str) -> list[SessionInfo]: ...

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from ._base import BaseStore, TranscriptState
+from ._base import BaseStore, TranscriptState, check_start
 from ._entries import EncodedEntry, decode_lines
 from ._key import SessionKey, check_name
 from ._summary import SessionInfo, SessionSummary, SummaryBuilder
@@ -74,14 +74,17 @@ class MemoryStore(BaseStore):
         state = self._find(key)
         return None if state is None else decode_lines(state.lines)
 
-    async def iter_entries(self, key: SessionKey) -> AsyncIterator[dict[str, Any]]:
-        """See ``SessionStore.iter_entries``."""
+    async def iter_entries(
+        self, key: SessionKey, *, start: int = 0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """See ``SessionStore.iter_entries``: decodes only the lines from ``start`` on."""
+        check_start(start)
         await trio.lowlevel.checkpoint()
         self._check_open()
         state = self._find(key)
         if state is None:
             return
-        for entry in decode_lines(list(state.lines)):
+        for entry in decode_lines(state.lines[start:]):
             yield entry
 
     def _mains(self, project: str) -> list[tuple[str, _MemoryTranscript]]:

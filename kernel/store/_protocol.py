@@ -38,10 +38,28 @@ class SessionStore(Protocol):
         """
         ...
 
-    def iter_entries(self, key: SessionKey) -> AsyncIterator[dict[str, Any]]:
-        """The entries of ``key``'s transcript, streamed (nothing for an unknown key).
+    def iter_entries(self, key: SessionKey, *, start: int = 0) -> AsyncIterator[dict[str, Any]]:
+        """The entries of ``key``'s transcript from position ``start`` on, streamed.
+
+        A position is the number of entries stored before it in the
+        transcript (0 for the first). Positions are stable while a transcript
+        is only appended to, so a reader that has seen ``n`` entries picks up
+        only what was appended since with ``start=n``. A store may keep an
+        index (byte offsets, sequence numbers) to get there without reading
+        what comes before; ``BaseStore`` gives a default that reads and skips.
+
+        The entries are those stored when the iteration begins (appends made
+        while it runs may or may not be seen, each whole). Nothing is
+        yielded when the transcript has ``start`` entries or fewer, was
+        never written, or was deleted. A store does *not* detect that the
+        transcript was deleted and written again, or repaired to fewer
+        entries, since a reader last looked: positions then name other
+        entries. A reader that must know reads from ``start=n - 1`` and
+        checks that the first entry is the one it saw last (same ``uuid``):
+        ``kernel.history.HistoryCache`` does so and re-reads on a mismatch.
 
         Raises:
+            UsageError: ``start`` is negative.
             CorruptTranscript: the transcript is damaged mid-file.
         """
         ...
