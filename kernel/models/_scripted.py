@@ -193,9 +193,10 @@ class _UsedIds:
     """The tool call ids of a conversation and its assistant turns, kept between requests.
 
     An agent sends the same conversation again with a few messages more each
-    time: when the message where the last request ended is the same object,
-    only the messages after it are looked at, so a request's cost does not
-    grow with the conversation. Any other request is looked at whole.
+    time: when the message where the last request ended is still there
+    (equal: a turn's history is read back from the transcript as new
+    objects), only the messages after it are looked at, so a request's cost
+    does not grow with the conversation. Any other request is looked at whole.
     """
 
     __slots__ = ("_end", "_ids", "_last", "_turns")
@@ -208,7 +209,7 @@ class _UsedIds:
 
     def _update(self, messages: Sequence[Message]) -> None:
         end = self._end
-        if not (0 < end <= len(messages) and messages[end - 1] is self._last):
+        if not (0 < end <= len(messages) and messages[end - 1] == self._last):
             self._ids, self._turns, end = set(), 0, 0
         for m in messages[end:]:
             if m.role == "assistant":
