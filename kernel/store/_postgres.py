@@ -117,23 +117,39 @@ _CREATE_KEY = """
 INSERT INTO tak_sessions (project, session_id, subpath) VALUES (%s, %s, %s)
 ON CONFLICT DO NOTHING
 """
-_KNOWN_UUIDS = """
-SELECT uuid FROM tak_entries
-WHERE project = %s AND session_id = %s AND subpath = %s AND uuid = ANY(%s)
-"""
-_INSERT_ENTRIES = """
-INSERT INTO tak_entries (project, session_id, subpath, seq, uuid, entry)
-SELECT %s, %s, %s, %s + t.ord - 1, t.uuid, t.entry::json
-FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS t(uuid, entry, ord)
-"""
-_UPDATE_KEY = """
+# Stores the entries whose uuid is not stored yet, numbered on from the
+# key's next_seq, and stamps the key, in one statement. The fold of the whole
+# batch is sent along and kept when every entry was fresh (the common case);
+# otherwise the caller folds the fresh ones and sets the summary again. The
+# statement starts after the row lock was taken, so it sees every entry of
+# the appends that held the lock before.
+_APPEND = """
+WITH ins AS (
+    INSERT INTO tak_entries (project, session_id, subpath, seq, uuid, entry)
+    SELECT %(p)s, %(s)s, %(sub)s, %(base)s + row_number() OVER (ORDER BY t.ord) - 1,
+           t.uuid, t.entry::json
+    FROM unnest(%(uuids)s::text[], %(entries)s::text[]) WITH ORDINALITY AS t(uuid, entry, ord)
+    -- an index probe per uuid of the batch, whatever the table's statistics say
+    LEFT JOIN LATERAL (
+        SELECT 1 AS hit FROM tak_entries x
+        WHERE x.project = %(p)s AND x.session_id = %(s)s AND x.subpath = %(sub)s
+          AND x.uuid = t.uuid
+        LIMIT 1) known ON true
+    WHERE known.hit IS NULL
+    RETURNING uuid
+), stored AS (SELECT count(*) AS n, array_agg(uuid) AS uuids FROM ins)
 UPDATE tak_sessions SET
-    next_seq = next_seq + %s,
-    summary = %s,
+    next_seq = next_seq + stored.n,
+    summary = CASE WHEN stored.n = %(count)s THEN %(summary)s::jsonb ELSE summary END,
     mtime_ms = greatest(
-        coalesce(%s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint),
+        coalesce(%(clock)s::bigint, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint),
         mtime_ms + 1)
-WHERE project = %s AND session_id = %s AND subpath = %s
+FROM stored
+WHERE project = %(p)s AND session_id = %(s)s AND subpath = %(sub)s
+RETURNING stored.n, stored.uuids
+"""
+_SET_SUMMARY = """
+UPDATE tak_sessions SET summary = %s WHERE project = %s AND session_id = %s AND subpath = %s
 """
 _SELECT_ENTRIES = """
 SELECT seq, entry::text FROM tak_entries
@@ -369,8 +385,9 @@ class PostgresStore:
         params = (key.project, key.session_id, _subpath(key))
         seq = start
         while True:
+            page = (*params, seq, _PAGE)
             rows: list[tuple[int, str]] = await self._run(
-                lambda conn: conn.execute(_SELECT_ENTRIES, (*params, seq, _PAGE)).fetchall()
+                lambda conn, page=page: conn.execute(_SELECT_ENTRIES, page).fetchall()  # type: ignore[misc]
             )
             for _, text in rows:
                 yield json.loads(text)
@@ -443,36 +460,43 @@ def _append(
     from psycopg.types.json import Jsonb
 
     where = (key.project, key.session_id, _subpath(key))
+    main = key.subpath is None
+    summary_of = lambda prev, entries: Jsonb(  # noqa: E731
+        _summary_json(_fold(prev, entries))
+    )
     with conn.transaction():
         row = conn.execute(_LOCK_KEY, where).fetchone()
         if row is None:  # the first append to this key: create its row, then lock it
             conn.execute(_CREATE_KEY, where)
             row = conn.execute(_LOCK_KEY, where).fetchone()
             assert row is not None
-        next_seq, summary = row
-        uuids = [u for _, u, _ in batch if u is not None]
-        fresh = batch
-        if uuids:
-            known = {u for (u,) in conn.execute(_KNOWN_UUIDS, (*where, uuids))}
-            if known:
-                fresh = [e for e in batch if e[1] is None or e[1] not in known]
-        if not fresh:
+        next_seq, prev = row
+        params = {
+            "p": where[0],
+            "s": where[1],
+            "sub": where[2],
+            "base": next_seq,
+            "uuids": [u for _, u, _ in batch],
+            "entries": [line[:-1].decode() for _, _, line in batch],
+            "count": len(batch),
+            "summary": summary_of(prev, batch) if main else None,
+            "clock": clock_ms,
+        }
+        result = conn.execute(_APPEND, params).fetchone()
+        assert result is not None
+        stored, uuids = result
+        if stored == 0:
             raise psycopg.Rollback  # nothing new: leave the mtime (and a new row) alone
-        conn.execute(
-            _INSERT_ENTRIES,
-            (
-                *where,
-                next_seq,
-                [u for _, u, _ in fresh],
-                [line[:-1].decode() for _, _, line in fresh],
-            ),
-        )
-        new_summary = None
-        if key.subpath is None:
-            builder = SummaryBuilder(_summary_data(summary))
-            builder.add_all(e for e, _, _ in fresh)
-            new_summary = Jsonb(_summary_json(builder.data()))
-        conn.execute(_UPDATE_KEY, (len(fresh), new_summary, clock_ms, *where))
+        if stored < len(batch) and main:  # some uuids were stored already
+            known = set(uuids)
+            fresh = [e for e in batch if e[1] is None or e[1] in known]
+            conn.execute(_SET_SUMMARY, (summary_of(prev, fresh), *where))
+
+
+def _fold(prev: object, batch: list[EncodedEntry]) -> SummaryData:
+    builder = SummaryBuilder(_summary_data(prev))
+    builder.add_all(e for e, _, _ in batch)
+    return builder.data()
 
 
 def _delete(conn: Connection[Any], key: SessionKey) -> bool:

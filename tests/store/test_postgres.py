@@ -71,7 +71,7 @@ async def test_entries_are_numbered_without_gaps_and_read_from_an_index(db_url: 
         assert [s for (s,) in seqs] == [0, 1, 2, 3, 4]
         assert [e async for e in store.iter_entries(MAIN, start=3)] == [entry(3), {"type": "note"}]
         assert [e async for e in store.iter_entries(MAIN, start=5)] == []
-        with pytest.raises(UsageError, match="^start"):
+        with pytest.raises(UsageError, match=r"^start"):
             [e async for e in store.iter_entries(MAIN, start=-1)]
 
 
@@ -270,7 +270,7 @@ def _check_stored(
             batches[(e["proc"], e["n"])] = batches.get((e["proc"], e["n"]), 0) + 1
         for (proc, n), count in batches.items():
             assert count == 1 + n % 3, f"batch {proc}-{n} half stored"
-        for proc, order in acked.items():
+        for proc in acked:
             mine = [n for n in acked[proc] if f"s{n % sessions}" == sid]
             in_store = list(dict.fromkeys(e["n"] for e in entries if e["proc"] == proc))
             # Acknowledged ones in ack order, then at most the one in flight at a kill.
@@ -305,7 +305,7 @@ async def _run_writer(args: list[str]) -> bytes:
 async def test_four_processes_lose_and_duplicate_nothing(
     db_url: str, sessions: int, stress: bool
 ) -> None:
-    """1-3: 4 OS processes × 4 tasks append to 1 or 100 sessions at once."""
+    """1-3: 4 OS processes x 4 tasks append to 1 or 100 sessions at once."""
     per_task = (1_000 if stress else 60) if sessions == 1 else (400 if stress else 50)
     procs, tasks = 4, 4
     outputs: dict[int, bytes] = {}
