@@ -167,16 +167,17 @@ class MessageFold:
     def _add_answer(self, key: str, entry: Mapping[str, Any]) -> None:
         if key in self._answers or key in self._unused:
             return  # the first entry answering an assistant entry is the one
-        waiting = self._waiting.pop(key, None)
+        waiting = self._waiting.get(key)
         if waiting is None:
             self._unused[key] = entry  # its assistant entry may come later
             return
         results = self._answers[key] = message_from_entry(entry)
-        for w in waiting:
+        for w in waiting:  # still listed: an insertion moves the later ones too
             self.messages[w.slot] = _answer_every_call(w.calls, results)
             if w.legacy is not None and w.legacy is not _NO_MESSAGE:
                 # The older-format result no longer answers: it stands on its own.
                 self._insert_after(w.slot, w.legacy)
+        del self._waiting[key]
 
     def _insert_after(self, slot: int, message: Message) -> None:
         self.messages.insert(slot + 1, message)
@@ -215,15 +216,22 @@ def compaction_cut(entries: Sequence[Mapping[str, Any]]) -> tuple[int, str | Non
     that entry (after the compaction entry itself if ``through`` is not
     found). ``(0, None)`` without a compaction.
     """
+    start, summary, _ = _find_cut(entries)
+    return start, summary
+
+
+def _find_cut(entries: Sequence[Mapping[str, Any]]) -> tuple[int, str | None, bool]:
+    """``compaction_cut``, and whether the ``through`` entry was found (a str uuid)."""
     for position in range(len(entries) - 1, -1, -1):
         entry = entries[position]
         if entry.get("type") == "compaction":
             through = entry.get("through")
-            start = next(
-                (i + 1 for i, e in enumerate(entries) if e.get("uuid") == through), position + 1
-            )
-            return start, str(entry.get("summary", ""))
-    return 0, None
+            found = next((i for i, e in enumerate(entries) if e.get("uuid") == through), None)
+            summary = str(entry.get("summary", ""))
+            if found is None:
+                return position + 1, summary, False
+            return found + 1, summary, isinstance(through, str)
+    return 0, None, False
 
 
 def _model_view(summary: str | None, fold: MessageFold) -> list[Message]:
@@ -414,12 +422,8 @@ class HistoryCache:
     async def _build(self, store: SessionStore, key: SessionKey, *, hint: int) -> _Folded:
         """Fold ``key``'s transcript from scratch; ``hint``: the latest cut is not before it."""
         entries = [e async for e in store.iter_entries(key, start=hint)]
-        cut, summary = compaction_cut(entries)
-        if hint > 0 and (
-            summary is None
-            or entries[cut - 1].get("type") == "compaction"
-            or not isinstance(entries[cut - 1].get("uuid"), str)
-        ):
+        cut, summary, found = _find_cut(entries)
+        if hint > 0 and not found:
             # The latest compaction or its ``through`` is not after the hint
             # (the transcript changed meanwhile?): look at all of it.
             return await self._build(store, key, hint=0)

@@ -164,3 +164,33 @@ async def test_echo_script() -> None:
 def test_a_response_must_be_an_assistant_message() -> None:
     with pytest.raises(ValueError, match="role 'assistant'"):
         ModelResponse(user("hi"))
+
+
+async def test_only_the_latest_requests_are_kept() -> None:
+    model = ScriptedModel(lambda request: "ok", keep_requests=3)
+    requests = [ModelRequest((user(f"q{i}"),)) for i in range(10)]
+    for request in requests:
+        await model.complete(request)
+    assert model.requests == requests[-3:]
+    assert ScriptedModel(lambda request: "ok").requests == []
+    with pytest.raises(UsageError):
+        ScriptedModel(["a"], keep_requests=-1)
+
+
+async def test_scripted_steps_are_served_in_order_past_the_kept_requests() -> None:
+    model = ScriptedModel(["a", "b", "c"], keep_requests=1)
+    answers = [(await model.complete(ModelRequest((user("q"),)))).message.text for _ in range(3)]
+    assert answers == ["a", "b", "c"]
+    assert len(model.requests) == 1
+
+
+async def test_call_ids_stay_unique_across_turns_of_one_conversation() -> None:
+    model = ScriptedModel(lambda request: ScriptedModel.reply(calls=[("t", {})]))
+    history: list[Message] = [user("go")]
+    seen = []
+    for _ in range(3):
+        response = await model.complete(ModelRequest(tuple(history)))
+        seen += [c.id for c in response.message.tool_calls]
+        calls = response.message.tool_calls
+        history += [response.message, tool_results(calls, ["r"] * len(calls))]
+    assert len(set(seen)) == 3
