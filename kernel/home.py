@@ -21,6 +21,8 @@ import attrs
 
 from .errors import UsageError
 
+STORE_URL_ENV = "TAK_STORE_URL"
+
 
 @attrs.frozen
 class TakHome:
@@ -50,7 +52,8 @@ class TakHome:
 
         Raises:
             UsageError: the file is not valid TOML (the message names it and the line),
-                or a setting this module checks is wrong (``[workspace] max_bytes``).
+                or a setting this module checks is wrong (``[workspace] max_bytes``,
+                ``[store] url``).
         """
         try:
             with open(self.config_file, "rb") as f:
@@ -60,6 +63,7 @@ class TakHome:
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{self.config_file}: {exc}") from None
         workspace_max_bytes(config, self.config_file)  # refused here, at start, not later
+        store_url(config, self.config_file)
         return config
 
     @property
@@ -103,3 +107,33 @@ def workspace_max_bytes(
             f"got {value!r}"
         )
     return value
+
+
+def store_url(config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.toml") -> str | None:
+    """Where sessions live: ``$TAK_STORE_URL``, else ``[store] url``, else ``None`` (files).
+
+    Only the shape is checked here; the store checks the rest of the URL when
+    it is created.
+
+    Raises:
+        UsageError: ``[store]`` is not a table, has an unknown key, or its ``url``
+            (or ``$TAK_STORE_URL``) is not a ``postgresql://`` URL (one line naming
+            ``source`` and the key).
+    """
+    section = config.get("store", {})
+    if not isinstance(section, Mapping):
+        raise UsageError(f"{source}: [store] must be a table, got {section!r}")
+    unknown = sorted(set(section) - {"url"})
+    if unknown:
+        raise UsageError(f"{source}: [store] has no setting {unknown[0]!r} (known: url)")
+    url = section.get("url")
+    where = f"{source}: [store] url"
+    env = os.environ.get(STORE_URL_ENV)
+    if env:
+        url, where = env, f"${STORE_URL_ENV}"
+    if url is None:
+        return None
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        shown = url.split("://", 1)[0] + "://..." if isinstance(url, str) and "://" in url else url
+        raise UsageError(f"{where} must be a postgresql:// URL, got {shown!r}")
+    return url

@@ -39,12 +39,13 @@ from .agent import (
 )
 from .errors import UsageError
 from .executor import CallLimits
+from .history import HistoryCache
 from .home import TakHome
 from .messages import Message, Observation, ToolCall
 from .models import Model, open_http_client, resolve_model
 from .plugin import ToolContext, use_context
 from .session import Session
-from .store import FileStore, SessionKey, SessionStore
+from .store import SessionKey, SessionStore, open_store
 from .tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
@@ -83,6 +84,9 @@ class Kernel:
         self._http_client = http_client
         self._agents: dict[str, Agent] = {}
         self._nursery = nursery
+        # Every session of this kernel folds its history once and extends it as it grows.
+        self.history = HistoryCache()
+        self._compacting: set[str] = set()
 
     @contextlib.contextmanager
     def tool_context(self, session: Session) -> Iterator[ToolContext]:
@@ -96,7 +100,8 @@ class Kernel:
         Raises:
             UsageError: the id or project is not a valid name.
         """
-        return Session(self.store, SessionKey(project, session_id or uuid.uuid4().hex[:16]))
+        key = SessionKey(project, session_id or uuid.uuid4().hex[:16])
+        return Session(self.store, key, cache=self.history)
 
     async def call_tools(
         self,
@@ -167,7 +172,10 @@ class Kernel:
         self._compact_later(session)
 
     def _compact_later(self, session: Session) -> None:
-        if self.agent.compact_after_tokens is not None:
+        # One compaction per session at a time: two would both write a summary.
+        name = session.key.name
+        if self.agent.compact_after_tokens is not None and name not in self._compacting:
+            self._compacting.add(name)
             self._nursery.start_soon(self._compact_quietly, session, name=f"compact:{session.key}")
 
     async def _compact_quietly(self, session: Session) -> None:
@@ -176,6 +184,8 @@ class Kernel:
             await self.agent.compact(session)
         except Exception:
             logger.exception("compaction of %s failed; the session is unchanged", session.key)
+        finally:
+            self._compacting.discard(session.key.name)
 
 
 def _prepare_dirs(
@@ -216,7 +226,9 @@ async def open_kernel(
         workspace: the directory tools work in (default: ``<home>/workspace``).
         model: a ``provider:model`` string (see ``kernel.models.resolve_model``) or a model.
         tools: tools of your own; they keep their names.
-        store: where sessions live (default: a ``FileStore`` under ``<home>/data/sessions``).
+        store: where sessions live (default: ``open_store``: a ``PostgresStore`` when
+            ``$TAK_STORE_URL`` or ``[store] url`` of ``tak.toml`` is set, else a
+            ``FileStore`` under ``<home>/data/sessions``).
         plugins: ``None`` (default) for the built-in plugins and every discovered one;
             else exactly these (names, modules, ``Plugin`` objects; ``[]`` for none).
         extra_plugins: loaded after those (``["demo"]`` adds the toy tools).
@@ -227,7 +239,7 @@ async def open_kernel(
 
     Raises:
         UsageError: a bad model string, a missing API key, a workspace that is
-            not a directory, or an unreadable ``tak.toml``.
+            not a directory, an unreadable ``tak.toml`` or a bad store URL.
     """
     from plugins import open_plugin_host
 
@@ -240,7 +252,7 @@ async def open_kernel(
         allow_unsandboxed = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
     owned_store = store is None
     the_store: SessionStore = (
-        store if store is not None else FileStore(tak_home.sessions, durability=durability)
+        store if store is not None else open_store(tak_home, config, durability=durability)
     )
     try:
         async with (

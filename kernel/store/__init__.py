@@ -9,6 +9,7 @@ from ._file import Durability as Durability
 from ._file import FileStore as FileStore
 from ._key import SessionKey as SessionKey
 from ._memory import MemoryStore as MemoryStore
+from ._open import open_store as open_store
 from ._postgres import PostgresStore as PostgresStore  # psycopg loads on first use
 from ._protocol import SessionStore as SessionStore
 from ._summary import SessionInfo as SessionInfo
@@ -28,4 +29,5 @@ __all__ = [
     "SessionSummary",
     "SummaryData",
     "fold_session_summary",
+    "open_store",
 ]

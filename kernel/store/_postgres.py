@@ -341,8 +341,10 @@ class PostgresStore:
                     if not done.is_set():
                         await trio.to_thread.run_sync(running.cancel)
                     await done.wait()
-                if isinstance(box[0], outcome.Value):
-                    return box[0].unwrap()  # it finished first: it happened
+                result = box[0]
+                if isinstance(result, outcome.Value):
+                    value: T = result.value
+                    return value  # it finished first: it happened
                 raise
             try:
                 return box[0].unwrap()
@@ -461,9 +463,6 @@ def _append(
 
     where = (key.project, key.session_id, _subpath(key))
     main = key.subpath is None
-    summary_of = lambda prev, entries: Jsonb(  # noqa: E731
-        _summary_json(_fold(prev, entries))
-    )
     with conn.transaction():
         row = conn.execute(_LOCK_KEY, where).fetchone()
         if row is None:  # the first append to this key: create its row, then lock it
@@ -479,7 +478,7 @@ def _append(
             "uuids": [u for _, u, _ in batch],
             "entries": [line[:-1].decode() for _, _, line in batch],
             "count": len(batch),
-            "summary": summary_of(prev, batch) if main else None,
+            "summary": Jsonb(_summary_json(_fold(prev, batch))) if main else None,
             "clock": clock_ms,
         }
         result = conn.execute(_APPEND, params).fetchone()
@@ -490,7 +489,7 @@ def _append(
         if stored < len(batch) and main:  # some uuids were stored already
             known = set(uuids)
             fresh = [e for e in batch if e[1] is None or e[1] in known]
-            conn.execute(_SET_SUMMARY, (summary_of(prev, fresh), *where))
+            conn.execute(_SET_SUMMARY, (Jsonb(_summary_json(_fold(prev, fresh))), *where))
 
 
 def _fold(prev: object, batch: list[EncodedEntry]) -> SummaryData:
@@ -547,7 +546,7 @@ def _migrate(conn: Connection[Any], where: str) -> None:
             )
         for version in range(current + 1, len(_MIGRATIONS) + 1):
             for statement in _MIGRATIONS[version - 1]:
-                conn.execute(statement)  # type: ignore[arg-type]  # constant SQL
+                conn.execute(statement)
             conn.execute("INSERT INTO tak_schema_version (version) VALUES (%s)", (version,))
 
 

@@ -354,3 +354,65 @@ async def test_kill_9_loses_no_acknowledged_append(db_url: str, stress: bool) ->
     stored = await _load_all(db_url, sessions)
     _check_stored(stored, acked, sessions)
     assert sum(len(a) for a in acked.values()) > rounds  # the kills landed while appending
+
+
+# -- choosing the store ------------------------------------------------------
+
+
+def test_open_store_follows_the_config_and_the_environment(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernel.home import TakHome
+    from kernel.store import FileStore, open_store
+
+    monkeypatch.delenv("TAK_STORE_URL", raising=False)
+    home = TakHome(tmp_path)
+    assert isinstance(open_store(home, {}), FileStore)
+    url = "postgresql://tak@db.example:5433/tak"
+    assert (
+        repr(open_store(home, {"store": {"url": url}}))
+        == "PostgresStore(PostgreSQL db.example:5433/tak)"
+    )
+    monkeypatch.setenv("TAK_STORE_URL", "postgresql://tak@other/x")
+    assert repr(open_store(home, {})) == "PostgresStore(PostgreSQL other:5432/x)"
+    monkeypatch.setenv("TAK_STORE_URL", "sqlite:///x")
+    with pytest.raises(UsageError, match=r"^\$TAK_STORE_URL must be a postgresql:// URL"):
+        open_store(home, {})
+    monkeypatch.delenv("TAK_STORE_URL")
+    for bad, match in [
+        ({"store": "x"}, r"tak.toml: \[store\] must be a table"),
+        ({"store": {"path": "x"}}, r"tak.toml: \[store\] has no setting 'path'"),
+        ({"store": {"url": 5}}, r"tak.toml: \[store\] url must be a postgresql:// URL, got 5"),
+        ({"store": {"url": "postgresql://u:pw@h:99999/d"}}, r"port '99999' is not a port number"),
+    ]:
+        with pytest.raises(UsageError, match=match) as info:
+            open_store(home, bad)
+        assert "\n" not in str(info.value) and "pw" not in str(info.value)
+
+
+async def test_a_kernel_keeps_its_sessions_in_postgres(
+    db_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernel import open_kernel
+    from kernel.messages import Message, Text
+
+    monkeypatch.delenv("TAK_STORE_URL", raising=False)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "tak.toml").write_text(f'[store]\nurl = "{db_url}"\n')
+    async with open_kernel(home=tmp_path, plugins=[]) as kernel:
+        assert isinstance(kernel.store, PostgresStore)
+        chat = kernel.session("chat-1")
+        await chat.append(Message("user", [Text("hello")]))
+    async with PostgresStore(db_url) as store:
+        assert [s.session_id for s in await store.list_sessions("default")] == ["chat-1"]
+
+
+def test_psycopg_loads_only_when_a_postgres_store_is_made() -> None:
+    code = (
+        "import sys, kernel, kernel.store; from kernel import open_kernel;"
+        "print(any(m.startswith('psycopg') for m in sys.modules));"
+        "kernel.store.PostgresStore('postgresql://x@h/d');"
+        "print(any(m.startswith('psycopg') for m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
