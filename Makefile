@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp
 
-.PHONY: demo test stress redteam lint bench clean
+.PHONY: demo test stress redteam lint bench clean postgresql
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ $(STAMP)-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
+$(STAMP)-postgres: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[postgres]'
+	touch $@
+
 $(STAMP)-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test,dev]'
 	touch $@
@@ -29,10 +33,22 @@ $(STAMP)-dev: pyproject.toml | $(BIN)/python
 demo: $(STAMP)-base
 	$(BIN)/python examples/research_agent.py
 
-test: $(STAMP)-test
+# The PostgresStore tests (and bench) start their own server from Debian's
+# binaries: install them where missing, as root with apt-get; else the tests
+# skip with the reason. Nothing happens when they are there.
+postgresql:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	  else \
+	    echo "PostgreSQL binaries missing and not root: the PostgreSQL tests will skip"; \
+	  fi; \
+	fi
+
+test: $(STAMP)-test postgresql
 	$(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider
 
-stress: $(STAMP)-test
+stress: $(STAMP)-test postgresql
 	$(BIN)/python -m pytest -q --stress -p no:cacheprovider
 
 # The adversarial suite alone (it also runs in `make test`); prints `redteam: N/M refused`.
@@ -44,7 +60,7 @@ lint: $(STAMP)-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: $(STAMP)-base
+bench: $(STAMP)-postgres postgresql
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
