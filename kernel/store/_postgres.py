@@ -55,6 +55,7 @@ import outcome
 import trio
 
 from ..errors import StoreError, UsageError
+from ._base import check_start
 from ._entries import EncodedEntry, encode_entries
 from ._key import SessionKey, check_name
 from ._locks import KeyedLocks
@@ -380,8 +381,7 @@ class PostgresStore:
         Raises:
             UsageError: ``start`` is not an int >= 0.
         """
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise UsageError(f"start: expected an int >= 0, got {start!r}")
+        check_start(start)
         await trio.lowlevel.checkpoint()
         self._check_open()
         params = (key.project, key.session_id, _subpath(key))
