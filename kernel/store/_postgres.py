@@ -174,19 +174,25 @@ def _subpath(key: SessionKey) -> str:
     return "" if key.subpath is None else key.subpath
 
 
+class _Skipped(Exception):
+    """A thread's work not started: its task was cancelled while it waited for a connection."""
+
+
 class _Running:
     """The connection a store thread is using, so a cancelled task can cancel its query."""
 
-    __slots__ = ("conn", "lock")
+    __slots__ = ("cancelled", "conn", "lock")
 
     def __init__(self) -> None:
         self.conn: Connection[Any] | None = None
+        self.cancelled = False  # a thread still waiting for a connection then does nothing
         # Held while the connection is set and while a cancel is sent, so a
         # cancel never reaches the next user of a connection back in the pool.
         self.lock = threading.Lock()
 
     def cancel(self) -> None:
         with self.lock:
+            self.cancelled = True
             if self.conn is not None:
                 try:
                     self.conn.cancel_safe(timeout=5.0)
@@ -320,6 +326,8 @@ class PostgresStore:
             def work() -> T:
                 with pool.connection() as conn:
                     with running.lock:
+                        if running.cancelled:
+                            raise _Skipped  # _run raises its own Cancelled
                         running.conn = conn
                     try:
                         return fn(conn)
