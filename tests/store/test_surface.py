@@ -11,6 +11,7 @@ def test_public_names() -> None:
         "Durability",
         "FileStore",
         "MemoryStore",
+        "PostgresStore",
         "RepairReport",
         "SessionInfo",
         "SessionKey",
@@ -18,6 +19,7 @@ def test_public_names() -> None:
         "SessionSummary",
         "SummaryData",
         "fold_session_summary",
+        "open_store",
     ]
     for name in kernel.store.__all__:
         assert getattr(kernel.store, name) is not None
