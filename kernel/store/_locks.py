@@ -214,6 +214,14 @@ class SessionFlock:
     checked in this one need not be checked again). Other processes wait
     that much longer, at most until this process next yields.
 
+    Waiters queue on a turnstile, the file ``#lock`` in the session
+    directory: a waiter holds it exclusively until it has the session lock,
+    and a process taking the session lock without waiting first checks that
+    it can share the turnstile. Without it a process appending back to back
+    takes the lock again microseconds after each release, before a waiter
+    in another process has even been woken (`tak sessions rm` next to a
+    busy server waited forever).
+
     The first attempt never blocks (``LOCK_NB`` on the shared descriptor).
     Waiting for another process is done by a worker thread on a private open
     file description of the same directory: a blocked ``flock`` cannot be
@@ -252,10 +260,16 @@ class SessionFlock:
         if self._held_fd is not None:
             self.holders += 1
             return True
+        turnstile = _open_turnstile(self.fd)
         try:
+            if turnstile >= 0:
+                fcntl.flock(turnstile, fcntl.LOCK_SH | fcntl.LOCK_NB)  # nobody queues
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
+        finally:
+            if turnstile >= 0:
+                os.close(turnstile)
         self._taken(self.fd)
         return True
 
@@ -318,6 +332,16 @@ class SessionFlock:
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+TURNSTILE = "#lock"
+_TURNSTILE_FLAGS = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_turnstile(dir_fd: int) -> int:
+    """The session's turnstile file, or -1 (its directory was deleted: no queue needed)."""
+    try:
+        return os.open(TURNSTILE, _TURNSTILE_FLAGS, 0o600, dir_fd=dir_fd)
+    except OSError:
+        return -1
 
 
 class _FlockWait:
@@ -337,12 +361,18 @@ class _FlockWait:
         self.got = False
 
     def block(self) -> bool:
+        turnstile = _open_turnstile(self.fd)
         try:
+            if turnstile >= 0:
+                fcntl.flock(turnstile, fcntl.LOCK_EX)  # first in the queue
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except BaseException:
             with self.lock:
                 os.close(self.fd)
             raise
+        finally:
+            if turnstile >= 0:
+                os.close(turnstile)
         with self.lock:
             if self.abandoned:
                 os.close(self.fd)

@@ -54,6 +54,7 @@ async def test_layout_on_disk(tmp_path: Path) -> None:
         await store.append(MAIN.child("subagents/a"), [entry(2)])
     sdir = tmp_path / "proj" / "s1"
     assert sorted(p.relative_to(sdir).as_posix() for p in sdir.rglob("*")) == [
+        "#lock",  # the turnstile of the session lock
         "sub",
         "sub/subagents",
         "sub/subagents/a.jsonl",
