@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ..store import FileStore, SessionKey
 
 DEFAULT_PROJECT = "default"
+# rm and repair take the session's lock; a server holds it only while it appends.
+DEFAULT_WAIT_S = 10.0
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,9 +42,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     project_option(q)
     q.set_defaults(func=cmd_show)
 
+    def wait_option(q: argparse.ArgumentParser) -> None:
+        q.add_argument(
+            "--wait",
+            type=float,
+            default=DEFAULT_WAIT_S,
+            metavar="SECONDS",
+            help="how long to wait for another process writing the session "
+            f"(default: {DEFAULT_WAIT_S:g})",
+        )
+
     q = cmds.add_parser("rm", help="remove a session and its child transcripts")
     q.add_argument("id", help="session id")
     project_option(q)
+    wait_option(q)
     q.set_defaults(func=cmd_rm)
 
     q = cmds.add_parser(
@@ -50,6 +63,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     q.add_argument("id", help="session id")
     project_option(q)
+    wait_option(q)
     q.set_defaults(func=cmd_repair)
 
 
@@ -210,10 +224,27 @@ def cmd_show(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+async def _busy(store: FileStore, key: SessionKey, wait_s: float) -> int:
+    """Refuse, naming who holds ``key``'s session lock."""
+    pids = await store.lock_holders(key)
+    who = f"pid {', '.join(map(str, pids))}" if pids else "another process"
+    print(
+        f"tak: error: session {key} is in use by {who} (waited {wait_s:g} s); "
+        "try again, or stop that process",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def cmd_rm(args: argparse.Namespace) -> int:
     async def body(store: FileStore) -> int:
         key = _key(args)
-        if not await store.delete(key):
+        deleted = None
+        with trio.move_on_after(args.wait):
+            deleted = await store.delete(key)
+        if deleted is None:
+            return await _busy(store, key, args.wait)
+        if not deleted:
             print(f"tak: error: no session {key}", file=sys.stderr)
             return 1
         print(f"removed {key}")
@@ -228,7 +259,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
         keys = [key] + [key.child(s) for s in await store.list_subkeys(key)]
         found = False
         for k in keys:
-            report = await store.repair(k)
+            waited = True
+            with trio.move_on_after(args.wait):
+                report = await store.repair(k)
+                waited = False
+            if waited:
+                return await _busy(store, k, args.wait)
             if report is None:
                 continue
             found = True
