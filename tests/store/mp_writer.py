@@ -1,7 +1,7 @@
 """A writer process for tests/store/test_multiprocess.py and bench/bench_store.py.
 
     python mp_writer.py ROOT WRITER SESSIONS COUNT [--durability D] [--big N]
-                        [--uuids shared] [--quiet]
+                        [--uuids shared] [--quiet] [--start-at T] [--verify]
 
 Appends COUNT batches to sessions ``p/s0..s{SESSIONS-1}`` round-robin, and
 prints ``<time.monotonic()> <session> <seq>`` after each append returns (its
@@ -34,10 +34,13 @@ async def main() -> None:
     p.add_argument("--big", type=int, default=0)
     p.add_argument("--uuids", default="own")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--verify", action="store_true", help="at the end, load: all acked there?")
+    p.add_argument("--start-at", type=float, default=0.0, help="a time.monotonic() to wait for")
     args = p.parse_args()
     keys = [SessionKey("p", f"s{n}") for n in range(args.sessions)]
     out = sys.stdout
     async with FileStore(args.root, durability=args.durability) as store:
+        await trio.sleep(max(0.0, args.start_at - time.monotonic()))  # start together
         seq = 0
         while args.count == 0 or seq < args.count:
             size = 1 + seq % 3
@@ -62,6 +65,12 @@ async def main() -> None:
                 out.write(f"{time.monotonic()} {n} {seq}\n")
                 out.flush()
             seq += 1
+        if args.verify:  # this process's own load sees all it acknowledged
+            for n, key in enumerate(keys):
+                got = {e["seq"] for e in await store.load(key) or [] if e["writer"] == args.writer}
+                missing = set(range(n, seq, len(keys))) - got
+                if missing:
+                    sys.exit(f"{key}: acknowledged but not loaded: {sorted(missing)[:10]}")
     if args.quiet:
         out.write(f"{seq}\n")
 

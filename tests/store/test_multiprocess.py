@@ -76,6 +76,11 @@ class Writer:
 start_writer = Writer
 
 
+def soon() -> str:
+    """A start time for writers started together (their imports take ~0.3 s)."""
+    return str(time.monotonic() + 1.0)
+
+
 def acks_of(out: bytes) -> list[Ack]:
     """The acknowledgements a writer printed; a line without its newline is none."""
     acks = []
@@ -118,8 +123,12 @@ def check(
 
 def test_two_writers_on_one_session(tmp_path: Path, stress: bool) -> None:
     """Guarantee 1, with multi-page appends among small ones."""
-    count = 6000 if stress else 800
-    procs = {w: start_writer(tmp_path, w, 1, count, "--big", "40") for w in ("a", "b")}
+    count = 6000 if stress else 2000
+    at = soon()
+    procs = {
+        w: start_writer(tmp_path, w, 1, count, "--big", "40", "--start-at", at, "--verify")
+        for w in "ab"
+    }
     acked = {w: p.finish() for w, p in procs.items()}
     assert all(len(a) == count for a in acked.values())
     (entries,) = check(tmp_path, 1, acked)
@@ -131,17 +140,23 @@ def test_four_writers_one_session_and_a_hundred(tmp_path: Path, stress: bool) ->
     count = 20_000 if stress else 1000
     for sessions in (1, 100):
         root = tmp_path / f"x{sessions}"
-        procs = {f"w{i}": start_writer(root, f"w{i}", sessions, count) for i in range(4)}
+        at = soon()
+        procs = {
+            f"w{i}": start_writer(root, f"w{i}", sessions, count, "--start-at", at)
+            for i in range(4)
+        }
         acked = {w: p.finish() for w, p in procs.items()}
         stored = check(root, sessions, acked)
         assert sum(len(s) for s in stored) == 4 * sum(1 + seq % 3 for seq in range(count))
 
 
 def test_readers_next_to_a_writer_of_big_appends(tmp_path: Path, stress: bool) -> None:
-    """Guarantee 2: `tak sessions ls` (rebuilding stale summaries) and `load` in loops."""
+    """Guarantee 2: `tak sessions ls` and, in another process, `load` and
+    `list_session_summaries` (both rebuild stale summaries) in loops; the
+    writer checks it can load every entry it acknowledged."""
     root = tmp_path / "data" / "sessions"
-    count = 2000 if stress else 600
-    writer = start_writer(root, "a", 2, count, "--big", "2")
+    count = 6000 if stress else 1200
+    writer = start_writer(root, "a", 2, count, "--big", "1", "--verify")
     loader = subprocess.Popen(
         [
             sys.executable,
@@ -153,6 +168,7 @@ def test_readers_next_to_a_writer_of_big_appends(tmp_path: Path, stress: bool) -
             "        while True:\n"
             "            for n in range(2):\n"
             "                await store.load(SessionKey('p', f's{n}'))\n"
+            "            await store.list_session_summaries('p')\n"
             "trio.run(main)\n",
             str(root),
         ],
@@ -209,8 +225,11 @@ def test_rm_while_a_writer_appends(tmp_path: Path) -> None:
 
 def test_same_uuid_from_two_processes_is_stored_once(tmp_path: Path, stress: bool) -> None:
     """Guarantee 4."""
-    count = 5000 if stress else 600
-    procs = {w: start_writer(tmp_path, w, 1, count, "--uuids", "shared") for w in ("a", "b")}
+    count = 5000 if stress else 2000
+    at = soon()
+    procs = {
+        w: start_writer(tmp_path, w, 1, count, "--uuids", "shared", "--start-at", at) for w in "ab"
+    }
     acked = {w: p.finish() for w, p in procs.items()}
     (entries,) = check(tmp_path, 1, acked, shared_uuids=True)
     assert len(entries) == sum(1 + seq % 3 for seq in range(count))
