@@ -8,6 +8,10 @@
    process) vs a bare ``listdir`` + ``stat`` loop.
 4. Loading one 1,000-entry session when 100,000 exist vs a bare read and
    ``json.loads`` of every line.
+5. 4 OS processes appending at once (tests/store/mp_writer.py: batches of
+   1-3 entries) to 1 session and to 100 sessions, vs 4 processes doing bare
+   ``json.dumps`` + ``write()`` with ``O_APPEND`` of the same batches to the
+   same number of files, no lock.
 
 Run: ``.venv/bin/python bench/bench_store.py`` (``make bench``). Prints a
 table; never fails on timing.
@@ -228,6 +232,72 @@ def measure_listing(root: Path) -> dict[str, float]:
     return result
 
 
+# -- (5) several processes ------------------------------------------------------------
+
+MP_WRITER = Path(__file__).parents[1] / "tests" / "store" / "mp_writer.py"
+MP_PROCS = 4
+MP_BATCHES = 20_000
+
+BARE_WRITER = r"""
+import json, os, sys, time
+root, sessions, count, start_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+fds = [os.open(f"{root}/f{n}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+       for n in range(sessions)]
+time.sleep(max(0.0, start_at - time.monotonic()))
+for seq in range(count):
+    size = 1 + seq % 3
+    lines = [json.dumps({"type": "t", "uuid": f"w-{seq}-{j}", "writer": "w", "seq": seq,
+                         "size": size, "pad": ""}, separators=(",", ":")) + "\n"
+             for j in range(size)]
+    os.write(fds[seq % sessions], "".join(lines).encode())
+print(count, time.monotonic())
+"""
+
+
+def run_processes(argvs: list[list[str]], start_at: float) -> float:
+    """Entries per second of processes started together at ``start_at``."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    procs = [subprocess.Popen(a, stdout=subprocess.PIPE, env=env) for a in argvs]
+    ends = []
+    for p in procs:
+        out, _ = p.communicate()
+        assert p.returncode == 0
+        ends.append(float(out.split()[1]))
+    entries = len(argvs) * sum(1 + seq % 3 for seq in range(MP_BATCHES))
+    return entries / (max(ends) - start_at)
+
+
+def bench_processes(tmp: Path, sessions: int) -> tuple[float, float]:
+    ours: list[float] = []
+    bare: list[float] = []
+    for r in range(2):  # interleaved, best of each
+        root = tmp / f"mp-{sessions}-{r}"
+        root.mkdir()
+        writer = [sys.executable, str(MP_WRITER), str(root / "store")]
+        at = time.monotonic() + 1.5  # imports take ~0.5 s on a busy machine
+        ours.append(
+            run_processes(
+                [
+                    [
+                        *writer,
+                        f"w{i}",
+                        str(sessions),
+                        str(MP_BATCHES),
+                        "--quiet",
+                        "--start-at",
+                        str(at),
+                    ]
+                    for i in range(MP_PROCS)
+                ],
+                at,
+            )
+        )
+        at = time.monotonic() + 1.0
+        argv = [sys.executable, "-c", BARE_WRITER, str(root), str(sessions), str(MP_BATCHES)]
+        bare.append(run_processes([[*argv, str(at)] for _ in range(MP_PROCS)], at))
+    return max(ours), max(bare)
+
+
 # -- the table ---------------------------------------------------------------------------
 
 
@@ -251,6 +321,8 @@ def main() -> None:
         listing = measure_listing(tmp / "many")
         assert listing["listed"] == SESSIONS and listing["loaded"] == 1000
         shutil.rmtree(tmp / "many")
+        mp1 = bench_processes(tmp, 1)
+        mp100 = bench_processes(tmp, 100)
 
     print("bench_store: FileStore vs bare syscalls, same machine, same run")
     print(
@@ -304,6 +376,15 @@ def main() -> None:
         "< 20 ms",
         listing["load_ms"] < 20,
     )
+    for sessions, (ours5, bare5) in ((1, mp1), (100, mp100)):
+        row(
+            f"(5) {MP_PROCS} processes x {sessions} session{'s' if sessions > 1 else ''}, flush",
+            f"{ours5:,.0f} entries/s",
+            f"{bare5:,.0f}/s bare O_APPEND write",
+            f"{ours5 / bare5:.0%}",
+            "(for reference)",
+            None,
+        )
     print(
         f"notes: fsync mode used {rounds:,} group-commit rounds for 100,000 appends; "
         f"max_open={max_open}; {os.cpu_count()} CPUs; total {time.perf_counter() - started:.0f} s"
