@@ -324,6 +324,8 @@ class SessionFlock:
     def close(self) -> None:
         """Close the directory (and any private description), releasing the lock."""
         assert self.holders == 0
+        if self._closed:
+            return
         if self._held_fd is not None and self._held_fd != self.fd:
             os.close(self._held_fd)
         self._held_fd = None
