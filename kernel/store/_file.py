@@ -211,6 +211,8 @@ class FileStore(BaseStore):
         self._tidy(session)
 
     def _tidy(self, session: SessionFlock) -> None:
+        if session.waiters:  # the task waiting comes back here when it is done
+            return
         if session.holders == 0 and (session.handles == 0 or session.dead):
             if session.handles == 0:  # a dead session's handles may still be closing
                 session.close()
@@ -221,7 +223,7 @@ class FileStore(BaseStore):
     def _release(self, session: SessionFlock) -> None:
         session.release()
         if session.holders == 0 and (session.handles == 0 or session.dead):
-            self._tidy(session)
+            self._tidy(session)  # (waiters: see _tidy)
 
     async def _lock_session(self, key: SessionKey, *, create: bool = True) -> SessionFlock | None:
         """Hold the flock of ``key``'s session directory (``None``: no session, not ``create``).
@@ -239,7 +241,11 @@ class FileStore(BaseStore):
             session = self._sessions.get(sk)
             if session is not None and not session.dead:
                 if not session.try_acquire():
-                    await session.acquire()
+                    try:
+                        await session.acquire()
+                    except BaseException:
+                        self._tidy(session)  # its last user may have left meanwhile
+                        raise
                 if self._sessions.get(sk) is session:  # not buried while waiting
                     return session
                 self._release(session)

@@ -241,6 +241,7 @@ class SessionFlock:
         "hold",
         "holders",
         "ino",
+        "waiters",
     )
 
     def __init__(self, fd: int, dev: int, ino: int) -> None:
@@ -248,6 +249,7 @@ class SessionFlock:
         self.dev = dev
         self.ino = ino
         self.holders = 0
+        self.waiters = 0  # tasks of this process in acquire(): the fd must stay open
         self.hold = 0  # how many times this process has taken the flock
         self.handles = 0  # transcripts of this session open for appending here
         self.dead = False  # the directory was deleted: never lock it again
@@ -287,12 +289,12 @@ class SessionFlock:
 
     def _unlock(self) -> None:
         fd, self._held_fd = self._held_fd, None
-        if self._closed or fd is None:
+        if fd is None:
             return
-        if fd == self.fd:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        else:
+        if fd != self.fd:
             os.close(fd)  # a private description: closing it releases the lock
+        elif not self._closed:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     async def acquire(self) -> None:
         """Take (or join) the lock, waiting in a thread while another process holds it.
@@ -302,11 +304,14 @@ class SessionFlock:
         """
         while not self.try_acquire():
             wait = _FlockWait(os.open(".", _DIR_FLAGS, dir_fd=self.fd))
+            self.waiters += 1
             try:
                 got = await trio.to_thread.run_sync(wait.block, abandon_on_cancel=True)
             except BaseException:
                 wait.abandon()
                 raise
+            finally:
+                self.waiters -= 1
             if not got:
                 continue
             if self._held_fd is not None:  # cannot be: our private description holds it
@@ -323,7 +328,7 @@ class SessionFlock:
 
     def close(self) -> None:
         """Close the directory (and any private description), releasing the lock."""
-        assert self.holders == 0
+        assert self.holders == 0 and self.waiters == 0
         if self._closed:
             return
         if self._held_fd is not None and self._held_fd != self.fd:
