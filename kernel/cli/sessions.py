@@ -15,7 +15,10 @@ from ..errors import CorruptTranscript, KernelError, UsageError
 from ..home import TakHome
 
 if TYPE_CHECKING:
-    from ..store import FileStore, SessionKey
+    from ..store import FileStore, PostgresStore, SessionKey
+
+    #: The store ``tak.toml`` selects (``kernel.store.open_store``).
+    AnyStore = FileStore | PostgresStore
 
 DEFAULT_PROJECT = "default"
 # rm and repair take the session's lock; a server holds it only while it appends.
@@ -72,12 +75,15 @@ def _help(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _run(args: argparse.Namespace, body: Callable[[FileStore], Awaitable[int]]) -> int:
-    """Run ``body`` with the home's store, turning kernel errors into exit codes."""
-    from ..store import FileStore
+def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -> int:
+    """Run ``body`` with the home's store (``[store] url`` or ``TAK_STORE_URL`` picks
+    PostgreSQL, else the files under the home), turning kernel errors into exit codes."""
+    from ..store import open_store
 
     async def main() -> int:
-        async with FileStore(TakHome.locate(args.home).sessions) as store:
+        home = TakHome.locate(args.home)
+        config = await trio.to_thread.run_sync(home.load_config)
+        async with open_store(home, config) as store:
             return await body(store)
 
     try:
@@ -108,7 +114,7 @@ def _local_time(mtime_ms: int) -> str:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    async def body(store: FileStore) -> int:
+    async def body(store: AnyStore) -> int:
         summaries = await store.list_session_summaries(args.project)
         if not summaries:
             print(f"no sessions in project {args.project!r}")
@@ -198,7 +204,7 @@ def _track_answers(
 def cmd_show(args: argparse.Namespace) -> int:
     from ..session import KERNEL_STOPPED
 
-    async def body(store: FileStore) -> int:
+    async def body(store: AnyStore) -> int:
         key = _key(args, args.sub)
         count = 0
         # Calls recorded before they ran whose results never landed (the kernel stopped).
@@ -224,9 +230,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
-async def _busy(store: FileStore, key: SessionKey, wait_s: float) -> int:
+async def _busy(store: AnyStore, key: SessionKey, wait_s: float) -> int:
     """Refuse, naming who holds ``key``'s session lock."""
-    pids = await store.lock_holders(key)
+    from ..store import FileStore
+
+    pids = await store.lock_holders(key) if isinstance(store, FileStore) else []
     who = f"pid {', '.join(map(str, pids))}" if pids else "another process"
     print(
         f"tak: error: session {key} is in use by {who} (waited {wait_s:g} s); "
@@ -237,7 +245,7 @@ async def _busy(store: FileStore, key: SessionKey, wait_s: float) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    async def body(store: FileStore) -> int:
+    async def body(store: AnyStore) -> int:
         key = _key(args)
         deleted = None
         with trio.move_on_after(args.wait):
@@ -254,7 +262,15 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    async def body(store: FileStore) -> int:
+    async def body(store: AnyStore) -> int:
+        from ..store import FileStore
+
+        if not isinstance(store, FileStore):
+            print(
+                "tak: error: repair applies to the file store; PostgreSQL keeps its own integrity",
+                file=sys.stderr,
+            )
+            return 2
         key = _key(args)
         keys = [key] + [key.child(s) for s in await store.list_subkeys(key)]
         found = False

@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -416,3 +417,33 @@ def test_psycopg_loads_only_when_a_postgres_store_is_made() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_tak_sessions_works_on_postgres(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tak sessions ls | show | rm` use the store tak.toml (here TAK_STORE_URL) selects."""
+    from kernel.cli import main as tak_main
+    from kernel.messages import Message, Text
+    from kernel.session import Session
+
+    async def seed() -> None:
+        async with PostgresStore(db_url) as store:
+            session = Session(store, SessionKey("default", "pg-chat"))
+            await session.set_title("Kept in PostgreSQL")
+            await session.append(Message("user", [Text("hello from postgres")]))
+
+    trio.run(seed)
+    monkeypatch.setenv("TAK_STORE_URL", db_url)
+    home = str(tmp_path / "home")
+    assert tak_main(["--home", home, "sessions", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "pg-chat" in out and "Kept in PostgreSQL" in out
+    assert tak_main(["--home", home, "sessions", "show", "pg-chat"]) == 0
+    assert "hello from postgres" in capsys.readouterr().out
+    assert tak_main(["--home", home, "sessions", "repair", "pg-chat"]) == 2
+    assert "repair applies to the file store" in capsys.readouterr().err
+    assert tak_main(["--home", home, "sessions", "rm", "pg-chat"]) == 0
+    assert "removed default/pg-chat" in capsys.readouterr().out
+    assert tak_main(["--home", home, "sessions", "ls"]) == 0
+    assert "pg-chat" not in capsys.readouterr().out
