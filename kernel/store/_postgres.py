@@ -29,7 +29,10 @@ Guarantees (each test in tests/store/test_postgres.py names the one it checks):
    connection back before raising ``Cancelled``. If the append committed
    before the cancel landed, it returns normally instead (the cancellation
    is seen at the caller's next checkpoint): an append that raises
-   ``Cancelled`` stored nothing.
+   ``Cancelled`` stored nothing. A thread still waiting for a connection
+   (the server is down, the pool reconnecting) asks the pool in short slices
+   and stops at the next one once cancelled, so a cancel is prompt then too;
+   uncancelled, it gives up after ``connect_timeout_s`` with a StoreError.
 7. Listing reads the ``tak_sessions`` table only, never an entry.
 8. The schema is versioned in the database (``tak_schema_version``); new
    versions are applied under an advisory lock, so processes starting
@@ -44,8 +47,10 @@ back deep-equal to what was appended.
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -71,6 +76,10 @@ T = TypeVar("T")
 _PAGE = 500
 
 _PASSWORD = re.compile(r"(://[^:/@\s\"']*):[^@\s\"']*@")
+
+# How long a thread waits for the pool at a time before it looks whether its
+# task was cancelled: psycopg_pool's wait cannot be woken from outside.
+_CONNECTION_SLICE_S = 0.05
 
 # pg_advisory_xact_lock key of schema migrations ("tak" + 1).
 _MIGRATION_LOCK = 0x74616B01
@@ -211,6 +220,8 @@ class PostgresStore:
         url: where the database is.
         max_connections: connections (and threads) this store uses at most.
         statement_timeout_s: longest a statement may run on the server.
+        connect_timeout_s: longest an operation waits for a connection (the
+            server down or unreachable) before it fails with StoreError.
         clock: for tests, the store clock (epoch ms) instead of the database's.
 
     Raises:
@@ -223,6 +234,7 @@ class PostgresStore:
         *,
         max_connections: int = 8,
         statement_timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
         clock: Callable[[], int] | None = None,
     ) -> None:
         self._conninfo = parse_url(url)
@@ -232,10 +244,15 @@ class PostgresStore:
             raise UsageError("max_connections: expected a positive int")
         if not statement_timeout_s > 0:
             raise UsageError("statement_timeout_s: expected a positive number of seconds")
+        if isinstance(connect_timeout_s, bool) or not (
+            isinstance(connect_timeout_s, int | float) and 0 < connect_timeout_s < math.inf
+        ):
+            raise UsageError("connect_timeout_s: expected a positive number of seconds")
         self._url = url
         self._where = _describe(self._conninfo)
         self._max = max_connections
         self._timeout_ms = max(1, round(statement_timeout_s * 1000))
+        self._connect_timeout_s = float(connect_timeout_s)
         self._clock = clock
         self._limiter = trio.CapacityLimiter(max_connections)
         self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
@@ -282,7 +299,9 @@ class PostgresStore:
         from psycopg_pool import ConnectionPool
 
         try:
-            with psycopg.connect(self._url, autocommit=True, connect_timeout=10) as conn:
+            with psycopg.connect(
+                self._url, autocommit=True, connect_timeout=self._libpq_connect_timeout()
+            ) as conn:
                 _migrate(conn, self._where)
         except psycopg.Error as exc:
             raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
@@ -298,15 +317,43 @@ class PostgresStore:
 
         pool: ConnectionPool[Any] = ConnectionPool(
             self._url,
-            kwargs={"autocommit": True, "connect_timeout": 10},
+            kwargs={"autocommit": True, "connect_timeout": self._libpq_connect_timeout()},
             min_size=1,
             max_size=self._max,
+            timeout=self._connect_timeout_s,
             configure=configure,
             open=False,
             name="tak-store",
         )
         pool.open(wait=False)
         return pool
+
+    def _libpq_connect_timeout(self) -> int:
+        # libpq counts whole seconds, and takes less than 2 as 2.
+        return max(2, math.ceil(self._connect_timeout_s))
+
+    def _getconn(self, pool: ConnectionPool[Any], running: _Running) -> Connection[Any]:
+        """A connection of ``pool``, asked for in slices so a cancel stops the wait.
+
+        Raises:
+            _Skipped: the task was cancelled meanwhile.
+            StoreError: no connection within ``connect_timeout_s``.
+        """
+        from psycopg_pool import PoolTimeout
+
+        deadline = time.monotonic() + self._connect_timeout_s
+        while True:
+            if running.cancelled:
+                raise _Skipped
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreError(
+                    f"{self._where} unreachable: no connection within {self._connect_timeout_s:g} s"
+                )
+            try:
+                return pool.getconn(timeout=min(_CONNECTION_SLICE_S, left))
+            except PoolTimeout:
+                continue
 
     async def _run(self, fn: Callable[[Connection[Any]], T]) -> T:
         """Run ``fn`` with a pooled connection in a thread (see guarantee 6).
@@ -324,16 +371,20 @@ class PostgresStore:
             box: list[outcome.Outcome[T]] = []
 
             def work() -> T:
-                with pool.connection() as conn:
-                    with running.lock:
-                        if running.cancelled:
-                            raise _Skipped  # _run raises its own Cancelled
-                        running.conn = conn
-                    try:
-                        return fn(conn)
-                    finally:
+                conn = self._getconn(pool, running)  # _Skipped: _run raises its own Cancelled
+                try:
+                    with conn:  # as pool.connection(): ends a transaction left open
                         with running.lock:
-                            running.conn = None
+                            if running.cancelled:
+                                raise _Skipped
+                            running.conn = conn
+                        try:
+                            return fn(conn)
+                        finally:
+                            with running.lock:
+                                running.conn = None
+                finally:
+                    pool.putconn(conn)
 
             def deliver(result: outcome.Outcome[T]) -> None:
                 box.append(result)

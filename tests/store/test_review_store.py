@@ -683,23 +683,6 @@ async def test_pg_killed_server_mid_append_is_a_store_error_and_loses_nothing(
     assert all(c == 3 for c in stored.values())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "HOLE (availability): with the server down, an append wrapped in "
-        "`trio.move_on_after(1)` takes ~30 s to return. _run's thread waits in "
-        "pool.connection() (psycopg_pool's default getconn timeout, 30 s) while the pool "
-        "fails to reconnect; the cancelled task shields and waits for that thread, and "
-        "_Running.cancel has no connection to cancel. A server that loses its database "
-        "cannot be stopped or time out its turns for 30 s per append (and each such append "
-        "holds a CapacityLimiter slot). Repro: append, kill the server, "
-        "`with move_on_after(1): await store.append(...)` (after one append saw the "
-        "error). Fix: pass a short `timeout=` to pool.connection() and retry it in a "
-        "loop that checks running.cancelled, or have _Running.cancel wake the waiting "
-        "thread (e.g. getconn(timeout=...) in slices); also bound the pool's own "
-        "timeout (ConnectionPool(timeout=...)) to something like statement_timeout_s."
-    ),
-)
 def test_pg_cancel_is_prompt_while_the_server_is_down(own_server: pg_server.PgServer) -> None:
     # In a child process: the wait is not interruptible, the test must not sit it out.
     child = subprocess.Popen(
