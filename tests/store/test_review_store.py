@@ -466,24 +466,6 @@ async def test_history_cache_follows_another_process(tmp_path: Path) -> None:
         await same()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "HOLE: HistoryCache checks only that the entry at position count-1 is the last "
-        "one it folded. When another process deletes the session and writes the same "
-        "number of entries again (e.g. a new `tak run` with the same id writing its "
-        "system + user message), this process's next append lands at the position its "
-        "cache expects, the check passes on the entry it just wrote itself, and "
-        "messages()/history() keep the deleted conversation: the next turn is sent to "
-        "the model with the old user message. Repro: A appends 2 messages and reads; B "
-        "deletes and appends 2 others; A appends 1; A.messages() != a fresh read. Fix: "
-        "have append report where the batch landed (FileStore: the byte offset/line it "
-        "wrote at after catching up; Postgres: the first seq) and let "
-        "HistoryCache.appended extend only when that equals its count, else forget; "
-        "or also check a transcript identity (inode + first entry uuid / a per-session "
-        "incarnation id in tak_sessions)."
-    ),
-)
 async def test_history_cache_after_another_process_rewrites_the_same_count(
     tmp_path: Path,
 ) -> None:
