@@ -5,15 +5,21 @@ readings of a transcript (the entry format is described in
 ``kernel.session``). ``MessageFold`` is the first of them done one entry at a
 time, so that a transcript already read is never read again: a
 ``HistoryCache`` keeps, for each session it saw recently, the fold of its
-entries from the latest compaction's cut on, and extends it:
+entries from the latest compaction's cut on, and extends it, always with
+entries read from the store:
 
-1. with exactly the entries this process appended (``appended``), without
-   reading them back;
-2. before each use, with what other processes (or other writers in this
-   one) appended, read from the store with ``iter_entries(key, start=n - 1)``:
-   the first entry read must be the last one folded, otherwise the
-   transcript was deleted, repaired or written around our own appends, and
-   the fold is rebuilt from the store;
+1. before each use, with what was appended since it last looked (by this
+   process or others), read with ``iter_entries(key, start=n - 1)``: the
+   first entry read must be the last one folded, otherwise the transcript
+   was deleted, repaired or rewritten, and the fold is rebuilt from the
+   store;
+2. right after each append made through it (``append``), the same way. The
+   cache never folds this process's entries unread: after another process
+   deletes the session and writes as many entries as were folded, our next
+   append lands where the cache expects it, and the entry at ``n - 1`` would
+   then be our own, so checking only before each use would keep the deleted
+   conversation. Read right after the append, the entry at ``n - 1`` is the
+   other process's, and the fold is rebuilt;
 3. when a ``compaction`` entry arrives, the fold is rebuilt from the new cut
    (reading only the entries since the previous cut).
 
@@ -322,29 +328,31 @@ class HistoryCache:
         if state is not None:
             self._entries -= state.count - state.cut
 
-    def appended(
+    async def append(
         self, store: SessionStore, key: SessionKey, entries: Sequence[Mapping[str, Any]]
     ) -> None:
-        """Note that this process's ``store.append(key, entries)`` returned.
+        """``store.append(key, entries)``, then what is known of ``key`` brought up to date.
 
-        They are folded as the transcript's next entries without reading them
-        back; if someone else appended in between, the next use notices and
-        reads the transcript again.
+        One read after the append, from the last entry folded (which must still
+        be there, or the fold is rebuilt): it folds these entries as the store
+        holds them, with whatever others appended before or after them. Not
+        done for a session this cache does not hold (its next use reads it).
+        Reading back cannot fail the append: an entry that does not read as a
+        message (only entries not made by a ``Session`` can) or a damaged
+        transcript drops the session from the cache, and its next use says so.
+
+        Raises:
+            UsageError: an entry is not a JSON object with a string ``type``.
+            StoreError: the store could not write (nothing was appended).
         """
+        await store.append(key, entries)
         state = self._sessions.get(key.name)
         if state is None or state.store is not store:
-            return  # nothing known: the next use reads the store anyway
-        before = state.count
-        try:
-            state.extend(entries)
-        except StoreError:
-            # Only entries not made by a Session can fail to read back; the
-            # append did happen: let the next use read it and say so.
-            self.forget(key)
             return
-        self._entries += state.count - before
-        self._sessions.move_to_end(key.name)
-        self._evict(keep=key.name)
+        try:
+            await self._current(store, key)
+        except StoreError:
+            self.forget(key)
 
     async def history(self, store: SessionStore, key: SessionKey) -> list[Message]:
         """``history_from_entries`` of ``key``'s transcript as ``store`` holds it now.

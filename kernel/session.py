@@ -20,8 +20,9 @@ without ``"answers"``: a ``tool`` entry right after an assistant entry
 answers it.
 
 Reading messages back goes through a ``kernel.history.HistoryCache``: what a
-``Session`` appends is folded in as it is appended, and only what others
-appended since is read from the store.
+``Session`` appends goes through it, which reads back from the store the
+entries since the last one it folded (checking that one is still there), and
+each use reads only what was appended since.
 """
 
 from __future__ import annotations
@@ -136,8 +137,7 @@ class Session:
             UsageError: an entry is not a JSON object with a string ``type``.
             StoreError: the store could not write (nothing was appended).
         """
-        await self.store.append(self.key, entries)
-        self.cache.appended(self.store, self.key, entries)
+        await self.cache.append(self.store, self.key, entries)
 
     async def append(self, *messages: Message) -> None:
         """Add ``messages`` in one atomic append."""
