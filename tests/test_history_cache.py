@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kernel.errors import UsageError
+from kernel.errors import StoreError, UsageError
 from kernel.history import (
     KERNEL_STOPPED,
     HistoryCache,
@@ -192,7 +192,7 @@ def turn(i: int) -> list[dict[str, Any]]:
     ]
 
 
-async def test_own_appends_are_not_read_back_and_each_use_reads_one_entry() -> None:
+async def test_each_append_and_each_use_read_from_the_last_known_entry_only() -> None:
     store = CountingStore()
     session = Session(store, KEY)
     for i in range(50):
@@ -203,8 +203,9 @@ async def test_own_appends_are_not_read_back_and_each_use_reads_one_entry() -> N
         await session.append_entries(turn(i))
         history = await session.history()
         assert history == history_from_entries(await store.load(KEY) or [])
-    # Every use read from the last entry it knew: that entry alone, nothing of the history.
-    assert store.reads == [(4 * i + 3, 1) for i in range(50, 60)]
+    # An append reads back the last entry it knew and its own four; a use, that last
+    # entry alone: nothing of the history.
+    assert store.reads == [r for i in range(50, 60) for r in [(4 * i - 1, 5), (4 * i + 3, 1)]]
 
 
 async def test_another_writers_appends_are_picked_up_from_the_last_known_entry() -> None:
@@ -242,24 +243,80 @@ async def test_a_turn_reads_from_the_latest_compaction_not_from_the_start() -> N
         await session.append_entries(turn(i))
     await session.history()
     entries = await store.load(KEY) or []
+    store.reads.clear()
     await session.append_entries(
         [{"type": "compaction", "uuid": "k1", "summary": "S", "through": entries[99]["uuid"]}]
     )
     await session.append_entries(turn(30))
-    store.reads.clear()
     history = await session.history()
     assert history == history_from_entries(await store.load(KEY) or [])
     assert history[0].text.endswith("S") and len(history) == 1 + 20 + 4
-    # A check of the last entry, then the entries since the cut (none before it).
-    assert [start for start, _ in store.reads] == [124, 0]
+    # The compaction read back from the last entry, then the entries since the cut
+    # (none before it); the next append and the use from the last entry only.
+    assert [start for start, _ in store.reads] == [119, 0, 120, 124]
     store.reads.clear()
     await session.append_entries(
         [{"type": "compaction", "uuid": "k2", "summary": "T", "through": "k1"}]
     )
     history = await session.history()
     assert history == history_from_entries(await store.load(KEY) or [])
-    assert [start for start, _ in store.reads] == [125, 100]  # from the previous cut only
+    assert [start for start, _ in store.reads] == [124, 100, 125]  # from the previous cut only
     assert await session.messages() == messages_from_entries(await store.load(KEY) or [])
+
+
+class RewritingStore(MemoryStore):
+    """A MemoryStore where "another process" deletes the session and writes it again,
+    once, just before or just after the next ``append`` (as many entries as then held)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewrite: str | None = None  # "before" or "after" the next append
+
+    async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
+        when, self.rewrite = self.rewrite, None
+        if when == "before":
+            await self._rewrite(key)
+        await super().append(key, entries)
+        if when == "after":
+            await self._rewrite(key)
+
+    async def _rewrite(self, key: SessionKey) -> None:
+        count = len(await self.load(key) or [])
+        await self.delete(key)
+        other = [
+            message_entry(Message("user", [Text(f"other {i}")]), timestamp=TS) for i in range(count)
+        ]
+        await super().append(key, other)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_same_count_rewrite_around_our_append_is_read_again(when: str) -> None:
+    """Hole 4 of the issue 11 review: another process deletes the session and writes as
+    many entries as this cache folded; our append then lands where the cache expects it.
+    The cache folds it as read back from the store, from the entry before it: another
+    one, so the deleted conversation is not kept."""
+    store = RewritingStore()
+    session = Session(store, KEY)
+    await session.append_entries(turn(0))
+    assert len(await session.messages()) == 4
+    store.rewrite = when
+    await session.append_entries(turn(1)[:1])
+    stored = await store.load(KEY) or []
+    assert [e["message"]["parts"][0]["text"] for e in stored][:1] == ["other 0"]
+    assert await session.messages() == messages_from_entries(stored)
+    assert await session.history() == history_from_entries(stored)
+
+
+async def test_an_entry_that_does_not_read_back_does_not_fail_its_append() -> None:
+    store = MemoryStore()
+    session = Session(store, KEY)
+    await session.append_entries(turn(0))
+    await session.history()
+    bad = {"type": "user", "uuid": "bad", "message": {"role": "user", "parts": 3}}
+    await session.append_entries([bad])  # stored: the cache lets go of the session
+    assert (await store.load(KEY) or [])[-1]["uuid"] == "bad"
+    with pytest.raises(StoreError, match="entry bad: not a message"):
+        await session.history()
 
 
 async def test_the_cache_drops_the_least_recently_used_session_whole() -> None:
