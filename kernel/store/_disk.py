@@ -140,6 +140,38 @@ def open_file(
         os.close(dfd)
 
 
+def open_regular(
+    root: str,
+    path: str,
+    flags: int,
+    mode: int = 0o600,
+    *,
+    create_dirs: bool = False,
+    durable: bool = False,
+) -> int:
+    """``open_file`` of a regular file: never blocks on, nor returns, anything else.
+
+    Opened ``O_NONBLOCK`` (a FIFO a careless process left at the path would
+    block the open until some writer opened it), then refused unless
+    ``fstat`` says regular file; ``O_NONBLOCK`` is cleared again.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: as ``os.open``.
+        StoreError: a link in the way, or not a regular file at ``path``.
+    """
+    fd = open_file(
+        root, path, flags | os.O_NONBLOCK, mode, create_dirs=create_dirs, durable=durable
+    )
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreError(f"{path}: not a regular file; refused")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def fsync_dir(root: str, path: str) -> None:
     fd = open_dir(root, path)
     try:
@@ -159,6 +191,16 @@ class LineReader:
     is recognisable even when some of its lines are complete. What follows
     the last finished append (a torn line, or the lines of an unfinished
     append) is never returned, and ``good_end`` stops before it.
+
+    Every append returned comes whole from one ``pread``: bytes after an
+    unfinished append are never joined to the ones read before. Between two
+    reads the next lock holder may cut a dead writer's torn tail and append
+    in its place, and the old tail followed by the middle of the new append
+    can look like a line (even valid JSON: an entry nobody appended). So
+    when a read ends inside an append, the next one starts again at the end
+    of the last finished append (``good_end``), reading more each time an
+    append is longer than what was read. EOF is a ``pread`` at the end of
+    what was read returning nothing.
     """
 
     def __init__(
@@ -167,45 +209,58 @@ class LineReader:
         self.fd = fd
         self.path = path
         self.limit = limit
-        self.offset = start  # next byte to read; ``start`` is the end of an append
+        self.offset = start  # the end of what was read; ``start`` is the end of an append
         self.good_end = start  # end of the last finished append
         self.lineno = lineno  # lines before ``start``
         self.good_lines = lineno  # lines up to ``good_end``
+        self.good_line = b""  # the last line before ``good_end`` (b"" if none was read)
         self.eof = False
-        self._carry = b""
-        self._unfinished: list[tuple[int, bytes]] = []  # lines of an append under way
+
+    def _more(self) -> bool:
+        """Whether the file has bytes (within ``limit``) after what was read."""
+        if self.limit is not None and self.offset >= self.limit:
+            return False
+        return bool(os.pread(self.fd, 1, self.offset))
 
     def read(self, max_bytes: int = _CHUNK) -> Iterator[tuple[int, bytes]]:
         """Lines (``lineno``, ``line``) of the finished appends in the next ``max_bytes`` or so."""
         budget = max_bytes
-        unfinished = self._unfinished
         while not self.eof and budget > 0:
-            want = _CHUNK if self.limit is None else min(_CHUNK, self.limit - self.offset)
-            chunk = os.pread(self.fd, want, self.offset) if want > 0 else b""
-            if not chunk:
+            begin = self.good_end
+            unfinished = self.offset - begin  # bytes of an append under way, read before
+            if unfinished and not self._more():
                 self.eof = True
                 break
-            line_end = self.offset - len(self._carry)  # file offset of data[0]
-            self.offset += len(chunk)
+            want = max(_CHUNK, 2 * unfinished)
+            if self.limit is not None:
+                want = min(want, self.limit - begin)
+            chunk = os.pread(self.fd, want, begin) if want > 0 else b""
+            if not chunk:
+                self.offset = begin
+                self.eof = True
+                break
+            self.offset = begin + len(chunk)
             budget -= len(chunk)
-            data = self._carry + chunk if self._carry else chunk
+            lineno = self.good_lines
+            unfinished_lines: list[tuple[int, bytes]] = []  # of the append being parsed
             start = 0
-            end = data.find(b"\n")
+            end = chunk.find(b"\n")
             while end >= 0:
-                self.lineno += 1
-                line = data[start : end + 1]
+                lineno += 1
+                line = chunk[start : end + 1]
                 start = end + 1
                 if line[:1] == b" ":
-                    unfinished.append((self.lineno, line))
-                else:
-                    if unfinished:
-                        yield from unfinished
-                        unfinished.clear()
-                    yield self.lineno, line
-                    self.good_end = line_end + start
-                    self.good_lines = self.lineno
-                end = data.find(b"\n", start)
-            self._carry = data[start:]
+                    unfinished_lines.append((lineno, line))
+                else:  # the last line of an append
+                    if unfinished_lines:
+                        yield from unfinished_lines
+                        unfinished_lines.clear()
+                    yield lineno, line
+                    self.good_end = begin + start
+                    self.good_lines = lineno
+                    self.good_line = line
+                end = chunk.find(b"\n", start)
+            self.lineno = lineno
 
     @property
     def torn_bytes(self) -> int:
@@ -227,7 +282,7 @@ def batch_bytes(lines: list[bytes]) -> bytes:
 
 def open_for_read(root: str, path: str) -> int | None:
     try:
-        return open_file(root, path, os.O_RDONLY)
+        return open_regular(root, path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
         return None
 
@@ -277,7 +332,7 @@ class StoredSummary:
 def read_summary(root: str, path: str) -> StoredSummary | None:
     """The summary stored at ``path``; ``None`` when missing or unreadable."""
     try:
-        with open(open_file(root, path, os.O_RDONLY), "rb") as f:
+        with open(open_regular(root, path, os.O_RDONLY), "rb") as f:
             raw = json.loads(f.read())
         stored = converter.structure(raw, StoredSummary)
     except Exception:  # missing, torn, hand-edited: all mean "rebuild it"
@@ -372,12 +427,12 @@ def open_transcript(
     path = transcript_path(root, key)
     flags = os.O_RDWR | os.O_APPEND
     try:
-        fd = open_file(root, path, flags)
+        fd = open_regular(root, path, flags)
         created = False
     except FileNotFoundError:
         if not create:
             raise
-        fd = open_file(root, path, flags | os.O_CREAT, create_dirs=True, durable=durable)
+        fd = open_regular(root, path, flags | os.O_CREAT, create_dirs=True, durable=durable)
         created = True
         if durable:
             fsync_dir(root, os.path.dirname(path))
@@ -806,7 +861,7 @@ def repair_transcript(root: str, key: SessionKey, *, durable: bool) -> RepairRep
     """
     path = transcript_path(root, key)
     try:
-        fd = open_file(root, path, os.O_RDWR)
+        fd = open_regular(root, path, os.O_RDWR)
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:

@@ -599,7 +599,9 @@ class FileStore(BaseStore):
 
     def _mtime_ms_sync(self, key: SessionKey) -> int:
         try:
-            fd = _disk.open_file(self._root, _disk.transcript_path(self._root, key), os.O_RDONLY)
+            fd = _disk.open_regular(
+                self._root, _disk.transcript_path(self._root, key), os.O_RDONLY
+            )
             try:
                 return os.fstat(fd).st_mtime_ns // 1_000_000
             finally:

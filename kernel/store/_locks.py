@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import threading
 from collections.abc import Callable, Hashable
 from types import TracebackType
@@ -340,15 +341,31 @@ class SessionFlock:
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 TURNSTILE = "#lock"
-_TURNSTILE_FLAGS = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a careless process may leave a FIFO (or a device) at ``#lock``,
+# and opening a FIFO for reading blocks until someone opens it for writing;
+# try_acquire runs this on the Trio thread. O_NONBLOCK does not make flock
+# non-blocking (LOCK_NB does that).
+_TURNSTILE_FLAGS = (
+    os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 def _open_turnstile(dir_fd: int) -> int:
-    """The session's turnstile file, or -1 (its directory was deleted: no queue needed)."""
+    """The session's turnstile file, or -1: no queue (its directory was deleted, or
+    something other than a regular file is at ``#lock``; waiters then race for the
+    session lock as they would without a turnstile)."""
     try:
-        return os.open(TURNSTILE, _TURNSTILE_FLAGS, 0o600, dir_fd=dir_fd)
+        fd = os.open(TURNSTILE, _TURNSTILE_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError:
         return -1
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        os.close(fd)
+        return -1
+    return fd
 
 
 class _FlockWait:
