@@ -209,6 +209,33 @@ class _Running:
                     pass
 
 
+class _Opening:
+    """The pool a connecting thread made, closed if its task gave up on it meanwhile."""
+
+    __slots__ = ("abandoned", "lock", "pool")
+
+    def __init__(self) -> None:
+        self.pool: ConnectionPool[Any] | None = None
+        self.abandoned = False
+        self.lock = threading.Lock()
+
+    def keep(self, pool: ConnectionPool[Any]) -> None:
+        """In the thread: hand ``pool`` over, or close it if the task has gone."""
+        with self.lock:
+            self.pool = pool
+            if not self.abandoned:
+                return
+        pool.close()
+
+    def abandon(self) -> None:
+        """On the Trio side, when cancelled: the thread closes the pool it makes."""
+        with self.lock:
+            self.abandoned = True
+            pool = self.pool
+        if pool is not None:  # made, but the result came after the cancel: close it aside
+            trio.lowlevel.start_thread_soon(pool.close, lambda _: None)
+
+
 class PostgresStore:
     """Transcripts in a PostgreSQL database, shared by every process that opens it.
 
@@ -286,15 +313,28 @@ class PostgresStore:
             return self._pool
         async with self._opening:
             if self._pool is None:
-                pool = await trio.to_thread.run_sync(self._connect)
+                opening = _Opening()
+                # Abandoned on cancel: libpq's connect cannot be interrupted, and a
+                # host that drops packets holds it for connect_timeout_s.
+                try:
+                    pool = await trio.to_thread.run_sync(
+                        self._connect, opening, abandon_on_cancel=True
+                    )
+                except trio.Cancelled:
+                    opening.abandon()
+                    raise
                 if self._closed:  # closed while connecting
                     await trio.to_thread.run_sync(pool.close)
                     self._check_open()
                 self._pool = pool
         return self._pool
 
-    def _connect(self) -> ConnectionPool[Any]:
-        """Apply the schema on a connection of its own, then open the pool."""
+    def _connect(self, opening: _Opening) -> ConnectionPool[Any]:
+        """Apply the schema on a connection of its own, then open the pool.
+
+        Raises:
+            StoreError: the database cannot be reached or its schema is too new.
+        """
         import psycopg
         from psycopg_pool import ConnectionPool
 
@@ -326,6 +366,7 @@ class PostgresStore:
             name="tak-store",
         )
         pool.open(wait=False)
+        opening.keep(pool)
         return pool
 
     def _libpq_connect_timeout(self) -> int:
@@ -351,9 +392,10 @@ class PostgresStore:
                     f"{self._where} unreachable: no connection within {self._connect_timeout_s:g} s"
                 )
             try:
-                return pool.getconn(timeout=min(_CONNECTION_SLICE_S, left))
+                conn: Connection[Any] = pool.getconn(timeout=min(_CONNECTION_SLICE_S, left))
             except PoolTimeout:
                 continue
+            return conn
 
     async def _run(self, fn: Callable[[Connection[Any]], T]) -> T:
         """Run ``fn`` with a pooled connection in a thread (see guarantee 6).

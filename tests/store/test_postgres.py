@@ -172,6 +172,61 @@ async def test_cancel_stops_the_query_on_the_server(db_url: str) -> None:
         assert rows == [(0,)]
 
 
+async def test_cancel_is_prompt_while_waiting_for_a_connection(db_url: str) -> None:
+    """6: a thread waiting for a connection (here: the pool's only one is taken, as when
+    the server is down) stops at once when its task is cancelled; uncancelled, it fails
+    with StoreError after connect_timeout_s."""
+    async with PostgresStore(db_url, max_connections=1, connect_timeout_s=0.5) as store:
+        await store.append(MAIN, [entry(0)])
+        pool = store._pool
+        assert pool is not None
+        held = await trio.to_thread.run_sync(pool.getconn)
+        try:
+            t0 = trio.current_time()
+            with trio.move_on_after(0.2) as scope:
+                await store.append(MAIN, [entry(1)])
+            assert scope.cancelled_caught
+            assert trio.current_time() - t0 < 0.45  # not the 0.5 s of connect_timeout_s
+            t0 = trio.current_time()
+            with pytest.raises(
+                StoreError, match=r"^PostgreSQL [^ ]+ unreachable: no connection within 0.5 s$"
+            ):
+                await store.append(MAIN, [entry(2)])
+            assert 0.5 <= trio.current_time() - t0 < 2
+        finally:
+            await trio.to_thread.run_sync(pool.putconn, held)
+        with trio.fail_after(5):
+            await store.append(MAIN, [entry(3)])
+        assert [e["uuid"] for e in await store.load(MAIN) or []] == ["u0", "u3"]
+
+
+async def test_cancel_is_prompt_while_connecting_to_a_silent_host() -> None:
+    """6: the first connection, to a host that accepts TCP and never answers, is
+    abandoned at once on cancel; uncancelled, it fails after libpq's connect_timeout."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # never accepted: the kernel completes the handshake, nobody speaks
+    port = listener.getsockname()[1]
+    try:
+        url = f"postgresql://tak@127.0.0.1:{port}/silent"
+        async with PostgresStore(url, connect_timeout_s=0.5) as store:
+            t0 = trio.current_time()
+            with trio.move_on_after(0.2) as scope:
+                await store.list_sessions("p")
+            assert scope.cancelled_caught
+            assert trio.current_time() - t0 < 1
+            with trio.fail_after(10), pytest.raises(StoreError, match=r"^PostgreSQL 127.0.0.1:"):
+                await store.list_sessions("p")
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, True, "5"])
+def test_connect_timeout_must_be_a_positive_number(bad: Any) -> None:
+    with pytest.raises(UsageError, match=r"^connect_timeout_s: expected a positive number"):
+        PostgresStore("postgresql://h/db", connect_timeout_s=bad)
+
+
 async def test_statement_timeout_bounds_a_query(db_url: str) -> None:
     """6: a statement running longer than statement_timeout_s fails with StoreError."""
     async with PostgresStore(db_url, statement_timeout_s=0.2) as store:
