@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -271,6 +272,51 @@ class LineReader:
         """The entries in the next ``max_bytes`` or so, but none of the first ``first``
         of the file (those lines are counted, not decoded)."""
         return [decode_line(line, self.path, n) for n, line in self.read(max_bytes) if n > first]
+
+
+@attrs.frozen
+class Position:
+    """Where an append ended in a transcript: ``lines`` entries, ``offset`` bytes, and
+    the length and digest of the line ending there, to recognise the spot again.
+
+    The file's identity alone proves nothing once it is closed: a deleted file's
+    inode number is handed to the next file created (ext4 does so at once).
+    """
+
+    dev: int
+    ino: int
+    lines: int
+    offset: int
+    line_len: int
+    digest: bytes
+
+
+def line_digest(line: bytes) -> bytes:
+    return hashlib.blake2b(line, digest_size=16).digest()
+
+
+def position_of(st: os.stat_result, reader: LineReader) -> Position | None:
+    """The end of the last finished append ``reader`` read, if it read one."""
+    line = reader.good_line
+    if not line:
+        return None
+    return Position(
+        st.st_dev, st.st_ino, reader.good_lines, reader.good_end, len(line), line_digest(line)
+    )
+
+
+def position_holds(fd: int, st: os.stat_result, pos: Position) -> bool:
+    """Whether ``pos`` is still true of the file ``fd`` (``st``): the same file
+    identity, and the very line it remembers ending at its offset, whole (a line
+    start or the file's start before it)."""
+    begin = pos.offset - pos.line_len
+    if (st.st_dev, st.st_ino) != (pos.dev, pos.ino) or begin < 0 or pos.offset > st.st_size:
+        return False
+    lead = 1 if begin else 0
+    data = os.pread(fd, pos.line_len + lead, begin - lead)
+    if len(data) != pos.line_len + lead or (lead and data[:1] != b"\n"):
+        return False
+    return line_digest(data[lead:]) == pos.digest
 
 
 def batch_bytes(lines: list[bytes]) -> bytes:

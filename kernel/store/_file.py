@@ -15,7 +15,7 @@ from ..errors import CorruptTranscript, StoreError, UsageError
 from . import _disk
 from ._base import BaseStore, TranscriptState, check_start
 from ._commit import GroupCommit
-from ._disk import FdOwner, LineReader, RepairReport
+from ._disk import FdOwner, LineReader, Position, RepairReport
 from ._entries import EncodedEntry, Entry
 from ._key import SessionKey, check_name
 from ._locks import KeyedLocks, SessionFlock, SessionGates, lock_holders
@@ -143,9 +143,9 @@ class FileStore(BaseStore):
         # Session directory locks by (project, session_id), while this process
         # has a transcript of the session open or holds the lock.
         self._sessions: dict[tuple[str, str], SessionFlock] = {}
-        # The end of the last entry read by iter_entries, per key name: file
-        # identity, entries before it, byte offset. Oldest first, bounded.
-        self._positions: dict[str, tuple[tuple[int, int], int, int]] = {}
+        # The end of the last append read by iter_entries, per key name;
+        # checked against the file before use. Oldest first, bounded.
+        self._positions: dict[str, Position] = {}
 
     @property
     def open_files(self) -> int:
@@ -501,46 +501,76 @@ class FileStore(BaseStore):
         owner = await self._open_for_read(key)
         if owner is None:
             return
+        name = key.name
         try:
             fd = owner.take()
-            line, offset = self._known_position(key.name, os.fstat(fd), start)
-            reader = LineReader(
-                fd, _disk.transcript_path(self._root, key), start=offset, lineno=line
+            handle = self._open.get(name)
+            own = None if handle is None else (handle.dev, handle.ino, handle.lines, handle.size)
+            remembered = self._positions.get(name)
+            reader = await trio.to_thread.run_sync(
+                self._reader_sync,
+                fd,
+                _disk.transcript_path(self._root, key),
+                start,
+                own,
+                remembered,
             )
             while not reader.eof:
                 batch: list[Entry] = await trio.to_thread.run_sync(reader.entries, _CHUNK, start)
                 for entry in batch:
                     yield entry
-            self._remember(key.name, os.fstat(fd), reader.good_lines, reader.good_end)
+            position = _disk.position_of(os.fstat(fd), reader)
+            if position is not None:
+                self._remember(name, position)
         finally:
             owner.close()
 
-    def _known_position(self, name: str, st: os.stat_result, start: int) -> tuple[int, int]:
-        """(entries, byte offset) of the furthest known end of an entry at or before
-        ``start`` in the file ``st``; (0, 0) when none is known.
+    @staticmethod
+    def _reader_sync(
+        fd: int,
+        path: str,
+        start: int,
+        own: tuple[int, int, int, int] | None,
+        remembered: Position | None,
+    ) -> LineReader:
+        """A reader of ``fd`` from the furthest known end of an append at or before
+        entry ``start``; from the file's start when none is known.
 
-        A position is kept with the file's identity, and trusted only while the
-        file is at least that long: a file deleted and written again, or cut
-        by a repair, is read from its start.
+        Known are the end of this process's own appends (``own``: the file's
+        identity, entries, bytes; true of the file as long as this process holds
+        it open, which it did when ``own`` was taken with ``fd`` open) and the
+        end of an earlier read (``remembered``; checked against the file: the
+        inode of a deleted file is reused, and identity and size prove nothing).
         """
+        st = os.fstat(fd)
         best = (0, 0)
-        ident = (st.st_dev, st.st_ino)
-        handle = self._open.get(name)
-        known = [self._positions.get(name)]
-        if handle is not None:
-            known.append(((handle.dev, handle.ino), handle.lines, handle.size))
-        for pos in known:
-            if pos is not None and pos[0] == ident and best[0] < pos[1] <= start:
-                if pos[2] <= st.st_size:
-                    best = (pos[1], pos[2])
-        return best
+        if own is not None:
+            dev, ino, lines, size = own
+            if (st.st_dev, st.st_ino) == (dev, ino) and 0 < lines <= start and size <= st.st_size:
+                best = (lines, size)
+        if (
+            remembered is not None
+            and best[0] < remembered.lines <= start
+            and _disk.position_holds(fd, st, remembered)
+        ):
+            best = (remembered.lines, remembered.offset)
+        return LineReader(fd, path, start=best[1], lineno=best[0])
 
-    def _remember(self, name: str, st: os.stat_result, lines: int, offset: int) -> None:
+    def _remember(self, name: str, position: Position) -> None:
         positions = self._positions
         positions.pop(name, None)
-        positions[name] = ((st.st_dev, st.st_ino), lines, offset)
+        positions[name] = position
         if len(positions) > _POSITIONS_MAX:
             del positions[next(iter(positions))]
+
+    def _forget_positions(self, key: SessionKey) -> None:
+        """Drop what iter_entries remembers of ``key`` (and of its children when it is
+        a main transcript): deleted here, whatever comes next at its path is new."""
+        self._positions.pop(key.name, None)
+        if key.subpath is None:
+            children = key.name + ":"
+            for name in [n for n in self._positions if n.startswith(children)]:
+                del self._positions[name]
 
     # -- listing -------------------------------------------------------------
 
@@ -599,9 +629,7 @@ class FileStore(BaseStore):
 
     def _mtime_ms_sync(self, key: SessionKey) -> int:
         try:
-            fd = _disk.open_regular(
-                self._root, _disk.transcript_path(self._root, key), os.O_RDONLY
-            )
+            fd = _disk.open_regular(self._root, _disk.transcript_path(self._root, key), os.O_RDONLY)
             try:
                 return os.fstat(fd).st_mtime_ns // 1_000_000
             finally:
@@ -643,6 +671,7 @@ class FileStore(BaseStore):
                     return await trio.to_thread.run_sync(self._delete_sync, key)
                 return await self._delete_session(key, session)
             finally:
+                self._forget_positions(key)
                 self._release(session)
 
     async def _delete_session(self, key: SessionKey, session: SessionFlock) -> bool:

@@ -581,3 +581,158 @@ async def test_an_append_opening_while_the_store_closes_fails_and_leaks_nothing(
         except OSError:
             pass  # the fd of listdir itself, gone by now
     assert path not in open_paths
+
+
+# -- FIFOs, torn tails between reads, remembered positions ----------------------------
+
+FIFO_EVERYWHERE = """
+import os, sys, trio
+from kernel.errors import StoreError
+from kernel.store import FileStore, SessionKey
+key = SessionKey("p", "s0")
+async def main():
+    root = sys.argv[1]
+    sdir = os.path.join(root, "p", "s0")
+    async with FileStore(root) as store:
+        await store.append(key, [{"type": "t", "uuid": "u0"}])
+    os.unlink(os.path.join(sdir, "summary.json"))
+    os.mkfifo(os.path.join(sdir, "summary.json"))
+    async with FileStore(root) as store:
+        (summary,) = await store.list_session_summaries("p")  # rebuilt, not read
+        print("summary", summary.data.entry_count)
+        await store.append(key, [{"type": "t", "uuid": "u1"}])
+    os.unlink(os.path.join(sdir, "transcript.jsonl"))
+    os.mkfifo(os.path.join(sdir, "transcript.jsonl"))
+    async with FileStore(root) as store:
+        for what in ("load", "append", "repair"):
+            try:
+                if what == "load":
+                    await store.load(key)
+                elif what == "append":
+                    await store.append(key, [{"type": "t", "uuid": "u2"}])
+                else:
+                    await store.repair(key)
+                print(what, "returned")
+            except StoreError as exc:
+                print(what, "refused" if "not a regular file" in str(exc) else exc)
+trio.run(main)
+"""
+
+
+def test_fifos_in_a_session_directory_block_nobody(tmp_path: Path) -> None:
+    """A FIFO at summary.json is rebuilt over; one at transcript.jsonl is refused by
+    readers and writers alike, at once (opening a FIFO for reading blocks)."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", FIFO_EVERYWHERE, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a store operation hung on a FIFO")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:4] == [
+        "summary 1",
+        "load refused",
+        "append refused",
+        "repair refused",
+    ]
+
+
+def _glue_on_next_read(
+    monkeypatch: pytest.MonkeyPatch, path: Path, at: int, cut: int, data: bytes
+) -> list[int]:
+    """Patch os.pread: the first read at byte ``at`` first cuts ``path`` to ``cut``
+    bytes and appends ``data`` (the next lock holder, between two reads)."""
+    real = os.pread
+    done: list[int] = []
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        if offset == at and not done:
+            done.append(1)
+            w = os.open(path, os.O_WRONLY | os.O_APPEND)
+            try:
+                os.ftruncate(w, cut)
+                os.write(w, data)
+            finally:
+                os.close(w)
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    return done
+
+
+@pytest.mark.parametrize("attempt", range(3))
+async def test_a_reader_never_glues_an_unfinished_append_to_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attempt: int
+) -> None:
+    """The whole lines of a dead writer's unfinished append are not returned with the
+    lines that replace them: a read starts again at the last finished append."""
+    async with FileStore(tmp_path) as store:
+        await store.append(MAIN, [entry(0)])
+    path = transcript(tmp_path)
+    good = path.read_bytes()
+    # A two-line append cut short; its first line is whole and says "ghost".
+    torn = b' {"type":"ghost","uuid":"g"}\n{"type":"t","uu'
+    with open(path, "ab") as f:  # noqa: ASYNC230
+        f.write(torn)
+    # The next holder's append: its line starts exactly where the torn one did.
+    new = [b'{"type":"t","uuid":"n%d","pad":"%s"}\n' % (i, b"x" * 50 * attempt) for i in range(3)]
+    done = _glue_on_next_read(
+        monkeypatch, path, len(good) + len(torn), len(good), b" " + b" ".join(new[:2]) + new[2]
+    )
+    async with FileStore(tmp_path) as store:
+        loaded = await store.load(MAIN) or []
+        assert done
+        assert [x["uuid"] for x in loaded] == ["u0", "n0", "n1", "n2"]
+
+
+def test_line_reader_reads_appends_longer_than_its_chunk(tmp_path: Path) -> None:
+    """An append longer than a read grows the read until it is whole; an unfinished
+    one at the end is never returned, however long."""
+    path = tmp_path / "t.jsonl"
+    big = [json.dumps({"type": "t", "pad": c * 700_000}).encode() + b"\n" for c in "ab"]
+    whole = b" " + big[0] + big[1]  # one append of two lines, 1.4 MB
+    path.write_bytes(whole + b'{"type":"t","n":1}\n' + b" " + big[0] + b'{"type":"x", "pad":"')
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        reader = _disk.LineReader(fd, str(path))
+        lines = []
+        while not reader.eof:
+            lines += list(reader.read())
+    finally:
+        os.close(fd)
+    assert [n for n, _ in lines] == [1, 2, 3]
+    assert lines[0][1] == b" " + big[0] and lines[1][1] == big[1]
+    assert reader.good_end == len(whole) + len(b'{"type":"t","n":1}\n')
+    assert reader.torn_bytes == path.stat().st_size - reader.good_end
+
+
+async def test_iter_entries_positions_are_checked_and_forgotten_on_delete(
+    tmp_path: Path,
+) -> None:
+    """A remembered position is used only while the line it remembers ends there;
+    delete forgets the key's (and its children's) positions."""
+    child = MAIN.child("subagents/a")
+    async with FileStore(tmp_path) as a, FileStore(tmp_path) as b:
+        await b.append(MAIN, [entry(i) for i in range(4)])
+        await b.append(child, [entry(9)])
+        assert len([x async for x in a.iter_entries(MAIN)]) == 4
+        assert len([x async for x in a.iter_entries(child)]) == 1
+        pos = a._positions[MAIN.name]
+        assert pos.lines == 4 and pos.offset == transcript(tmp_path).stat().st_size
+        # The same bytes before it, another last line (same length): not trusted.
+        data = transcript(tmp_path).read_bytes()
+        transcript(tmp_path).write_bytes(data.replace(b'"uuid":"u3"', b'"uuid":"u7"'))
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=4)] == []
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=3)] == ["u7"]
+        assert a._positions[MAIN.name] != pos  # the same place, another line
+        await b.append(MAIN, [entry(5)])
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=4)] == ["u5"]
+        assert await a.delete(MAIN)
+        assert MAIN.name not in a._positions and child.name not in a._positions

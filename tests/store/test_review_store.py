@@ -59,18 +59,6 @@ def run_py(code: str, *args: str, timeout: float = 20) -> subprocess.CompletedPr
 # -- the turnstile `#lock` in the hands of a careless process -------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "HOLE: a FIFO at <session>/#lock hangs every writer of the session forever. "
-        "_open_turnstile opens it O_RDONLY without O_NONBLOCK, which blocks until some "
-        "writer opens the FIFO; try_acquire runs it on the Trio thread, so the whole event "
-        "loop stops (uncancellable; `tak sessions rm` hangs the same way). Repro: "
-        "`mkfifo <root>/p/s0/#lock`, then FileStore.append(p/s0). Fix: add O_NONBLOCK to "
-        "_TURNSTILE_FLAGS and refuse (treat as -1, or unlink and recreate under the "
-        "session lock) anything fstat does not call S_ISREG."
-    ),
-)
 def test_a_fifo_turnstile_does_not_hang_a_writer(tmp_path: Path) -> None:
     async def first() -> None:
         async with FileStore(tmp_path) as store:
@@ -245,23 +233,6 @@ async def test_a_session_directory_renamed_under_a_writer(tmp_path: Path) -> Non
 # -- readers racing writers ----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "HOLE: a lock-free reader can return a phantom entry glued from a dead writer's "
-        "torn tail and the next writer's append. LineReader keeps the torn bytes as "
-        "`_carry` and preads on from its old offset; if the next lock holder cuts the "
-        "tail and appends between those two preads, carry + the new append's bytes from "
-        "that offset form one line, here valid JSON: `load` (and `tak sessions show`, "
-        "the HistoryCache) returns {'type': 'ghost', ...}, never appended, instead of "
-        "the acknowledged entry (or raises CorruptTranscript on a healthy file). Repro "
-        "(deterministic): a file with a torn tail, os.pread patched to run the cut + "
-        "append just before the reader's second pread. Fix: never glue a carry to a "
-        "later pread: re-read an unfinished line from its start (pread from the offset "
-        "of the carried line, not after it), so every line returned comes from one "
-        "pread of the file as it is then."
-    ),
-)
 async def test_a_reader_never_glues_a_torn_tail_to_the_next_append(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,22 +271,6 @@ def sized(n: int, length: int) -> dict[str, Any]:
     return e(n, pad="b" * (length - bare))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "HOLE: iter_entries(start=n) trusts a remembered read position by (st_dev, "
-        "st_ino) and size only. After the session is deleted (by another process, or "
-        "this one: delete does not drop _positions) and written again, ext4 hands the "
-        "new transcript the freed inode number, so the stale (lines, offset) is applied "
-        "to a different file: here iter_entries(start=3) silently returns the new "
-        "file's entries from index 2 (or starts mid-line: CorruptTranscript on a "
-        "healthy file). Repro: A reads p/s0 (3 entries), B deletes it and appends 5 "
-        "entries, A iter_entries(start=3) != load()[3:]. Fix: verify a remembered "
-        "position before use, e.g. pread the byte before it (must be b'\\n') and "
-        "re-decode the line ending there and compare its uuid/bytes with what was "
-        "remembered; and drop _positions (and the handle) of keys deleted here."
-    ),
-)
 async def test_iter_entries_start_after_delete_and_rewrite_with_a_reused_inode(
     tmp_path: Path,
 ) -> None:
