@@ -176,14 +176,22 @@ class FileStore(BaseStore):
         self._opening += 1
 
     async def _close(self, handle: _OpenTranscript) -> None:
-        # The handle has left the open table: if this were cancelled before the
-        # thread ran, nobody would close the descriptor or write the summary.
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(self._close_all_sync, [handle])
+        await self._close_all([handle])
 
-    def _close_all_sync(self, handles: list[_OpenTranscript]) -> None:
+    async def _close_all(self, handles: list[_OpenTranscript]) -> None:
+        """Close ``handles`` (already out of the open table), writing their summaries."""
+        # Session bookkeeping stays on the Trio thread: _forget may close the
+        # session's directory descriptor, and done from the worker thread it
+        # raced with tasks taking that session's flock meanwhile (EBADF, or a
+        # flock on whatever file next got the descriptor's number).
         for h in handles:
             self._forget(h)
+        # The handles have left the open table: if this were cancelled before the
+        # thread ran, nobody would close the descriptors or write the summaries.
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._close_all_sync, handles)
+
+    def _close_all_sync(self, handles: list[_OpenTranscript]) -> None:
         for h in handles:
             _disk.close_transcript(
                 self._root,
@@ -763,7 +771,7 @@ class FileStore(BaseStore):
                     for name in names:
                         await stack.enter_async_context(self._locks.hold(name))
                     closing = [h for n in names if (h := self._open.pop(n, None))]
-                    await trio.to_thread.run_sync(self._close_all_sync, closing)
+                    await self._close_all(closing)
 
 
 def _by_id(info: SessionInfo) -> str:

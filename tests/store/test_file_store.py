@@ -335,6 +335,37 @@ async def test_open_descriptors_are_bounded(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) <= fds_before + 1
 
 
+async def test_eviction_closes_session_descriptors_on_the_trio_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Evicting a session's last open transcript closes the session's directory
+    # descriptor. Done from the worker thread that closes the transcript, it
+    # raced with tasks taking that session's flock meanwhile (EBADF in
+    # try_acquire or _end_lease, ~15% of runs of the test above).
+    main = SessionKey("proj", "s")
+    child = SessionKey("proj", "s", "sub")
+    other = SessionKey("proj", "t")
+    trio_thread = threading.get_ident()
+    async with FileStore(tmp_path, max_open=1) as store:
+        seen: list[int] = []
+        real_tidy = store._tidy
+
+        def tidy(session: Any) -> None:
+            seen.append(threading.get_ident())
+            real_tidy(session)
+
+        monkeypatch.setattr(store, "_tidy", tidy)
+        await store.append(child, [entry(0)])
+        sessions = dict(store._sessions)
+        await store.append(main, [entry(1)])  # evicts child; main keeps the session
+        await store.append(other, [entry(2)])  # evicts main: the session's last handle
+        assert seen and set(seen) == {trio_thread}
+        assert ("proj", "s") not in store._sessions
+        assert sessions[("proj", "s")]._closed
+        assert await store.load(child) == [entry(0)]
+        assert await store.load(main) == [entry(1)]
+
+
 async def test_lock_table_empties(tmp_path: Path) -> None:
     async with FileStore(tmp_path, max_open=64) as store:
 
