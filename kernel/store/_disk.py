@@ -426,11 +426,12 @@ class Opened:
     summary: SummaryBuilder | None
     mtime_ms: int
     summary_dirty: bool
+    last_len: int = 0  # bytes of the line ending at ``size`` (0: none)
 
 
 def _scan(
     fd: int, path: str, *, main: bool, truncate: bool, durable: bool
-) -> tuple[int, int, set[str], SummaryBuilder | None]:
+) -> tuple[int, int, int, set[str], SummaryBuilder | None]:
     """Check every line, collect uuids, fold the summary, and (with ``truncate``)
     cut off what follows the last finished append.
 
@@ -451,7 +452,7 @@ def _scan(
         os.ftruncate(fd, reader.good_end)
         if durable:
             os.fsync(fd)
-    return reader.good_end, reader.good_lines, uuids, summary
+    return reader.good_end, reader.good_lines, len(reader.good_line), uuids, summary
 
 
 def open_transcript(
@@ -483,11 +484,11 @@ def open_transcript(
         if durable:
             fsync_dir(root, os.path.dirname(path))
     try:
-        size = lines = 0
+        size = lines = last_len = 0
         uuids: set[str] = set()
         summary = SummaryBuilder() if key.is_main else None
         if not created:
-            size, lines, uuids, summary = _scan(
+            size, lines, last_len, uuids, summary = _scan(
                 fd, path, main=key.is_main, truncate=truncate, durable=durable
             )
         st = os.fstat(fd)
@@ -503,7 +504,9 @@ def open_transcript(
                 or stored.mtime_ms != mtime_ms
                 or stored.data != summary.data()
             )
-        return Opened(fd, st.st_dev, st.st_ino, size, lines, uuids, summary, mtime_ms, dirty)
+        return Opened(
+            fd, st.st_dev, st.st_ino, size, lines, uuids, summary, mtime_ms, dirty, last_len
+        )
     except BaseException:
         os.close(fd)
         raise
@@ -713,6 +716,7 @@ class Tail:
     end: int
     lines: int
     mtime_ms: int
+    last_len: int  # bytes of the line ending at ``end`` (0: none read)
 
 
 def read_tail(fd: int, path: str, start: int, lineno: int, *, durable: bool) -> Tail:
@@ -733,7 +737,7 @@ def read_tail(fd: int, path: str, start: int, lineno: int, *, durable: bool) -> 
         if durable:
             os.fsync(fd)
     mtime_ms = os.fstat(fd).st_mtime_ns // 1_000_000
-    return Tail(entries, reader.good_end, reader.good_lines, mtime_ms)
+    return Tail(entries, reader.good_end, reader.good_lines, mtime_ms, len(reader.good_line))
 
 
 # Leftovers younger than this may belong to a writer that does not hold the

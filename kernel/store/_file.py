@@ -52,6 +52,7 @@ class _OpenTranscript(TranscriptState):
         "hold",
         "ino",
         "key",
+        "last_len",
         "lines",
         "path",
         "release",
@@ -75,6 +76,9 @@ class _OpenTranscript(TranscriptState):
         self.ino = opened.ino
         self.size = opened.size  # the end of the last whole append, as of the last look
         self.lines = opened.lines
+        # Bytes of the line ending at ``size`` (0: unknown): iter_entries(start=
+        # lines - 1), which HistoryCache does after each append, starts there.
+        self.last_len = opened.last_len
         self.dirty = opened.summary_dirty  # mtime and summary not yet on disk
         self.session = session  # its flock is held from _state_for_append to _write
         self.hold = -1  # the session's hold in which this file was last checked
@@ -411,6 +415,8 @@ class FileStore(BaseStore):
                 summary.add(entry)
         handle.size = tail.end
         handle.lines = tail.lines
+        if tail.last_len:
+            handle.last_len = tail.last_len
         handle.mtime_ms = max(handle.mtime_ms, tail.mtime_ms)
         handle.dirty = True
 
@@ -467,6 +473,7 @@ class FileStore(BaseStore):
             self._release(session)  # the bytes are in (or cut back): others may look
         state.size += len(data)
         state.lines += len(fresh)
+        state.last_len = len(fresh[-1][2])  # an append's last line has no leading space
         state.dirty = True
         state.commit(fresh, mtime_ms)
 
@@ -513,7 +520,11 @@ class FileStore(BaseStore):
         try:
             fd = owner.take()
             handle = self._open.get(name)
-            own = None if handle is None else (handle.dev, handle.ino, handle.lines, handle.size)
+            own = (
+                None
+                if handle is None
+                else (handle.dev, handle.ino, handle.lines, handle.size, handle.last_len)
+            )
             remembered = self._positions.get(name)
             reader = await trio.to_thread.run_sync(
                 self._reader_sync,
@@ -538,30 +549,48 @@ class FileStore(BaseStore):
         fd: int,
         path: str,
         start: int,
-        own: tuple[int, int, int, int] | None,
+        own: tuple[int, int, int, int, int] | None,
         remembered: Position | None,
     ) -> LineReader:
-        """A reader of ``fd`` from the furthest known end of an append at or before
-        entry ``start``; from the file's start when none is known.
+        """A reader of ``fd`` from the furthest known line start at or before entry
+        ``start``; from the file's start when none is known.
 
         Known are the end of this process's own appends (``own``: the file's
-        identity, entries, bytes; true of the file as long as this process holds
-        it open, which it did when ``own`` was taken with ``fd`` open) and the
-        end of an earlier read (``remembered``; checked against the file: the
-        inode of a deleted file is reused, and identity and size prove nothing).
+        identity, entries, bytes, and the length of the last line; true of the
+        file as long as this process holds it open, which it did when ``own`` was
+        taken with ``fd`` open) and the end of an earlier read (``remembered``;
+        checked against the file: the inode of a deleted file is reused, and
+        identity and size prove nothing). Each also gives the start of the line
+        ending there, so ``start`` one entry before a known end (HistoryCache
+        re-reads the last entry it folded) starts there, not at the file's start.
+        An append's last line never begins with a space, so ``LineReader`` takes
+        it whole from its start even when it ends an append of several lines.
         """
         st = os.fstat(fd)
         best = (0, 0)
+
+        def consider(lines: int, end: int, last_len: int) -> None:
+            nonlocal best
+            if lines <= start:
+                at = (lines, end)
+            elif lines == start + 1 and last_len:
+                at = (start, end - last_len)
+            else:
+                return
+            if at[0] > best[0]:
+                best = at
+
         if own is not None:
-            dev, ino, lines, size = own
-            if (st.st_dev, st.st_ino) == (dev, ino) and 0 < lines <= start and size <= st.st_size:
-                best = (lines, size)
+            dev, ino, lines, size, last_len = own
+            if (st.st_dev, st.st_ino) == (dev, ino) and size <= st.st_size:
+                consider(lines, size, last_len)
         if (
             remembered is not None
-            and best[0] < remembered.lines <= start
+            and best[0] < min(remembered.lines, start)
+            and remembered.lines <= start + 1
             and _disk.position_holds(fd, st, remembered)
         ):
-            best = (remembered.lines, remembered.offset)
+            consider(remembered.lines, remembered.offset, remembered.line_len)
         return LineReader(fd, path, start=best[1], lineno=best[0])
 
     def _remember(self, name: str, position: Position) -> None:

@@ -767,3 +767,76 @@ async def test_iter_entries_positions_are_checked_and_forgotten_on_delete(
         assert [x["uuid"] async for x in a.iter_entries(MAIN, start=4)] == ["u5"]
         assert await a.delete(MAIN)
         assert MAIN.name not in a._positions and child.name not in a._positions
+
+
+def _spy_reader_starts(store: FileStore, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(lines, bytes) before where each iter_entries of ``store`` starts reading."""
+    starts: list[tuple[int, int]] = []
+    real = store._reader_sync
+
+    def reader_sync(*args: Any) -> _disk.LineReader:
+        reader = real(*args)
+        starts.append((reader.good_lines, reader.good_end))
+        return reader
+
+    monkeypatch.setattr(store, "_reader_sync", reader_sync)
+    return starts
+
+
+async def test_iter_entries_one_before_a_remembered_end_starts_at_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HistoryCache re-reads the last entry it folded (start = n - 1 after a read
+    that ended at n): the read starts at that line, not at the file's start, also
+    when the line ends an append of several; a changed line is not trusted."""
+    async with FileStore(tmp_path) as a, FileStore(tmp_path) as b:
+        await b.append(MAIN, [entry(i) for i in range(3)])  # one append, three lines
+        starts = _spy_reader_starts(a, monkeypatch)
+        assert len([x async for x in a.iter_entries(MAIN)]) == 3
+        size = transcript(tmp_path).stat().st_size
+        last = transcript(tmp_path).read_bytes().splitlines(keepends=True)[-1]
+        assert last[:1] != b" "  # an append's last line
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=2)] == ["u2"]
+        assert starts[-1] == (2, size - len(last))
+        # Nothing known one line further back: from the start.
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=1)] == ["u1", "u2"]
+        assert starts[-1] == (0, 0)
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=2)] == ["u2"]
+        assert starts[-1] == (2, size - len(last))
+        # Another last line of the same length at the same place: not trusted.
+        data = transcript(tmp_path).read_bytes()
+        transcript(tmp_path).write_bytes(data.replace(b'"uuid":"u2"', b'"uuid":"u8"'))
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=2)] == ["u8"]
+        assert starts[-1] == (0, 0)
+
+
+async def test_iter_entries_one_before_own_end_starts_at_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after an append (HistoryCache reads from count - 1), the read starts
+    at the last line this process wrote, whether the transcript was opened,
+    appended to here, or caught up with another process's appends."""
+    async with FileStore(tmp_path) as a, FileStore(tmp_path) as b:
+        await b.append(MAIN, [entry(0), entry(1)])
+        await b.aclose()
+        starts = _spy_reader_starts(a, monkeypatch)
+        await a.append(MAIN, [entry(2)])  # opened (scanned), then appended to
+        lines = transcript(tmp_path).read_bytes().splitlines(keepends=True)
+        size = transcript(tmp_path).stat().st_size
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=2)] == ["u2"]
+        assert starts[-1] == (2, size - len(lines[-1]))
+        await a.append(MAIN, [entry(3), entry(4)])  # several lines
+        size = transcript(tmp_path).stat().st_size
+        last = transcript(tmp_path).read_bytes().splitlines(keepends=True)[-1]
+        a._positions.clear()
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=4)] == ["u4"]
+        assert starts[-1] == (4, size - len(last))
+    async with FileStore(tmp_path) as a, FileStore(tmp_path) as b:
+        await a.append(MAIN, [entry(5)])
+        await b.append(MAIN, [entry(6), entry(7)])
+        await a.append(MAIN, [entry(7)])  # a duplicate uuid: a catches up, writes nothing
+        starts = _spy_reader_starts(a, monkeypatch)
+        size = transcript(tmp_path).stat().st_size
+        last = transcript(tmp_path).read_bytes().splitlines(keepends=True)[-1]
+        assert [x["uuid"] async for x in a.iter_entries(MAIN, start=7)] == ["u7"]
+        assert starts[-1] == (7, size - len(last))
