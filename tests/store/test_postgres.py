@@ -11,7 +11,6 @@ import math
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,6 @@ from . import pg_server
 from .conformance import MAIN, MakeStore, StoreConformance, entry
 
 _numbers = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def pg() -> Iterator[pg_server.PgServer]:
-    reason = pg_server.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with pg_server.running_server() as server:
-        yield server
-
-
-@pytest.fixture
-def db_url(pg: pg_server.PgServer) -> str:
-    """A new, empty database for each test."""
-    return pg_server.create_database(pg, f"t{next(_numbers)}")
 
 
 class TestPostgresStore(StoreConformance):

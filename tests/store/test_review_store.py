@@ -436,22 +436,6 @@ async def test_history_cache_after_another_process_rewrites_the_same_count(
 
 # -- PostgresStore -------------------------------------------------------------------
 
-_dbs = iter(range(10**6))
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[pg_server.PgServer]:
-    reason = pg_server.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with pg_server.running_server() as server:
-        yield server
-
-
-@pytest.fixture
-def db_url(pg: pg_server.PgServer) -> str:
-    return pg_server.create_database(pg, f"review{next(_dbs)}")
-
 
 async def test_pg_cancelled_appends_store_all_or_nothing_and_free_the_connection(
     db_url: str,
