@@ -68,14 +68,10 @@ class TranscriptState:
         self.mtime_ms = mtime_ms
 
 
-class BaseStore(abc.ABC):
-    """The append algorithm and locking, over a backend's ``_state_for_append``/``_write``."""
+class ClosableStore(abc.ABC):
+    """What every backend shares: ``async with`` closes it, and use after ``aclose`` fails."""
 
-    def __init__(self, *, clock: Callable[[], int] | None = None) -> None:
-        self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
-        self._clock = clock if clock is not None else epoch_ms
-        self._next_yield = 0.0
-        self._closed = False
+    _closed: bool = False
 
     async def __aenter__(self) -> Self:
         return self
@@ -88,9 +84,23 @@ class BaseStore(abc.ABC):
     ) -> None:
         await self.aclose()
 
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release what the store holds; finishes even when cancelled."""
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError("the store is closed")
+
+
+class BaseStore(ClosableStore):
+    """The append algorithm and locking, over a backend's ``_state_for_append``/``_write``."""
+
+    def __init__(self, *, clock: Callable[[], int] | None = None) -> None:
+        self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
+        self._clock = clock if clock is not None else epoch_ms
+        self._next_yield = 0.0
+        self._closed = False
 
     async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
         """See ``SessionStore.append``."""
@@ -168,6 +178,3 @@ class BaseStore(abc.ABC):
 
     @abc.abstractmethod
     async def list_subkeys(self, key: SessionKey) -> list[str]: ...
-
-    @abc.abstractmethod
-    async def aclose(self) -> None: ...

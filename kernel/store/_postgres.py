@@ -52,15 +52,14 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import outcome
 import trio
 
 from ..errors import StoreError, UsageError
-from ._base import check_start
+from ._base import ClosableStore, check_start
 from ._entries import EncodedEntry, encode_entries
 from ._key import SessionKey, check_name
 from ._locks import KeyedLocks
@@ -236,7 +235,7 @@ class _Opening:
             trio.lowlevel.start_thread_soon(pool.close, lambda _: None)
 
 
-class PostgresStore:
+class PostgresStore(ClosableStore):
     """Transcripts in a PostgreSQL database, shared by every process that opens it.
 
     ``url`` is a libpq URL (``postgresql://user@host:5432/db``). The store
@@ -290,22 +289,7 @@ class PostgresStore:
     def __repr__(self) -> str:
         return f"PostgresStore({self._where})"
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     # -- threads and connections ---------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("the store is closed")
 
     async def _open(self) -> ConnectionPool[Any]:
         self._check_open()
