@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -336,3 +338,24 @@ def test_a_directory_moving_during_the_usage_walk_is_not_skipped(
         monkeypatch.setattr(os, "open", moving_open)
         with pytest.raises(SandboxError, match="kept changing"):
             ws.refresh_usage()
+
+
+def test_a_write_that_fills_the_disk_leaves_the_old_file_and_no_leftovers(
+    tmp_path: Path,
+) -> None:
+    """A really full disk (a 128 KiB tmpfs): the atomic replace fails, nothing is damaged."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(disk)], check=True)
+    try:
+        with Workspace(disk) as ws:
+            ws.write_text("notes.md", "kept\n")
+            with pytest.raises(OSError) as refused:
+                ws.write_bytes("notes.md", b"x" * 400_000)
+            assert refused.value.errno == errno.ENOSPC
+            assert ws.read_text("notes.md") == "kept\n"
+            assert sorted(os.listdir(disk)) == ["notes.md"]  # no temporary file left
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
