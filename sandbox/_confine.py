@@ -4,11 +4,13 @@
 2. rlimits (CPU, address space, file size, open files, core 0; processes by rlimit
    when not root);
 3. ``PR_SET_PDEATHSIG(SIGKILL)``, then check the kernel is still its parent;
-4. join its cgroups (memory for the whole tree, pids), if the pool made them;
-5. drop every capability: securebits locked, bounding set, ambient, capset;
-6. ``no_new_privs``;
-7. the seccomp filter;
-8. the Landlock ruleset (read-write workspace, read-only runtime).
+4. join its cgroups (memory for the whole tree, pids, freezer), if the pool made them;
+5. ``.tak/`` read-only in a mount namespace of its own (``sandbox._mounts``), where
+   it has ``CAP_SYS_ADMIN``;
+6. drop every capability: securebits locked, bounding set, ambient, capset;
+7. ``no_new_privs``;
+8. the seccomp filter;
+9. the Landlock ruleset (read-write workspace, read-only runtime).
 
 Each step either succeeds or says why it failed; a required layer that fails
 stops the worker (fail closed).
