@@ -100,6 +100,11 @@ class BaseStore(ClosableStore):
         self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
         self._clock = clock if clock is not None else epoch_ms
         self._next_yield = 0.0
+        # Whether every append that writes parks anyway (FileStore's group
+        # commit): then append yields only when it wrote nothing, and a
+        # writer's next append follows its last without a scheduler turn,
+        # which lets it rejoin a lingering session flock (SessionFlock).
+        self._writes_park = False
         self._closed = False
 
     async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
@@ -108,7 +113,7 @@ class BaseStore(ClosableStore):
         # Always a cancel point; a schedule point at least once per
         # _YIELD_INTERVAL_S of back-to-back calls.
         now = time.perf_counter()
-        if now >= self._next_yield:
+        if now >= self._next_yield and not self._writes_park:
             self._next_yield = now + _YIELD_INTERVAL_S
             await trio.lowlevel.checkpoint()
         else:
@@ -136,6 +141,8 @@ class BaseStore(ClosableStore):
                 await self._write(key, state, fresh, mtime_ms)
         finally:
             locks.release(name, lock)
+        if not fresh and self._writes_park:
+            await trio.lowlevel.cancel_shielded_checkpoint()  # the park it did not make
 
     def _cached_state(self, name: str) -> TranscriptState | None:
         """The state of the transcript named ``name`` if it is at hand without waiting."""

@@ -5,16 +5,20 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import trio
 
 from ..errors import StoreError
-from ._disk import cut_back, write_all
+from ._disk import cut_back
 
 # Below this many files in a round, fdatasync each; from it on, one syncfs()
 # per file system is cheaper than a journal commit per file.
 SYNCFS_MIN_FILES = 8
+
+# The longest a round waits for the appends of the last one to come back.
+_MAX_GATHER_S = 0.005
 
 _fdatasync = getattr(os, "fdatasync", os.fsync)
 
@@ -56,15 +60,12 @@ def sync_files(fds: Sequence[int], devices: Sequence[int]) -> None:
         _fdatasync(fd)
 
 
-class _Write:
-    __slots__ = ("data", "dev", "error", "fd", "size_before", "task")
+class _Waiter:
+    __slots__ = ("dev", "error", "fd", "size_before", "task")
 
-    def __init__(
-        self, fd: int, dev: int, data: bytes, size_before: int, task: trio.lowlevel.Task
-    ) -> None:
+    def __init__(self, fd: int, dev: int, size_before: int, task: trio.lowlevel.Task) -> None:
         self.fd = fd
         self.dev = dev
-        self.data = data
         self.size_before = size_before
         self.task = task
         self.error: StoreError | None = None
@@ -75,40 +76,51 @@ def _refuse(_: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
 
 
 class GroupCommit:
-    """Durable appends in rounds: a worker thread writes the appends waiting
-    for it, flushes them all at once, and takes the next round.
+    """Durable appends in rounds: a worker thread flushes every file whose
+    append waits for it, at once, and takes the next round.
 
-    Appends that arrive while a round is being flushed make up the next
-    round, so N sessions appending at once pay a few flushes, not N
-    sequential fsyncs. The thread runs only while appends wait for it, and
-    each append is woken once, by the end of its round. Writing in the
-    worker keeps the Trio thread off files in the middle of a flush (a write
-    can wait for the journal commit a flush makes).
+    The appends are written before they join (on the Trio thread, like any
+    append: a ``write()`` to the page cache); files whose appends arrive
+    while a round is being flushed make up the next round, so N sessions
+    appending at once pay a few flushes, not N sequential fsyncs. The thread
+    runs only while appends wait for it, and each append is woken once, by
+    the end of its round. Only the flush is in the thread: a thread that
+    also wrote took the GIL back after every ``write()``, which cost more
+    than the write (bench/bench_store.py).
     """
 
     def __init__(self, sync: Callable[[Sequence[int], Sequence[int]], None] = sync_files) -> None:
         self._sync = sync
-        self._lock = threading.Lock()  # guards _pending and _working
-        self._pending: list[_Write] = []
+        self._lock = threading.Lock()  # guards _pending, _working and _expect
+        self._more = threading.Condition(self._lock)  # _pending reached _expect
+        self._pending: list[_Waiter] = []
         self._working = False
+        # The last round's size and flush time: appends just woken by a round
+        # come back for the next one, so it waits (at most one flush's time)
+        # until as many have.
+        self._expect = 0
+        self._last_flush_s = 0.0
         self.rounds = 0  # completed rounds, for tests and benchmarks
 
-    async def append(self, fd: int, dev: int, data: bytes, size_before: int) -> None:
-        """Write ``data`` at the end of ``fd`` (one ``write()``) and return once durable.
+    async def sync(self, fd: int, dev: int, size_before: int) -> None:
+        """Return once what was written to ``fd`` is durable.
 
-        ``dev`` is the device of ``fd``'s file system (``st_dev``).
+        ``dev`` is the device of ``fd``'s file system (``st_dev``);
+        ``size_before`` the file's size before the append being made durable.
 
         Not cancellable: a round, once joined, finishes, and the caller must
         keep ``fd`` open and unwritten-to until then. A cancellation arrives
         at the caller's next checkpoint.
 
         Raises:
-            StoreError: the write or the flush failed; the file was cut back
-                to ``size_before``.
+            StoreError: the flush failed; the file was cut back to ``size_before``.
         """
-        write = _Write(fd, dev, data, size_before, trio.lowlevel.current_task())
+        waiter = _Waiter(fd, dev, size_before, trio.lowlevel.current_task())
         with self._lock:
-            self._pending.append(write)
+            pending = self._pending
+            pending.append(waiter)
+            if len(pending) == self._expect:
+                self._more.notify()
             start = not self._working
             self._working = True
         if start:
@@ -117,53 +129,40 @@ class GroupCommit:
                 lambda: self._work(token), _ignore, name="tak FileStore group commit"
             )
         await trio.lowlevel.wait_task_rescheduled(_refuse)
-        if write.error is not None:
-            raise write.error
+        if waiter.error is not None:
+            raise waiter.error
 
     def _work(self, token: trio.lowlevel.TrioToken) -> None:
         """The worker thread: rounds until nothing waits."""
         while True:
             with self._lock:
-                writes, self._pending = self._pending, []
-                if not writes:
+                if 0 < len(self._pending) < self._expect:
+                    self._more.wait_for(self._gathered, timeout=self._last_flush_s)
+                waiters, self._pending = self._pending, []
+                if not waiters:
                     self._working = False
+                    self._expect = 0
                     return
+                self._expect = len(waiters)
+            started = time.perf_counter()
             try:
-                self._write_and_sync(writes)
-            except BaseException as exc:  # a bug: fail the round, do not hang it
-                for w in writes:
-                    if w.error is None:
-                        w.error = StoreError(f"group commit failed: {exc!r}")
+                self._sync([w.fd for w in waiters], [w.dev for w in waiters])
+            except BaseException as exc:  # OSError, or a bug: fail the round, do not hang it
+                for w in waiters:
+                    cut_back(w.fd, w.size_before)
+                    w.error = StoreError(f"fsync failed: {exc}")
+                    w.error.__cause__ = exc
+            self._last_flush_s = min(time.perf_counter() - started, _MAX_GATHER_S)
             # Its tasks are parked until this runs, so the Trio run is alive.
-            token.run_sync_soon(self._finish, writes)
+            token.run_sync_soon(self._finish, waiters)
 
-    def _finish(self, writes: list[_Write]) -> None:
+    def _gathered(self) -> bool:
+        return len(self._pending) >= self._expect
+
+    def _finish(self, waiters: list[_Waiter]) -> None:
         self.rounds += 1
-        for w in writes:
+        for w in waiters:
             trio.lowlevel.reschedule(w.task)
-
-    def _write_and_sync(self, writes: list[_Write]) -> None:
-        failed = False
-        for w in writes:
-            try:
-                if os.write(w.fd, w.data) != len(w.data):
-                    write_all(w.fd, w.data, w.size_before, written=True)
-            except OSError as exc:
-                cut_back(w.fd, w.size_before)
-                w.error = StoreError(f"append failed: {exc}")
-                w.error.__cause__ = exc
-                failed = True
-            except StoreError as exc:
-                w.error = exc
-                failed = True
-        written = [w for w in writes if w.error is None] if failed else writes
-        try:
-            self._sync([w.fd for w in written], [w.dev for w in written])
-        except OSError as exc:
-            for w in written:
-                cut_back(w.fd, w.size_before)
-                w.error = StoreError(f"fsync failed: {exc}")
-                w.error.__cause__ = exc
 
 
 def _ignore(_: object) -> None:

@@ -18,7 +18,7 @@ from ._commit import GroupCommit
 from ._disk import FdOwner, LineReader, Position, RepairReport
 from ._entries import EncodedEntry, Entry
 from ._key import SessionKey, check_name
-from ._locks import KeyedLocks, SessionFlock, SessionGates, lock_holders
+from ._locks import KeyedLocks, SessionFlock, SessionGates, lock_holders, open_turnstile
 from ._summary import SessionInfo, SessionSummary
 
 Durability: TypeAlias = Literal["flush", "fsync"]
@@ -137,6 +137,7 @@ class FileStore(BaseStore):
         self.group_commit = GroupCommit()
         self._root = os.fspath(root)
         self._durable = durability == "fsync"
+        self._writes_park = self._durable  # in a group-commit round
         self._locks = KeyedLocks(on_idle=self._key_idle)
         # Open transcripts by SessionKey.name, least recently used first.
         self._open: OrderedDict[str, _OpenTranscript] = OrderedDict()
@@ -263,15 +264,13 @@ class FileStore(BaseStore):
                 self._release(session)
                 continue
             try:
-                fd = await trio.to_thread.run_sync(self._open_session_sync, key, create)
+                session = await trio.to_thread.run_sync(self._open_session_sync, key, create)
             except FileNotFoundError:
                 return None
             known = self._sessions.get(sk)
             if known is not None and not known.dead:  # another task was quicker
-                os.close(fd)
+                session.close()
                 continue
-            st = os.fstat(fd)
-            session = SessionFlock(fd, st.st_dev, st.st_ino)
             self._sessions[sk] = session
             try:
                 if not session.try_acquire():
@@ -279,12 +278,12 @@ class FileStore(BaseStore):
             except BaseException:
                 self._tidy(session)
                 raise
-            if _disk.session_is_at(self._root, key, fd):
+            if _disk.session_is_at(self._root, key, session.fd):
                 return session
             self._bury(session)  # deleted between the open and the lock
             self._release(session)
 
-    def _open_session_sync(self, key: SessionKey, create: bool) -> int:
+    def _open_session_sync(self, key: SessionKey, create: bool) -> SessionFlock:
         try:
             fd = _disk.open_session_dir(self._root, key, create=create, durable=self._durable)
         except NotADirectoryError as exc:
@@ -293,8 +292,14 @@ class FileStore(BaseStore):
             raise
         except OSError as exc:
             raise StoreError(f"{key}: cannot open the session directory: {exc}") from exc
-        _disk.sweep_leftovers(fd)
-        return fd
+        try:
+            _disk.sweep_leftovers(fd)
+            st = os.fstat(fd)
+            turnstile = open_turnstile(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return SessionFlock(fd, st.st_dev, st.st_ino, turnstile=turnstile)
 
     def _bury(self, session: SessionFlock) -> None:
         """``session``'s directory was deleted by another process: forget its transcripts.
@@ -452,16 +457,16 @@ class FileStore(BaseStore):
         session = state.session
         data = fresh[0][2] if len(fresh) == 1 else _disk.batch_bytes([e[2] for e in fresh])
         try:
-            if self._durable:
-                # Written and flushed by a group-commit round in a worker
-                # thread; not cancellable, so the batch is all in or all out.
-                await self.group_commit.append(state.fd, state.dev, data, state.size)
-            elif len(data) > _BIG_WRITE:
+            if len(data) > _BIG_WRITE:
                 # A worker thread is not interrupted by cancellation: the
                 # write completes and is committed below before any checkpoint.
                 await trio.to_thread.run_sync(_disk.write_all, state.fd, data, state.size)
             elif os.write(state.fd, data) != len(data):  # a short write: finish it
                 _disk.write_all(state.fd, data, state.size, written=True)
+            if self._durable:
+                # Flushed by a group-commit round in a worker thread; not
+                # cancellable, so the batch is all in or all out.
+                await self.group_commit.sync(state.fd, state.dev, state.size)
         except OSError as exc:
             _disk.cut_back(state.fd, state.size)
             self._discard(state)

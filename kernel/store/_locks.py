@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import struct
 import threading
 from collections.abc import Callable, Hashable
 from types import TracebackType
@@ -223,6 +224,21 @@ class SessionFlock:
     in another process has even been woken (`tak sessions rm` next to a
     busy server waited forever).
 
+    The turnstile is held with open-file-description record locks
+    (``F_OFD_SETLKW``), not ``flock``: asking whether anyone queues is then
+    one ``F_OFD_GETLK``, which takes nothing, where a ``flock`` probe took
+    and gave back a shared lock (two calls). It is opened once per
+    ``SessionFlock`` and kept: opening it on every attempt cost a third of
+    a durable append. (Something put at ``#lock`` later only costs
+    fairness: waiters then race, as without it.)
+
+    A hold whose last holder leaves after the scheduler has run (a durable
+    append, parked in a group-commit round) lingers until the scheduler
+    next runs, like a lease: the same writer's next append, which follows
+    without yielding, rejoins it after one look at the turnstile, instead
+    of a new ``flock`` and a new check of its file. A waiter seen there
+    ends the lingering hold at once.
+
     The first attempt never blocks (``LOCK_NB`` on the shared descriptor).
     Waiting for another process is done by a worker thread on a private open
     file description of the same directory: a blocked ``flock`` cannot be
@@ -235,6 +251,8 @@ class SessionFlock:
         "_closed",
         "_held_fd",
         "_leased",
+        "_lingering",
+        "_turnstile",
         "dead",
         "dev",
         "fd",
@@ -245,7 +263,7 @@ class SessionFlock:
         "waiters",
     )
 
-    def __init__(self, fd: int, dev: int, ino: int) -> None:
+    def __init__(self, fd: int, dev: int, ino: int, *, turnstile: int | None = None) -> None:
         self.fd = fd  # the session directory, opened O_RDONLY|O_DIRECTORY
         self.dev = dev
         self.ino = ino
@@ -256,23 +274,31 @@ class SessionFlock:
         self.dead = False  # the directory was deleted: never lock it again
         self._held_fd: int | None = None
         self._leased = False  # held past its last holder, until the scheduler runs
+        self._lingering = False  # the lease ended and then the last holder left
         self._closed = False
+        # The turnstile's descriptor (opened by the caller, in a worker thread:
+        # creating it waits for the journal); -1: none usable; None: not opened yet.
+        self._turnstile = turnstile
 
     def try_acquire(self) -> bool:
         """Take (or join) the lock without waiting; whether it is now held."""
+        turnstile = self._turnstile
+        if turnstile is None:
+            turnstile = self._turnstile = open_turnstile(self.fd)
         if self._held_fd is not None:
+            if self._lingering and self.holders == 0:
+                self._lingering = False
+                if turnstile >= 0 and _queued(turnstile):  # another process: its turn
+                    self._unlock()
+                    return False
             self.holders += 1
             return True
-        turnstile = _open_turnstile(self.fd)
+        if turnstile >= 0 and _queued(turnstile):
+            return False
         try:
-            if turnstile >= 0:
-                fcntl.flock(turnstile, fcntl.LOCK_SH | fcntl.LOCK_NB)  # nobody queues
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        finally:
-            if turnstile >= 0:
-                os.close(turnstile)
         self._taken(self.fd)
         return True
 
@@ -281,10 +307,12 @@ class SessionFlock:
         self.holders = 1
         self.hold += 1
         self._leased = True
-        trio.lowlevel.current_trio_token().run_sync_soon(self._end_lease)
+        _lease(self)
 
-    def _end_lease(self) -> None:
+    def end_lease(self) -> None:
+        """The scheduler ran since the lock was taken: the last holder out unlocks."""
         self._leased = False
+        self._lingering = False
         if self.holders == 0:
             self._unlock()
 
@@ -325,7 +353,8 @@ class SessionFlock:
         """Leave the hold; the last holder unlocks, unless the lease still runs."""
         self.holders -= 1
         if self.holders == 0 and not self._leased:
-            self._unlock()
+            self._leased = self._lingering = True  # see the class docstring
+            _lease(self)
 
     def close(self) -> None:
         """Close the directory (and any private description), releasing the lock."""
@@ -336,21 +365,78 @@ class SessionFlock:
             os.close(self._held_fd)
         self._held_fd = None
         self._closed = True
+        if self._turnstile is not None and self._turnstile >= 0:
+            os.close(self._turnstile)
+        self._turnstile = None
         os.close(self.fd)
+
+
+# The flocks taken since this Trio run's scheduler last ran: their leases
+# end together, in one run_sync_soon callback (one each cost a wakeup write).
+_LEASED: trio.lowlevel.RunVar[list[SessionFlock]] = trio.lowlevel.RunVar("tak_leased_flocks")
+
+
+def _lease(flock: SessionFlock) -> None:
+    try:
+        leased = _LEASED.get()
+    except LookupError:
+        leased = []
+        _LEASED.set(leased)
+    if not leased:
+        trio.lowlevel.current_trio_token().run_sync_soon(_end_leases, leased)
+    leased.append(flock)
+
+
+def _end_leases(leased: list[SessionFlock]) -> None:
+    flocks = leased[:]
+    leased.clear()
+    for flock in flocks:
+        flock.end_lease()
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 TURNSTILE = "#lock"
-# O_NONBLOCK: a careless process may leave a FIFO (or a device) at ``#lock``,
-# and opening a FIFO for reading blocks until someone opens it for writing;
-# try_acquire runs this on the Trio thread. O_NONBLOCK does not make flock
-# non-blocking (LOCK_NB does that).
+# O_RDWR: the waiter's OFD write lock needs it. O_NONBLOCK: a careless process
+# may leave a FIFO (or a device) at ``#lock``, and opening one can block (it is
+# then refused as not regular). It does not make the locks non-blocking.
 _TURNSTILE_FLAGS = (
-    os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    os.O_RDWR
+    | os.O_CREAT
+    | os.O_NOFOLLOW
+    | os.O_NONBLOCK
+    | os.O_NOCTTY
+    | getattr(os, "O_CLOEXEC", 0)
 )
 
 
-def _open_turnstile(dir_fd: int) -> int:
+# struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padding.
+_FLOCK = struct.Struct("hhqqi4x")
+_F_OFD_GETLK: int | None = getattr(fcntl, "F_OFD_GETLK", None)
+_F_OFD_SETLKW: int | None = getattr(fcntl, "F_OFD_SETLKW", None)
+
+
+def _queued(turnstile: int) -> bool:
+    """Whether another process waits in the queue (holds the turnstile's write lock)."""
+    if _F_OFD_GETLK is None:  # no OFD locks (not Linux): probe with flock
+        try:
+            fcntl.flock(turnstile, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        return False
+    probe = _FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 0, 0)
+    return bool(_FLOCK.unpack(fcntl.fcntl(turnstile, _F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK)
+
+
+def _queue_up(turnstile: int) -> None:
+    """Wait for, then hold, the turnstile's write lock (until ``turnstile`` is closed)."""
+    if _F_OFD_SETLKW is None:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+    else:
+        fcntl.fcntl(turnstile, _F_OFD_SETLKW, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+
+
+def open_turnstile(dir_fd: int) -> int:
     """The session's turnstile file, or -1: no queue (its directory was deleted, or
     something other than a regular file is at ``#lock``; waiters then race for the
     session lock as they would without a turnstile)."""
@@ -385,10 +471,10 @@ class _FlockWait:
         self.got = False
 
     def block(self) -> bool:
-        turnstile = _open_turnstile(self.fd)
+        turnstile = open_turnstile(self.fd)
         try:
             if turnstile >= 0:
-                fcntl.flock(turnstile, fcntl.LOCK_EX)  # first in the queue
+                _queue_up(turnstile)  # first in the queue
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except BaseException:
             with self.lock:

@@ -327,8 +327,9 @@ async def test_open_descriptors_are_bounded(tmp_path: Path) -> None:
             for n in range(len(keys)):
                 nursery.start_soon(writer, n)
         assert most <= 4
-        # Each transcript, and each session being written (its lock): 2 x max_open.
-        assert len(os.listdir("/proc/self/fd")) <= fds_before + 2 * 4 + 2
+        # Each transcript, and each session being written (its lock and
+        # turnstile): 3 x max_open.
+        assert len(os.listdir("/proc/self/fd")) <= fds_before + 3 * 4 + 2
         for key in keys:
             assert await store.load(key) == [entry(0), entry(1), entry(2)]
         assert len(store._locks) == 0
@@ -541,6 +542,20 @@ async def test_group_commit_shares_fsyncs(tmp_path: Path, monkeypatch: pytest.Mo
             assert await store.load(SessionKey("proj", f"s{n}")) == [
                 entry(i) for i in range(appends)
             ]
+
+
+async def test_durable_appends_rejoin_their_lingering_session_lock(tmp_path: Path) -> None:
+    """A durable append parks in its round, so its lock's lease ends under it;
+    the writer's next append rejoins the lingering hold instead of taking the
+    flock (and checking its file) again."""
+    async with FileStore(tmp_path, durability="fsync") as store:
+        for i in range(20):
+            await store.append(MAIN, [entry(i)])
+        (session,) = store._sessions.values()
+        assert session.hold == 1  # one flock for all twenty
+        await trio.testing.wait_all_tasks_blocked()  # the scheduler ran: the hold ends
+        assert session.holders == 0 and session._held_fd is None
+        assert await store.load(MAIN) == [entry(i) for i in range(20)]
 
 
 def test_sync_files_uses_every_path(tmp_path: Path) -> None:

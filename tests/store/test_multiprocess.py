@@ -15,6 +15,7 @@ The guarantees (docs/store.md, "Many processes"), each test naming its own:
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -26,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from kernel.store import FileStore, SessionKey
@@ -135,6 +137,25 @@ def test_two_writers_on_one_session(tmp_path: Path, stress: bool) -> None:
     assert len(entries) == 2 * sum(1 + seq % 3 for seq in range(count))
 
 
+def test_two_durable_writers_on_one_session_take_turns(tmp_path: Path, stress: bool) -> None:
+    """Guarantee 1 in fsync mode, where a writer's lock lingers from one append
+    to its next: the other process still gets its turns, not only the end."""
+    count = 1500 if stress else 300
+    at = soon()
+    procs = {
+        w: start_writer(tmp_path, w, 1, count, "--durability", "fsync", "--start-at", at)
+        for w in "ab"
+    }
+    acked = {w: p.finish() for w, p in procs.items()}
+    (entries,) = check(tmp_path, 1, acked)
+    assert len(entries) == 2 * sum(1 + seq % 3 for seq in range(count))
+    writers = [e["writer"] for e in entries]
+    turns = sum(1 for x, y in itertools.pairwise(writers) if x != y)
+    # Each side was acknowledged while the other wrote: many turns, not one
+    # writer's whole run and then the other's.
+    assert turns >= 20, f"only {turns} turns between the writers"
+
+
 def test_four_writers_one_session_and_a_hundred(tmp_path: Path, stress: bool) -> None:
     """Guarantee 1: 4 processes x 1 session, then 4 processes x 100 sessions."""
     count = 20_000 if stress else 1000
@@ -192,10 +213,12 @@ def test_readers_next_to_a_writer_of_big_appends(tmp_path: Path, stress: bool) -
     assert listings >= 2
 
 
-def test_rm_while_a_writer_appends(tmp_path: Path) -> None:
-    """Guarantee 3: `tak sessions rm` next to a writer that keeps appending."""
+@pytest.mark.parametrize("durability", ["flush", "fsync"])
+def test_rm_while_a_writer_appends(tmp_path: Path, durability: str) -> None:
+    """Guarantee 3: `tak sessions rm` next to a writer that keeps appending
+    (in fsync mode its lock lingers from one append to the next)."""
     root = tmp_path / "data" / "sessions"
-    writer = start_writer(root, "a", 1, 0, "--big", "10")
+    writer = start_writer(root, "a", 1, 0, "--big", "10", "--durability", durability)
     try:
         time.sleep(0.5)
         rm_start = time.monotonic()
