@@ -35,7 +35,6 @@ import trio
 
 from kernel.messages import converter
 from kernel.store import FileStore, SessionKey, fold_session_summary
-from kernel.store._disk import SUMMARY_VERSION
 
 SESSIONS = 100_000
 BIG_SESSION = "big-session"
@@ -127,6 +126,23 @@ def bare_write_fsync(tmp: Path, seconds: float = 1.5) -> float:
 # -- (3) and (4): 100,000 sessions -----------------------------------------------------
 
 
+def summary_version() -> int:
+    """The format version ``FileStore`` stamps on ``summary.json``, read from one it wrote.
+
+    The bench writes 100,000 summaries by hand; one with another version would be
+    rebuilt from its transcript on listing, and (4) would time that instead.
+    """
+
+    async def write_one(root: str) -> None:
+        async with FileStore(root) as store:
+            await store.append(SessionKey("v", "v"), [make_entry(0)])
+
+    with tempfile.TemporaryDirectory() as root:
+        trio.run(write_one, root)
+        version: int = json.loads((Path(root) / "v" / "v" / "summary.json").read_bytes())["version"]
+    return version
+
+
 def generate_sessions(root: Path) -> None:
     """100,000 one-entry sessions in FileStore's format, plus one of 1,000 entries."""
     project = root / "bench"
@@ -135,6 +151,7 @@ def generate_sessions(root: Path) -> None:
     line = (json.dumps(e, separators=(",", ":")) + "\n").encode()
     mtime_ms = 1_700_000_000_000
     data = converter.unstructure(fold_session_summary(None, SessionKey("bench", "x"), [e]).data)
+    version = summary_version()
 
     def write_range(start: int, stop: int) -> None:
         for n in range(start, stop):
@@ -146,7 +163,7 @@ def generate_sessions(root: Path) -> None:
             os.utime(fd, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
             os.close(fd)
             stored = {
-                "version": SUMMARY_VERSION,
+                "version": version,
                 "session_id": sid,
                 "transcript_size": len(line),
                 "mtime_ms": mtime_ms,
