@@ -13,7 +13,7 @@ import trio
 from ..errors import StoreError, UsageError
 from ._entries import EncodedEntry, encode_entries
 from ._key import SessionKey
-from ._locks import KeyedLocks
+from ._locks import KeyedLocks, LockEntry
 from ._summary import SessionInfo, SessionSummary, SummaryBuilder
 
 # Longest stretch of back-to-back appends before one of them yields to the
@@ -68,6 +68,42 @@ class TranscriptState:
         self.mtime_ms = mtime_ms
 
 
+class _Queued:
+    """A batch waiting for its key's lock, for the holder to write with its own."""
+
+    __slots__ = ("batch", "error", "lock", "taken")
+
+    def __init__(self, batch: list[EncodedEntry]) -> None:
+        self.batch = batch
+        self.taken = False
+        self.error: StoreError | None = None
+        self.lock: LockEntry | None = None  # the key's lock, when not taken and now held
+
+
+def _joined(first: list[EncodedEntry], rest: list[list[EncodedEntry]]) -> list[EncodedEntry]:
+    """Batches as one, in order; the first of several entries with one uuid wins."""
+    seen = {e[1] for e in first if e[1] is not None}
+    out = list(first)
+    for batch in rest:
+        for e in batch:
+            uuid = e[1]
+            if uuid is not None:
+                if uuid in seen:
+                    continue
+                seen.add(uuid)
+            out.append(e)
+    return out
+
+
+def _fail(queued: list[_Queued] | None, exc: BaseException) -> None:
+    """The holder's write failed: so did the batches it took."""
+    for q in queued or ():
+        # One exception each: raised from several tasks, one instance would
+        # gather all their tracebacks.
+        q.error = StoreError(str(exc) if isinstance(exc, StoreError) else f"append failed: {exc!r}")
+        q.error.__cause__ = exc
+
+
 class ClosableStore(abc.ABC):
     """What every backend shares: ``async with`` closes it, and use after ``aclose`` fails."""
 
@@ -104,7 +140,11 @@ class BaseStore(ClosableStore):
         # commit): then append yields only when it wrote nothing, and a
         # writer's next append follows its last without a scheduler turn,
         # which lets it rejoin a lingering session flock (SessionFlock).
+        # Appends that wait for a key's lock meanwhile leave their batches
+        # here, by key name, and the holder writes them with its own: one
+        # write and one round for all of them, not one round each.
         self._writes_park = False
+        self._queued: dict[str, list[_Queued]] = {}
         self._closed = False
 
     async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
@@ -125,24 +165,78 @@ class BaseStore(ClosableStore):
         # locks.hold(name) spelled out: this is the hot path.
         locks = self._locks
         name = key.name
-        lock = locks.acquire_nowait(name) or await locks.acquire(name)
+        lock = locks.acquire_nowait(name)
+        if lock is None:
+            if not self._writes_park:
+                lock = await locks.acquire(name)
+            else:
+                mine = await self._wait_queued(name, batch)
+                if mine.taken:  # written (or failed) by the holder it waited for
+                    if mine.error is not None:
+                        raise mine.error
+                    return
+                lock = mine.lock
+                assert lock is not None
         try:
             if self._closed:  # closed while this append waited for the lock
                 raise StoreError("the store is closed")
             state = self._cached_state(name)
             if state is None:
                 state = await self._state_for_append(key)
-            fresh = state.fresh(batch)
+            queued = self._queued.pop(name, None) if self._writes_park else None
+            if queued:
+                for q in queued:
+                    q.taken = True
+                batch = _joined(batch, [q.batch for q in queued])
+            try:
+                fresh = state.fresh(batch)
+            except BaseException as exc:
+                _fail(queued, exc)
+                raise
             if fresh:
                 mtime_ms = max(self._clock(), state.mtime_ms + 1)
                 # Nothing between here and the state's commit inside _write
                 # may be a checkpoint that can raise Cancelled before the
                 # bytes are written: that is what makes append all-or-nothing.
-                await self._write(key, state, fresh, mtime_ms)
+                try:
+                    await self._write(key, state, fresh, mtime_ms)
+                except BaseException as exc:
+                    _fail(queued, exc)
+                    raise
         finally:
             locks.release(name, lock)
         if not fresh and self._writes_park:
             await trio.lowlevel.cancel_shielded_checkpoint()  # the park it did not make
+
+    async def _wait_queued(self, name: str, batch: list[EncodedEntry]) -> _Queued:
+        """Wait for ``name``'s lock with ``batch`` left for its holder to take.
+
+        Returns the queued record: ``taken`` (the holder wrote the batch with
+        its own, or failed to: ``error``), or not taken and holding ``lock``.
+        Cancelled before the batch is taken, nothing of it is written; after,
+        it is written or not with the holder's, all of it or none.
+        """
+        mine = _Queued(batch)
+        queue = self._queued.setdefault(name, [])
+        queue.append(mine)
+        try:
+            lock = await self._locks.acquire(name)
+        except BaseException:
+            if not mine.taken:
+                queue.remove(mine)
+                if not queue and self._queued.get(name) is queue:
+                    del self._queued[name]
+            raise
+        if mine.taken:
+            self._locks.release(name, lock)
+            return mine
+        # Not taken: the holders before this one wrote nothing (each takes
+        # the queue only once it has its state), or this store is closing.
+        queue.remove(mine)
+        if not queue and self._queued.get(name) is queue:
+            del self._queued[name]
+        mine.lock = lock
+        return mine
 
     def _cached_state(self, name: str) -> TranscriptState | None:
         """The state of the transcript named ``name`` if it is at hand without waiting."""

@@ -17,7 +17,9 @@ import trio
 K = TypeVar("K", bound=Hashable)
 
 
-class _Entry:
+class LockEntry:
+    """One key's lock in a ``KeyedLocks`` table, as ``acquire`` hands it out."""
+
     __slots__ = ("lock", "users")
 
     def __init__(self) -> None:
@@ -42,8 +44,8 @@ class KeyedLocks(Generic[K]):
     __slots__ = ("_on_idle", "_spare", "_table")
 
     def __init__(self, on_idle: Callable[[K], None] | None = None) -> None:
-        self._table: dict[K, _Entry] = {}
-        self._spare: list[_Entry] = []
+        self._table: dict[K, LockEntry] = {}
+        self._spare: list[LockEntry] = []
         self._on_idle = on_idle
 
     def __len__(self) -> int:
@@ -53,17 +55,17 @@ class KeyedLocks(Generic[K]):
         """True while some task holds or waits for ``key``'s lock."""
         return key in self._table
 
-    def acquire_nowait(self, key: K) -> _Entry | None:
+    def acquire_nowait(self, key: K) -> LockEntry | None:
         """Take ``key``'s lock if nobody holds or waits for it, else ``None``."""
         if key in self._table:
             return None
-        entry = self._spare.pop() if self._spare else _Entry()
+        entry = self._spare.pop() if self._spare else LockEntry()
         entry.lock.acquire_nowait()
         entry.users = 1
         self._table[key] = entry
         return entry
 
-    async def acquire(self, key: K) -> _Entry:
+    async def acquire(self, key: K) -> LockEntry:
         """Take ``key``'s lock, waiting if another task holds it; give the
         result to ``release``.
 
@@ -72,7 +74,7 @@ class KeyedLocks(Generic[K]):
         """
         entry = self._table.get(key)
         if entry is None:
-            entry = self._spare.pop() if self._spare else _Entry()
+            entry = self._spare.pop() if self._spare else LockEntry()
             self._table[key] = entry
         entry.users += 1
         try:
@@ -85,12 +87,12 @@ class KeyedLocks(Generic[K]):
                 raise
         return entry
 
-    def release(self, key: K, entry: _Entry) -> None:
+    def release(self, key: K, entry: LockEntry) -> None:
         """Give back ``key``'s lock, taken by this task with ``acquire``."""
         entry.lock.release()
         self._leave(key, entry)
 
-    def _leave(self, key: K, entry: _Entry) -> None:
+    def _leave(self, key: K, entry: LockEntry) -> None:
         entry.users -= 1
         if entry.users == 0:
             del self._table[key]
@@ -110,7 +112,7 @@ class _Hold(Generic[K]):
     def __init__(self, locks: KeyedLocks[K], key: K) -> None:
         self._locks = locks
         self._key = key
-        self._entry: _Entry | None = None
+        self._entry: LockEntry | None = None
 
     async def __aenter__(self) -> None:
         self._entry = await self._locks.acquire(self._key)

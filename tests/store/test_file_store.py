@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from kernel.errors import CorruptTranscript, StoreError, UsageError
 from kernel.store import FileStore, SessionKey, _commit, _disk, fold_session_summary
@@ -556,6 +557,103 @@ async def test_durable_appends_rejoin_their_lingering_session_lock(tmp_path: Pat
         await trio.testing.wait_all_tasks_blocked()  # the scheduler ran: the hold ends
         assert session.holders == 0 and session._held_fd is None
         assert await store.load(MAIN) == [entry(i) for i in range(20)]
+
+
+async def test_durable_appends_to_one_session_share_rounds(tmp_path: Path) -> None:
+    """Tasks appending to one session at once: the lock holder writes the
+    batches that wait for the lock with its own, one write and one round."""
+    async with FileStore(tmp_path, durability="fsync") as store:
+        tasks, appends = 40, 5
+
+        async def writer(t: int) -> None:
+            await store.append(MAIN, [entry(99_999)])  # every task: stored once
+            for i in range(appends):
+                await store.append(MAIN, [entry(t * 100 + i), entry(t * 100 + i)])
+
+        async with trio.open_nursery() as nursery:
+            for t in range(tasks):
+                nursery.start_soon(writer, t)
+        loaded = await store.load(MAIN)
+        assert loaded is not None
+        numbers = [int(e["uuid"][1:]) for e in loaded]
+        assert numbers.count(99_999) == 1
+        numbers.remove(99_999)
+        assert sorted(numbers) == sorted(t * 100 + i for t in range(tasks) for i in range(appends))
+        for t in range(tasks):  # each task's appends in the order they were acknowledged
+            own = [n for n in numbers if n // 100 == t]
+            assert own == sorted(own)
+        assert store.group_commit.rounds <= 3 * appends + 3  # not one per append (240)
+    assert await _load_fresh(tmp_path, MAIN) == loaded
+
+
+async def test_a_queued_batch_cancelled_before_it_is_taken_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with FileStore(tmp_path, durability="fsync") as store:
+        await store.append(MAIN, [entry(0)])
+        release = threading.Event()
+
+        def slow_sync(fds: Any, devices: Any) -> None:
+            release.wait(10)
+            _commit.sync_files(fds, devices)
+
+        monkeypatch.setattr(store.group_commit, "_sync", slow_sync)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.append, MAIN, [entry(1)])  # holds the lock, in its round
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(store.append, MAIN, [entry(2)])  # queued behind it
+            await trio.testing.wait_all_tasks_blocked()
+            scope = trio.CancelScope()  # queued, then cancelled before anyone takes it
+            nursery.start_soon(_append_in, scope, store, [entry(3)])
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(store._queued[MAIN.name]) == 2
+            scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(store._queued[MAIN.name]) == 1
+            release.set()
+        assert await store.load(MAIN) == [entry(0), entry(1), entry(2)]
+        assert not store._queued
+
+
+async def _append_in(scope: trio.CancelScope, store: FileStore, batch: list[Any]) -> None:
+    with scope:
+        await store.append(MAIN, batch)
+
+
+async def test_a_failed_round_fails_the_queued_batches_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with FileStore(tmp_path, durability="fsync") as store:
+        await store.append(MAIN, [entry(0)])
+        release = threading.Event()
+        failing = [True]
+
+        def sync(fds: Any, devices: Any) -> None:
+            release.wait(10)
+            if failing[0]:
+                raise OSError(errno.EIO, "Input/output error")
+            _commit.sync_files(fds, devices)
+
+        monkeypatch.setattr(store.group_commit, "_sync", sync)
+        errors: list[str] = []
+
+        async def append(n: int) -> None:
+            try:
+                await store.append(MAIN, [entry(n)])
+            except StoreError as exc:
+                errors.append(str(exc))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(append, 1)  # in a round that will fail
+            await trio.testing.wait_all_tasks_blocked()
+            for n in (2, 3, 4):  # queued behind it: taken by the next holder together
+                nursery.start_soon(append, n)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert len(errors) == 4 and all("fsync failed" in e for e in errors)
+        failing[0] = False
+        await store.append(MAIN, [entry(5)])
+        assert await store.load(MAIN) == [entry(0), entry(5)]
 
 
 def test_sync_files_uses_every_path(tmp_path: Path) -> None:
