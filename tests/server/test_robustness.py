@@ -104,13 +104,13 @@ async def test_a_failing_request_replies_internal_and_closes_only_its_connection
 async def test_a_bug_in_the_connection_code_closes_with_1011_and_the_server_goes_on(
     url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from kernel import server
+    from kernel.wire import _connection
 
     def broken(self: object, message: object) -> None:
         raise KeyError("a bug in the reader")
 
     async with connect(url) as bystander:
-        monkeypatch.setattr(server._Connection, "_on_frame", broken)
+        monkeypatch.setattr(_connection.Connection, "_on_frame", broken)
         async with connect(url) as victim:
             await victim.send({"v": 1, "type": "tools", "id": "t"})
             code, reason, frames = await close_code(victim)
