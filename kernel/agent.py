@@ -37,7 +37,7 @@ from .history import history_from_entries as history_from_entries
 from .messages import Message, Observation, Text, recordable
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
-from .session import Session, utc_timestamp
+from .session import Session
 from .tools import Tool, ToolFailure, ToolRegistry, tool
 
 TurnEnd: TypeAlias = Literal[
@@ -442,23 +442,12 @@ class Agent:
         response = await self.model.complete(request)
         if not response.message.text:
             return False
-        await session.append_entries(
-            [
-                {
-                    "type": "compaction",
-                    "uuid": uuid.uuid4().hex,
-                    "timestamp": utc_timestamp(),
-                    "summary": response.message.text,
-                    "through": through,
-                    "usage": usage_entry_fields(response.usage),
-                    "model": response.model or self.model.name,
-                    **(
-                        {"cost_usd": response.usage.cost_usd}
-                        if response.usage.cost_usd is not None
-                        else {}
-                    ),
-                }
-            ],
+        await session.record_compaction(
+            response.message.text,
+            through=through if isinstance(through, str) else None,
+            usage=usage_entry_fields(response.usage),
+            model=response.model or self.model.name,
+            cost_usd=response.usage.cost_usd,
         )
         return True
 

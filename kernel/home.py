@@ -15,13 +15,17 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
 from .errors import UsageError
 
 STORE_URL_ENV = "TAK_STORE_URL"
+
+#: The project a session belongs to when none is named (``data/sessions/<project>/``):
+#: the kernel, the CLI and the WebSocket protocol all default to it.
+DEFAULT_PROJECT: Final = "default"
 
 
 @attrs.frozen

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -40,6 +41,7 @@ from .agent import (
 from .errors import UsageError
 from .executor import CallLimits
 from .history import HistoryCache
+from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
 from .home import TakHome
 from .messages import Message, Observation, ToolCall
 from .models import Model, open_http_client, resolve_model
@@ -53,7 +55,9 @@ if TYPE_CHECKING:
 
     from plugins import PluginHost, PluginSpec
 
-DEFAULT_PROJECT = "default"
+#: How many other-model agents ``Kernel.agent_for`` keeps (least recently used goes first):
+#: a client choosing a model per request must not grow the kernel without bound.
+MAX_MODEL_AGENTS = 16
 
 logger = logging.getLogger("tak.kernel")
 
@@ -82,7 +86,7 @@ class Kernel:
         self.agent = agent
         self.plugins = plugins
         self._http_client = http_client
-        self._agents: dict[str, Agent] = {}
+        self._agents: OrderedDict[str, Agent] = OrderedDict()  # by model string, LRU first
         self._nursery = nursery
         # Every session of this kernel folds its history once and extends it as it grows.
         self.history = HistoryCache()
@@ -134,10 +138,14 @@ class Kernel:
         if model is None or model == self.model.name:
             return self.agent
         agent = self._agents.get(model)
-        if agent is None:
-            agent = self._agents[model] = self.agent.with_model(
-                resolve_model(model, client=self._http_client)
-            )
+        if agent is not None:
+            self._agents.move_to_end(model)
+            return agent
+        agent = self._agents[model] = self.agent.with_model(
+            resolve_model(model, client=self._http_client)
+        )
+        while len(self._agents) > MAX_MODEL_AGENTS:
+            self._agents.popitem(last=False)
         return agent
 
     async def run_turn(

@@ -1,13 +1,22 @@
 """A conversation kept in a session store: ``Message``s in, entries on disk.
 
-Each message becomes one transcript entry::
+``Session`` owns the transcript's entry format: each kind of entry is a
+record here, turned into the JSON object the store keeps by this module's own
+converter (``entry_to_json``), and back (``entry_from_json``)::
 
-    {"type": "<role>", "uuid": "<hex>", "timestamp": "<ISO 8601 UTC>",
-     "message": <kernel.messages.converter.unstructure(message)>,
-     ...optional "usage", "model", "cost_usd" on assistant entries}
+    MessageEntry     {"type": "<role>", "uuid": "<hex>", "timestamp": "<ISO 8601 UTC>",
+                      "message": <kernel.messages.converter.unstructure(message)>,
+                      ...optional "usage", "model", "cost_usd" (assistant entries)
+                      and "answers" (tool entries)}
+    TitleEntry       {"type": "title", "uuid", "timestamp", "title"}
+    CompactionEntry  {"type": "compaction", "uuid", "timestamp", "summary",
+                      "through", "usage", "model", ...optional "cost_usd"}
 
-A title is an entry of its own (``{"type": "title", "title": ...}``). Entries
-of other types are kept by the store and skipped when reading messages back.
+Optional fields that are not set are left out, so the bytes on disk are what
+they were before these records existed. Entries of other types are kept by
+the store and skipped when reading messages back. The store sees only the
+JSON objects (its summary fold reads ``type``, ``usage``, ``cost_usd``,
+``timestamp``, ``title`` and ``model``).
 
 A model turn with tool calls is two entries written at two moments: the
 assistant entry before any call runs, then the ``tool`` entry with the
@@ -30,15 +39,144 @@ from __future__ import annotations
 import uuid as uuid_module
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
-from .errors import UsageError
+import attrs
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
+from .errors import StoreError, UsageError
 from .history import KERNEL_STOPPED as KERNEL_STOPPED
 from .history import HistoryCache
 from .history import message_from_entry as message_from_entry
 from .history import messages_from_entries as messages_from_entries
-from .messages import Message, Observation, converter, recordable
+from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
+from .messages import Message, Observation, converter, describe_structure_error, recordable
 from .store import SessionKey, SessionStore
+
+Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
+
+
+def _new_uuid() -> str:
+    return uuid_module.uuid4().hex
+
+
+def _role_matches(instance: MessageEntry, attribute: attrs.Attribute[Any], value: Role) -> None:
+    if value != instance.message.role:
+        raise UsageError(f"MessageEntry.type: {value!r} is not the message's role")
+
+
+@attrs.frozen(kw_only=True)
+class MessageEntry:
+    """A message of the conversation; ``type`` is its role.
+
+    ``usage``, ``model`` and ``cost_usd`` describe the model response an
+    assistant message is; ``answers`` is the uuid of the assistant entry whose
+    calls a ``tool`` message answers.
+    """
+
+    type: Role = attrs.field(validator=_role_matches)
+    uuid: str = attrs.field(factory=_new_uuid)
+    timestamp: str
+    message: Message
+    usage: dict[str, int] | None = None
+    model: str | None = None
+    cost_usd: float | None = None
+    answers: str | None = None
+
+    @classmethod
+    def of(cls, message: Message, **fields: Any) -> MessageEntry:
+        """The entry for ``message`` (its role as ``type``)."""
+        return cls(type=message.role, message=message, **fields)
+
+
+@attrs.frozen(kw_only=True)
+class TitleEntry:
+    """The session's name (the store's summary keeps the latest)."""
+
+    type: Literal["title"] = "title"
+    uuid: str = attrs.field(factory=_new_uuid)
+    timestamp: str
+    title: str
+
+
+@attrs.frozen(kw_only=True)
+class CompactionEntry:
+    """A summary of the conversation up to and including the entry ``through`` names.
+
+    The model's view of the transcript starts with ``summary``, then the
+    entries after ``through`` (``kernel.history.compaction_cut``); ``through``
+    is ``None`` when that entry had no uuid.
+    """
+
+    type: Literal["compaction"] = "compaction"
+    uuid: str = attrs.field(factory=_new_uuid)
+    timestamp: str
+    summary: str
+    through: str | None
+    usage: dict[str, int]
+    model: str
+    cost_usd: float | None = None
+
+
+TranscriptEntry: TypeAlias = MessageEntry | TitleEntry | CompactionEntry
+
+_ENTRY_CLASSES: dict[str, type[TranscriptEntry]] = {
+    **dict.fromkeys(("system", "user", "assistant", "tool"), MessageEntry),
+    "title": TitleEntry,
+    "compaction": CompactionEntry,
+}
+
+
+def _make_entry_converter() -> cattrs.Converter:
+    # A copy: the entry hooks (optional fields left out when unset, so old and
+    # new transcripts are the same bytes) are this module's, not every record's.
+    conv = converter.copy()
+    # cattrs' copy() leaves out hooks registered for a union type (the message
+    # parts' tagged union, a call's arguments): structure messages with the
+    # converter that has them.
+    conv.register_structure_hook(Message, lambda value, _: converter.structure(value, Message))
+    omit = override(omit_if_default=True)
+    conv.register_unstructure_hook(
+        MessageEntry,
+        make_dict_unstructure_fn(
+            MessageEntry, conv, usage=omit, model=omit, cost_usd=omit, answers=omit
+        ),
+    )
+    conv.register_unstructure_hook(TitleEntry, make_dict_unstructure_fn(TitleEntry, conv))
+    conv.register_unstructure_hook(
+        CompactionEntry, make_dict_unstructure_fn(CompactionEntry, conv, cost_usd=omit)
+    )
+    return conv
+
+
+_entry_converter = _make_entry_converter()
+
+
+def entry_to_json(entry: TranscriptEntry) -> dict[str, Any]:
+    """The JSON object the store keeps for ``entry``."""
+    data: dict[str, Any] = _entry_converter.unstructure(entry, type(entry))
+    return data
+
+
+def entry_from_json(data: Mapping[str, Any]) -> TranscriptEntry | None:
+    """The record a stored entry is, or ``None`` for a type this module does not write.
+
+    Raises:
+        StoreError: the entry has a known type but is not that record
+            (``entry <uuid>: $.path: reason``).
+    """
+    cls = _ENTRY_CLASSES.get(data.get("type"))  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    try:
+        entry: TranscriptEntry = _entry_converter.structure(dict(data), cls)
+    except Exception as exc:
+        where = data.get("uuid", "?")
+        raise StoreError(
+            f"entry {where}: not a {data['type']} entry: {describe_structure_error(exc)}"
+        ) from exc
+    return entry
 
 
 def utc_timestamp(now: datetime | None = None) -> str:
@@ -56,12 +194,10 @@ def message_entry(
     surrogates replaced or escaped), so text from a model or a tool never makes
     an entry unwritable.
     """
-    entry: dict[str, Any] = {
-        "type": message.role,
-        "uuid": uuid if uuid is not None else uuid_module.uuid4().hex,
-        "timestamp": timestamp,
-        "message": converter.unstructure(recordable(message)),
-    }
+    record = MessageEntry.of(
+        recordable(message), timestamp=timestamp, **({} if uuid is None else {"uuid": uuid})
+    )
+    entry = entry_to_json(record)
     entry.update(extra)
     return entry
 
@@ -139,22 +275,55 @@ class Session:
         """
         await self.cache.append(self.store, self.key, entries)
 
+    async def record(self, *entries: TranscriptEntry) -> None:
+        """Add ``entries`` in one atomic append.
+
+        Raises:
+            UsageError: an entry cannot be written as JSON.
+            StoreError: the store could not write (nothing was appended).
+        """
+        await self.append_entries([entry_to_json(e) for e in entries])
+
     async def append(self, *messages: Message) -> None:
         """Add ``messages`` in one atomic append."""
         timestamp = self._timestamp()
         await self.append_entries([message_entry(m, timestamp=timestamp) for m in messages])
 
-    async def set_title(self, title: str) -> None:
+    async def record_title(self, title: str) -> None:
         """Name the session (the summary keeps the latest title)."""
-        await self.append_entries(
-            [
-                {
-                    "type": "title",
-                    "uuid": uuid_module.uuid4().hex,
-                    "timestamp": self._timestamp(),
-                    "title": title,
-                }
-            ]
+        await self.record(TitleEntry(timestamp=self._timestamp(), title=title))
+
+    async def set_title(self, title: str) -> None:
+        """``record_title`` (the older name)."""
+        await self.record_title(title)
+
+    async def record_compaction(
+        self,
+        summary: str,
+        *,
+        through: str | None,
+        usage: Mapping[str, int],
+        model: str,
+        cost_usd: float | None = None,
+    ) -> None:
+        """Record that ``summary`` stands for the conversation up to entry ``through``.
+
+        ``usage``, ``model`` and ``cost_usd`` describe the model response that
+        wrote the summary. The model's view of the session starts from it (see
+        ``kernel.history.compaction_cut``).
+
+        Raises:
+            StoreError: the store could not write (nothing was appended).
+        """
+        await self.record(
+            CompactionEntry(
+                timestamp=self._timestamp(),
+                summary=summary,
+                through=through,
+                usage=dict(usage),
+                model=model,
+                cost_usd=cost_usd,
+            )
         )
 
     async def record_turn(
@@ -176,10 +345,10 @@ class Session:
                 observations do not answer its tool calls one to one.
         """
         entry = self._assistant_entry(assistant, usage=usage, model=model, cost_usd=cost_usd)
-        entries = [entry]
+        entries: list[TranscriptEntry] = [entry]
         if assistant.tool_calls or observations:
-            entries.append(self._results_entry(assistant, observations, answers=entry["uuid"]))
-        await self.append_entries(entries)
+            entries.append(self._results_entry(assistant, observations, answers=entry.uuid))
+        await self.record(*entries)
 
     async def record_calls(
         self,
@@ -200,8 +369,8 @@ class Session:
             StoreError: the store failed.
         """
         entry = self._assistant_entry(assistant, usage=usage, model=model, cost_usd=cost_usd)
-        await self.append_entries([entry])
-        return str(entry["uuid"])
+        await self.record(entry)
+        return entry.uuid
 
     async def record_results(
         self, assistant: Message, observations: Sequence[Observation], *, answers: str
@@ -214,7 +383,7 @@ class Session:
         Raises:
             UsageError: the observations do not answer the calls one to one.
         """
-        await self.append_entries([self._results_entry(assistant, observations, answers=answers)])
+        await self.record(self._results_entry(assistant, observations, answers=answers))
 
     def _assistant_entry(
         self,
@@ -223,21 +392,20 @@ class Session:
         usage: Mapping[str, int] | None,
         model: str | None,
         cost_usd: float | None,
-    ) -> dict[str, Any]:
+    ) -> MessageEntry:
         if assistant.role != "assistant":
             raise UsageError(f"assistant: expected role 'assistant', got {assistant.role!r}")
-        extra: dict[str, Any] = {}
-        if usage is not None:
-            extra["usage"] = dict(usage)
-        if model is not None:
-            extra["model"] = model
-        if cost_usd is not None:
-            extra["cost_usd"] = cost_usd
-        return message_entry(assistant, timestamp=self._timestamp(), **extra)
+        return MessageEntry.of(
+            recordable(assistant),
+            timestamp=self._timestamp(),
+            usage=None if usage is None else dict(usage),
+            model=model,
+            cost_usd=cost_usd,
+        )
 
     def _results_entry(
         self, assistant: Message, observations: Sequence[Observation], *, answers: str
-    ) -> dict[str, Any]:
+    ) -> MessageEntry:
         calls = assistant.tool_calls
         ordered = sorted(observations, key=lambda o: o.index)
         # One observation per call, matched by position: ids may repeat (a model can
@@ -249,4 +417,6 @@ class Session:
                 f"observations: answer {[(o.index, o.call_id) for o in ordered]}, "
                 f"but the assistant made calls {[(i, c.id) for i, c in enumerate(calls)]}"
             )
-        return message_entry(Message("tool", ordered), timestamp=self._timestamp(), answers=answers)
+        return MessageEntry.of(
+            recordable(Message("tool", ordered)), timestamp=self._timestamp(), answers=answers
+        )

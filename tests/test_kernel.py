@@ -113,3 +113,24 @@ async def test_call_tools_with_duplicate_ids_records_invalid_calls(tmp_path: Pat
         messages = await k.session("dup").messages()
     assert [o.error.kind for o in observations if o.error] == ["invalid_call", "invalid_call"]
     assert list(messages[1].observations) == observations
+
+
+async def test_agents_for_other_models_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client naming a new model per request must not grow the kernel without bound."""
+    from kernel.kernel import MAX_MODEL_AGENTS
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # resolving a model sends nothing
+    async with open_kernel(home=tmp_path, plugins=[]) as k:
+        assert k.agent_for(None) is k.agent
+        first = k.agent_for("openai:m0")
+        assert k.agent_for("openai:m0") is first  # kept: the same agent
+        for i in range(1, MAX_MODEL_AGENTS):
+            k.agent_for(f"openai:m{i}")
+        assert k.agent_for("openai:m0") is first  # used again: now the most recent
+        k.agent_for("openai:one-more")  # past the bound: m1, the least recently used, goes
+        assert len(k._agents) == MAX_MODEL_AGENTS
+        assert k.agent_for("openai:m0") is first
+        assert "openai:m1" not in k._agents
+        assert k.agent_for("openai:m1").model.name == "openai:m1"  # made again on demand

@@ -146,3 +146,80 @@ def test_entries_that_claim_to_be_messages_must_be() -> None:
 def test_utc_timestamp() -> None:
     assert utc_timestamp(NOW) == "2025-03-04T05:06:07.890Z"
     assert utc_timestamp().endswith("Z")
+
+
+# -- entries are records; the bytes on disk are what they always were ---------------------
+
+# Lines as kernels before the entry records wrote them (key order included).
+OLD_LINES = [
+    '{"type":"title","uuid":"t1","timestamp":"2025-03-04T05:06:07.890Z","title":"Research"}',
+    '{"type":"assistant","uuid":"a1","timestamp":"2025-03-04T05:06:07.890Z","message":'
+    '{"role":"assistant","parts":[{"id":"c1","name":"search","arguments":{"q":"trio"},'
+    '"index":0,"type":"tool_call"}]},"usage":{"input_tokens":3,"output_tokens":1},'
+    '"model":"m","cost_usd":0.5}',
+    '{"type":"tool","uuid":"r1","timestamp":"2025-03-04T05:06:07.890Z","message":'
+    '{"role":"tool","parts":[]},"answers":"a1"}',
+    '{"type":"compaction","uuid":"k1","timestamp":"2025-03-04T05:06:07.890Z","summary":"s",'
+    '"through":"a1","usage":{"input_tokens":3},"model":"m"}',
+]
+
+
+def test_entry_records_write_the_old_bytes() -> None:
+    import json
+
+    from kernel.session import (
+        CompactionEntry,
+        MessageEntry,
+        TitleEntry,
+        entry_from_json,
+        entry_to_json,
+    )
+
+    ts = "2025-03-04T05:06:07.890Z"
+    records = [
+        TitleEntry(uuid="t1", timestamp=ts, title="Research"),
+        MessageEntry.of(
+            Message("assistant", [ToolCall("c1", "search", {"q": "trio"}, 0)]),
+            uuid="a1",
+            timestamp=ts,
+            usage={"input_tokens": 3, "output_tokens": 1},
+            model="m",
+            cost_usd=0.5,
+        ),
+        MessageEntry.of(Message("tool", []), uuid="r1", timestamp=ts, answers="a1"),
+        CompactionEntry(
+            uuid="k1", timestamp=ts, summary="s", through="a1", usage={"input_tokens": 3}, model="m"
+        ),
+    ]
+    for record, line in zip(records, OLD_LINES, strict=True):
+        assert json.dumps(entry_to_json(record), separators=(",", ":")) == line
+        assert entry_from_json(json.loads(line)) == record
+    assert entry_from_json({"type": "note", "text": "kept, not ours"}) is None
+    with pytest.raises(StoreError, match=r"entry k2: not a compaction entry: .*\$\.summary"):
+        entry_from_json({"type": "compaction", "uuid": "k2", "timestamp": ts})
+    with pytest.raises(UsageError, match="role"):
+        MessageEntry(type="user", timestamp=ts, message=Message("tool", []))
+
+
+async def test_record_compaction_and_title_go_through_the_session() -> None:
+    store = CountingStore()
+    session = Session(store, KEY, now=lambda: NOW)
+    await session.record_title("Research")
+    await session.record_compaction(
+        "what happened", through="a1", usage={"input_tokens": 3}, model="m", cost_usd=0.25
+    )
+    title, compaction = (batch[0] for batch in store.appends)
+    assert title == {
+        "type": "title", "uuid": title["uuid"], "timestamp": "2025-03-04T05:06:07.890Z",
+        "title": "Research",
+    }  # fmt: skip
+    assert compaction == {
+        "type": "compaction", "uuid": compaction["uuid"], "timestamp": "2025-03-04T05:06:07.890Z",
+        "summary": "what happened", "through": "a1", "usage": {"input_tokens": 3}, "model": "m",
+        "cost_usd": 0.25,
+    }  # fmt: skip
+    (summary,) = await store.list_session_summaries("proj")
+    assert (summary.data.title, summary.data.type_counts) == (
+        "Research",
+        {"title": 1, "compaction": 1},
+    )

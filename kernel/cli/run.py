@@ -11,6 +11,8 @@ from typing import IO, TYPE_CHECKING
 
 import trio
 
+from ..home import DEFAULT_PROJECT
+
 if TYPE_CHECKING:
     from ..agent import AgentEvent, TurnFinished
     from ..executor import CallFinished
@@ -30,7 +32,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--fallback", action="append", default=[], help="model to try when the first fails"
     )
     p.add_argument("--session", help="session id to continue (default: a new session)")
-    p.add_argument("--project", default="default", help="project the session belongs to")
+    p.add_argument("--project", default=DEFAULT_PROJECT, help="project the session belongs to")
     p.add_argument("--workspace", help="workspace directory for tools")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--max-steps", type=int, default=25, help="model requests in the turn")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..errors import CorruptTranscript, KernelError, UsageError
-from ..home import TakHome
+from ..home import DEFAULT_PROJECT, TakHome
 
 if TYPE_CHECKING:
     from ..store import FileStore, PostgresStore, SessionKey
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     #: The store ``tak.toml`` selects (``kernel.store.open_store``).
     AnyStore = FileStore | PostgresStore
 
-DEFAULT_PROJECT = "default"
 # rm and repair take the session's lock; a server holds it only while it appends.
 DEFAULT_WAIT_S = 10.0
 
