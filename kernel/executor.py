@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -37,7 +36,16 @@ from .messages import (
     json_problem,
     replace_lone_surrogates,
 )
-from .tools import ArgumentError, Tool, ToolFailure, ToolRegistry, describe_exception
+from .tools import (
+    ArgumentError,
+    RunContext,
+    SyncFunctionRunner,
+    Tool,
+    ToolFailure,
+    ToolRegistry,
+    ToolRunner,
+    describe_exception,
+)
 
 #: How many tool names an ``unknown_tool`` message lists before it says "and N more".
 _MAX_LISTED_NAMES = 40
@@ -140,8 +148,9 @@ class _Planned(NamedTuple):
     slot: int
     call: ToolCall
     tool: Tool
+    runner: ToolRunner
+    # Validated once, into what the runner takes (Tool.prepare).
     arguments: dict[str, Any]
-    kwargs: dict[str, Any]
 
 
 def _tool_lookup(tools: Sequence[Tool] | ToolRegistry) -> ToolRegistry:
@@ -168,18 +177,15 @@ def _check(
         tool = registry.get(call.name)
         assert tool is not None  # _call_error checked it
         try:
-            arguments = _parse_arguments(call.arguments)
-            if tool.invoke is not None:
-                # It runs in another process: send JSON, defaults filled in.
-                arguments = kwargs = tool.validate_json(arguments)
-            else:
-                kwargs = tool.validate(arguments)
+            # Structured into a function's parameters, or for a worker (any runner but
+            # a function's) checked against the schema and sent on as the JSON it is.
+            arguments = tool.prepare(_parse_arguments(call.arguments))
         except ArgumentError as exc:
             slots[index] = Observation.failure(
                 call, index, ToolError("bad_arguments", "ArgumentError", str(exc))
             )
             continue
-        planned.append(_Planned(index, call, tool, arguments, kwargs))
+        planned.append(_Planned(index, call, tool, tool.active_runner, arguments))
     return slots, planned
 
 
@@ -356,8 +362,10 @@ class _Batch:
         self.limiter = (
             trio.CapacityLimiter(limits.max_concurrency) if limits.max_concurrency else None
         )
-        self.thread_limiter = (
-            trio.CapacityLimiter(min(n_sync, limits.max_threads)) if n_sync else None
+        self.context = RunContext(
+            thread_limiter=(
+                trio.CapacityLimiter(min(n_sync, limits.max_threads)) if n_sync else None
+            )
         )
         self.started_at: dict[int, float] = {}
         # Only a handle can cancel one call, and only a concurrency limit makes calls
@@ -465,20 +473,9 @@ class _Batch:
 
     async def call_tool(self, p: _Planned, started_at: float) -> Observation:
         """Run the tool; any ``Exception`` becomes the observation. Cancellation propagates."""
-        tool = p.tool
         try:
-            if tool.invoke is not None:
-                result = await tool.invoke(p.arguments)
-            elif tool.is_async:
-                assert tool.fn is not None
-                result = await tool.fn(**p.kwargs)
-            else:
-                assert tool.fn is not None
-                result = await trio.to_thread.run_sync(
-                    functools.partial(tool.fn, **p.kwargs),
-                    abandon_on_cancel=True,
-                    limiter=self.thread_limiter,
-                )
+            # The one place a tool runs, whatever runs it (kernel.tools._runners).
+            result = await p.runner.run(p.arguments, self.context)
         except ToolFailure as exc:
             return self._failure(p, ToolError(exc.kind, exc.type, exc.message), started_at)
         except Exception as exc:
@@ -586,7 +583,7 @@ async def run_tool_calls(
     handle_given = handle is not None
     handle = handle if handle is not None else BatchHandle()
     handle._bind([p.call.id for p in planned])
-    n_sync = sum(1 for p in planned if p.tool.invoke is None and not p.tool.is_async)
+    n_sync = sum(1 for p in planned if isinstance(p.runner, SyncFunctionRunner))
     batch = _Batch(calls, slots, limits, on_event, handle, n_sync, handle_given)
     for index, slot in enumerate(slots):
         if slot is not None:

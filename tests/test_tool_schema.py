@@ -1,4 +1,9 @@
-"""The JSON Schema `@tool` derives from type hints and docstrings, and the provider exports."""
+"""The JSON Schema `@tool` derives from type hints and docstrings, and the provider exports.
+
+The exports are the model adapters' own functions (kernel.models), fed the registry's
+neutral ``ToolDefinition`` records; tests/models/test_tool_formats.py checks that they
+are what goes on the wire.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Annotated, Any, Literal, Optional
 import pytest
 from tool_types import Color, Item, Level, Order
 
+from kernel.models import anthropic_tools, gemini_tools, openai_tools
 from kernel.tools import Tool, ToolRegistry, tool
 
 ITEM_SCHEMA = {
@@ -256,8 +262,8 @@ def label(tags: dict[str, str]) -> None:
     """Label things."""
 
 
-def test_openai_specs() -> None:
-    assert ToolRegistry([get_weather, now]).openai_specs() == [
+def test_openai_tools() -> None:
+    assert openai_tools(ToolRegistry([get_weather, now]).definitions()) == [
         {
             "type": "function",
             "function": {
@@ -273,8 +279,8 @@ def test_openai_specs() -> None:
     ]
 
 
-def test_anthropic_specs() -> None:
-    assert ToolRegistry([get_weather]).anthropic_specs() == [
+def test_anthropic_tools() -> None:
+    assert anthropic_tools(ToolRegistry([get_weather]).definitions()) == [
         {
             "name": "get_weather",
             "description": "Forecast for a city.",
@@ -284,13 +290,13 @@ def test_anthropic_specs() -> None:
 
 
 def test_exports_are_copies() -> None:
-    specs = ToolRegistry([get_weather]).anthropic_specs()
+    specs = anthropic_tools(ToolRegistry([get_weather]).definitions())
     specs[0]["input_schema"]["properties"].clear()
     assert get_weather.parameters["properties"]
 
 
-def test_gemini_specs_use_the_openapi_subset() -> None:
-    assert ToolRegistry([get_weather, pick, now]).gemini_specs() == [
+def test_gemini_tools_use_the_openapi_subset() -> None:
+    assert gemini_tools(ToolRegistry([get_weather, pick, now]).definitions()) == [
         {
             "functionDeclarations": [
                 {
@@ -335,7 +341,7 @@ def test_gemini_specs_use_the_openapi_subset() -> None:
 
 
 def test_gemini_falls_back_to_json_schema_for_maps() -> None:
-    [declarations] = ToolRegistry([label]).gemini_specs()
+    [declarations] = gemini_tools(ToolRegistry([label]).definitions())
     assert declarations == {
         "functionDeclarations": [
             {
@@ -352,20 +358,18 @@ def test_gemini_keeps_descriptions_of_non_string_enums() -> None:
     def f(x: Annotated[Literal[1, 2], "the level"]) -> None:
         pass
 
-    [declarations] = ToolRegistry([f]).gemini_specs()
+    [declarations] = gemini_tools(ToolRegistry([f]).definitions())
     schema = declarations["functionDeclarations"][0]["parameters"]["properties"]["x"]
     assert schema == {"type": "integer", "description": "the level (one of 1, 2)"}
 
 
 def test_empty_registry_exports_no_tools() -> None:
-    registry = ToolRegistry()
-    assert registry.openai_specs() == []
-    assert registry.anthropic_specs() == []
-    assert registry.gemini_specs() == []
+    for export in (openai_tools, anthropic_tools, gemini_tools):
+        assert export(ToolRegistry().definitions()) == []
 
 
 def test_gemini_parameters_never_carry_what_gemini_rejects() -> None:
-    [declarations] = ToolRegistry([get_weather, pick, now]).gemini_specs()
+    [declarations] = gemini_tools(ToolRegistry([get_weather, pick, now]).definitions())
     text = json.dumps(declarations)
     for rejected in ('"additionalProperties"', '"default"', '"null"'):
         assert rejected not in text

@@ -559,15 +559,18 @@ def test_registry_refuses_a_second_tool_with_the_same_name() -> None:
 
 
 def test_tools_imports_only_messages_and_errors_of_ours() -> None:
-    source = Path(__file__).parent.parent / "kernel" / "tools.py"
+    package = Path(__file__).parent.parent / "kernel" / "tools"
     ours = set()
-    for node in ast.walk(ast.parse(source.read_text())):
-        if isinstance(node, ast.ImportFrom) and (
-            node.level or (node.module or "").startswith("kernel")
-        ):
-            ours.add(node.module)
-        if isinstance(node, ast.Import):
-            ours.update(a.name for a in node.names if a.name.startswith("kernel"))
+    for source in package.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                continue  # a module of the package itself
+            if isinstance(node, ast.ImportFrom) and (
+                node.level or (node.module or "").startswith("kernel")
+            ):
+                ours.add(node.module)
+            if isinstance(node, ast.Import):
+                ours.update(a.name for a in node.names if a.name.startswith("kernel"))
     assert ours <= {"messages", "errors"}
 
 

@@ -17,12 +17,14 @@ import trio
 
 from ..tools import ToolRegistry
 
+PROVIDER_FORMATS = ("openai", "anthropic", "gemini")
+
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tools", help="list the registered tools and their schemas")
     p.add_argument(
         "--format",
-        choices=["summary", "openai", "anthropic", "gemini"],
+        choices=["summary", *PROVIDER_FORMATS],
         default="summary",
         help="summary (default) or a provider's tool-spec JSON",
     )
@@ -53,23 +55,29 @@ def cmd_tools(args: argparse.Namespace) -> int:
             return host.tools
 
     registry = trio.run(main)
-    specs: list[dict[str, Any]]
-    if args.format == "openai":
-        specs = registry.openai_specs()
-    elif args.format == "anthropic":
-        specs = registry.anthropic_specs()
-    elif args.format == "gemini":
-        specs = registry.gemini_specs()
-    else:
-        for t in registry:
-            flags = [f"timeout={t.timeout:g}s"] if t.timeout is not None else []
-            flags += ["exclusive"] if t.exclusive else []
-            extra = f"  [{', '.join(flags)}]" if flags else ""
-            print(f"{t.name}{extra}\n  {t.description.splitlines()[0] if t.description else ''}")
-            print("  " + json.dumps(t.parameters))
+    if args.format in PROVIDER_FORMATS:
+        print(json.dumps(provider_tools(registry, args.format), indent=2))
         return 0
-    print(json.dumps(specs, indent=2))
+    for t in registry:
+        flags = [f"timeout={t.timeout:g}s"] if t.timeout is not None else []
+        flags += ["exclusive"] if t.exclusive else []
+        extra = f"  [{', '.join(flags)}]" if flags else ""
+        print(f"{t.name}{extra}\n  {t.description.splitlines()[0] if t.description else ''}")
+        print("  " + json.dumps(t.parameters))
     return 0
+
+
+def provider_tools(registry: ToolRegistry, provider: str) -> list[dict[str, Any]]:
+    """The ``tools`` of a request to ``provider``, made by that adapter's own function:
+    what ``tak tools --format <provider>`` prints is what the adapter sends.
+
+    Raises:
+        UsageError: tool names that collide, or grow too long, on that provider's wire.
+    """
+    from ..models import anthropic_tools, gemini_tools, openai_tools
+
+    formats = {"openai": openai_tools, "anthropic": anthropic_tools, "gemini": gemini_tools}
+    return formats[provider](registry.definitions())
 
 
 def cmd_call(args: argparse.Namespace) -> int:

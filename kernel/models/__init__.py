@@ -2,12 +2,15 @@
 
 ``resolve_model("openai:gpt-4.1-mini", client=client)`` gives a ``Model``;
 ``async with model.stream(request) as events`` streams its answer and
-``await model.complete(request)`` waits for it. See docs/models.md.
+``await model.complete(request)`` waits for it. Each adapter owns its provider's
+tool format (``openai_tools``, ``anthropic_tools``, ``gemini_tools``, fed
+``kernel.tools.ToolDefinition`` records). See docs/models.md.
 
 This package imports httpx: ``import kernel`` does not import it.
 """
 
 from ._anthropic import AnthropicModel as AnthropicModel
+from ._anthropic import anthropic_tools as anthropic_tools
 from ._base import STOP_REASONS as STOP_REASONS
 from ._base import Model as Model
 from ._base import ModelEvent as ModelEvent
@@ -21,8 +24,10 @@ from ._base import ToolCallDelta as ToolCallDelta
 from ._base import Usage as Usage
 from ._fallback import FallbackModel as FallbackModel
 from ._gemini import GeminiModel as GeminiModel
+from ._gemini import gemini_tools as gemini_tools
 from ._http import open_http_client as open_http_client
 from ._openai import OpenAIModel as OpenAIModel
+from ._openai import openai_tools as openai_tools
 from ._prices import PRICES as PRICES
 from ._prices import Price as Price
 from ._prices import find_price as find_price
@@ -53,8 +58,11 @@ __all__ = [
     "TextDelta",
     "ToolCallDelta",
     "Usage",
+    "anthropic_tools",
     "find_price",
+    "gemini_tools",
     "open_http_client",
+    "openai_tools",
     "register_scripted_model",
     "resolve_model",
 ]

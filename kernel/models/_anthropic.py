@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..messages import Message
-from ..tools import ToolRegistry
+from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
@@ -30,6 +31,25 @@ _STOP_REASONS: Mapping[str, StopReason] = {
 _RETRYABLE_ERRORS = frozenset(
     {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
 )
+
+
+def anthropic_tools(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any]]:
+    """The ``tools`` list of a Messages request, names as sent (``fs.read`` is
+    ``fs__read``); ``tak tools --format anthropic`` prints this.
+
+    Raises:
+        UsageError: two tools share a wire name, or one is too long on the wire.
+    """
+    definitions = list(definitions)
+    names = ToolNameMap(d.name for d in definitions)
+    return [
+        {
+            "name": names.to_wire(d.name),
+            "description": d.description,
+            "input_schema": copy.deepcopy(d.parameters),
+        }
+        for d in definitions
+    ]
 
 
 class AnthropicModel(HTTPModel):
@@ -69,10 +89,7 @@ class AnthropicModel(HTTPModel):
         if system:
             body["system"] = system
         if request.tools:
-            specs = ToolRegistry(request.tools).anthropic_specs()
-            for spec in specs:
-                spec["name"] = names.to_wire(spec["name"])
-            body["tools"] = specs
+            body["tools"] = anthropic_tools(ToolRegistry(request.tools).definitions())
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if stream:

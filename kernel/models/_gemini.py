@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import json
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import httpx
 
 from ..messages import Message
-from ..tools import ToolRegistry
+from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
@@ -39,6 +41,77 @@ _STOP_REASONS: Mapping[str, StopReason] = {
 _RETRYABLE_STATUSES = frozenset(
     {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "INTERNAL", "DEADLINE_EXCEEDED"}
 )
+
+
+class _NotForGemini(Exception):
+    """The schema needs JSON Schema that Gemini's OpenAPI subset cannot say."""
+
+
+def _gemini_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert one of our schemas to the OpenAPI subset of Gemini's ``parameters``.
+
+    Gemini wants ``nullable`` instead of a null alternative, string-only
+    enums, and no ``additionalProperties`` or ``default``; it rejects an
+    object with no properties.
+    """
+    out: dict[str, Any] = {}
+    description = schema.get("description")
+    if "anyOf" in schema:
+        members = [m for m in schema["anyOf"] if m != {"type": "null"}]
+        if not members:
+            raise _NotForGemini("a value that can only be null")
+        if len(members) == 1:
+            out = _gemini_schema(members[0])
+        else:
+            out = {"anyOf": [_gemini_schema(m) for m in members]}
+        if len(members) < len(schema["anyOf"]):
+            out["nullable"] = True
+    elif "type" not in schema or schema["type"] == "null":
+        raise _NotForGemini("a value of any type")
+    else:
+        out["type"] = schema["type"]
+        if "enum" in schema:
+            if schema["type"] == "string":
+                out["enum"] = list(schema["enum"])
+            else:
+                # Gemini enums are strings only; say the choices instead.
+                allowed = ", ".join(json.dumps(v) for v in schema["enum"])
+                description = (
+                    f"{description} (one of {allowed})" if description else f"One of {allowed}."
+                )
+        if "items" in schema:
+            out["items"] = _gemini_schema(schema["items"])
+        if schema["type"] == "object":
+            if not schema.get("properties"):
+                raise _NotForGemini("an object without named properties")
+            out["properties"] = {k: _gemini_schema(v) for k, v in schema["properties"].items()}
+            out["required"] = list(schema.get("required", []))
+    if description:
+        out["description"] = description
+    return out
+
+
+def gemini_tools(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any]]:
+    """The ``tools`` list of a ``generateContent`` request; ``tak tools --format
+    gemini`` prints this.
+
+    One entry holding every function declaration (an empty list when there
+    are no tools); names go as they are (Gemini accepts ``.``). ``parameters``
+    is converted to Gemini's OpenAPI subset and left out for a tool without
+    parameters (Gemini refuses an object with no properties). A tool whose
+    schema that subset cannot express (``dict[str, T]``, ``Any``) is declared
+    with ``parametersJsonSchema`` instead, which takes JSON Schema as is.
+    """
+    declarations = []
+    for d in definitions:
+        declaration: dict[str, Any] = {"name": d.name, "description": d.description}
+        if d.parameters.get("properties"):
+            try:
+                declaration["parameters"] = _gemini_schema(d.parameters)
+            except _NotForGemini:
+                declaration["parametersJsonSchema"] = copy.deepcopy(d.parameters)
+        declarations.append(declaration)
+    return [{"functionDeclarations": declarations}] if declarations else []
 
 
 class GeminiModel(HTTPModel):
@@ -98,7 +171,7 @@ class GeminiModel(HTTPModel):
         if system:
             body["systemInstruction"] = {"parts": [{"text": system}]}
         if request.tools:
-            body["tools"] = ToolRegistry(request.tools).gemini_specs()
+            body["tools"] = gemini_tools(ToolRegistry(request.tools).definitions())
         config: dict[str, Any] = {}
         if request.max_tokens is not None:
             config["maxOutputTokens"] = request.max_tokens

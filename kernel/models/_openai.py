@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..messages import Message
-from ..tools import ToolRegistry
+from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
@@ -23,6 +24,28 @@ _STOP_REASONS: Mapping[str, StopReason] = {
     "length": "max_tokens",
     "content_filter": "content_filter",
 }
+
+
+def openai_tools(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any]]:
+    """The ``tools`` list of a Chat Completions request, names as sent (``fs.read`` is
+    ``fs__read``); ``tak tools --format openai`` prints this.
+
+    Raises:
+        UsageError: two tools share a wire name, or one is too long on the wire.
+    """
+    definitions = list(definitions)
+    names = ToolNameMap(d.name for d in definitions)
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": names.to_wire(d.name),
+                "description": d.description,
+                "parameters": copy.deepcopy(d.parameters),
+            },
+        }
+        for d in definitions
+    ]
 
 
 class OpenAIModel(HTTPModel):
@@ -47,10 +70,7 @@ class OpenAIModel(HTTPModel):
             messages.extend(_messages(message, names))
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         if request.tools:
-            specs = ToolRegistry(request.tools).openai_specs()
-            for spec in specs:
-                spec["function"]["name"] = names.to_wire(spec["function"]["name"])
-            body["tools"] = specs
+            body["tools"] = openai_tools(ToolRegistry(request.tools).definitions())
         if request.max_tokens is not None:
             official = urlsplit(self.base_url).hostname == "api.openai.com"
             body["max_completion_tokens" if official else "max_tokens"] = request.max_tokens

@@ -1,0 +1,35 @@
+"""The exceptions a tool's arguments or its run raise, and how a failure reads."""
+
+from __future__ import annotations
+
+from ..messages import ErrorKind
+
+
+class ArgumentError(Exception):
+    """Arguments failed the tool's schema.
+
+    ``str(exc)`` names each failing path and why, joined by ``; ``:
+    ``$.items[2].name: expected int, got str``.
+    """
+
+
+class ToolFailure(Exception):
+    """Raised by a tool (or whatever runs it) to choose the observation's error kind.
+
+    ``raise ToolFailure("denied", "network access to example.org:443 was not declared")``
+    """
+
+    def __init__(self, kind: ErrorKind, message: str, *, type: str | None = None) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.message = message
+        self.type = type or "ToolFailure"
+
+
+def describe_exception(exc: BaseException) -> str:
+    """How a tool's exception reads in its observation: its message, or for an
+    exception group one ``Type: message`` per sub-exception, on one line."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [f"{type(e).__name__}: {describe_exception(e)}" for e in exc.exceptions]
+        return f"{exc.message} ({len(exc.exceptions)} sub-exceptions): " + "; ".join(leaves)
+    return str(exc) or type(exc).__name__
