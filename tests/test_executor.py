@@ -28,6 +28,7 @@ from kernel import (
 )
 from kernel.errors import UsageError
 from kernel.executor import CallEvent
+from kernel.tools import RunContext, Tool
 
 
 @tool
@@ -700,3 +701,86 @@ async def test_arguments_of_the_wrong_type_are_bad_arguments(arguments: Any) -> 
 def test_call_limits_name_the_bad_field(limits: dict[str, Any]) -> None:
     with pytest.raises(UsageError, match=f"CallLimits.{next(iter(limits))}"):
         CallLimits(**limits)
+
+
+# --- the runner seam: one place where a tool runs -----------------------------------
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string"},
+        "mode": {"enum": ["r", "w"], "default": "r"},
+        "size": {"type": "number"},
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+
+
+@attrs.define
+class RecordingRunner:
+    """A runner of our own (a mock transport, in httpx's terms): records what it got."""
+
+    received: list[tuple[dict[str, Any], RunContext]] = attrs.Factory(list)
+
+    async def run(self, arguments: dict[str, Any], ctx: RunContext) -> Any:
+        self.received.append((arguments, ctx))
+        if arguments["path"] == "fail":
+            raise ToolFailure("denied", "not there")
+        return {"read": arguments["path"]}
+
+
+async def test_a_custom_runner_gets_the_validated_json_once() -> None:
+    runner = RecordingRunner()
+    t = Tool(
+        name="fs.read", description="", parameters=SCHEMA, fn=None, is_async=True, runner=runner
+    )
+    assert t.active_runner is runner
+    obs = await run_tool_calls(
+        [
+            call(0, "fs.read", '{"path": "a", "size": 2}'),
+            call(1, "fs.read", {"path": "fail"}),
+            call(2, "fs.read", {"path": 3}),
+        ],
+        [t],
+    )
+    assert [o.content for o in obs[:2]] == ['{"read": "a"}', "Error (denied): not there"]
+    assert kinds(obs) == [None, "denied", "bad_arguments"]
+    assert obs[2].error is not None and obs[2].error.message == "$.path: expected str, got int"
+    # Parsed, checked, defaults filled in, numbers as the schema says; never structured.
+    assert [arguments for arguments, _ in runner.received] == [
+        {"path": "a", "size": 2.0, "mode": "r"},
+        {"path": "fail", "mode": "r"},
+    ]
+
+
+async def test_a_remote_tool_is_sent_the_callers_json_object_as_is() -> None:
+    received: list[dict[str, Any]] = []
+
+    async def invoke(arguments: dict[str, Any]) -> Any:
+        received.append(arguments)
+        return "ok"
+
+    remote = Tool(
+        name="fs.read", description="", parameters=SCHEMA, fn=None, is_async=True, invoke=invoke
+    )
+    arguments = {"path": "a", "mode": "w", "size": 1.5}
+    [obs] = await run_tool_calls([call(0, "fs.read", arguments)], [remote])
+    assert obs.content == "ok"
+    assert received[0] is arguments  # nothing to fill in: not even copied
+
+
+async def test_sync_tools_run_in_threads_bounded_by_the_batch(
+    thread_clock: trio.abc.Clock,
+) -> None:
+    seen: set[int] = set()
+
+    @tool
+    def where() -> int:
+        """Which thread."""
+        seen.add(threading.get_ident())
+        return 1
+
+    obs = await run_tool_calls([call(i, "where", {}) for i in range(4)], [where])
+    assert kinds(obs) == [None] * 4
+    assert threading.get_ident() not in seen

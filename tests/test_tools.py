@@ -587,3 +587,68 @@ def test_evolve_keeps_validation() -> None:
     evolved = attrs.evolve(place, name="remote_place", invoke=_never, timeout=5)
     assert evolved.validate({"city": "Oslo", "items": [{"name": "tea"}]})["items"] == [Item("tea")]
     assert error_of(evolved, {"items": []}) == "$.city: required argument missing"
+
+
+# --- a schema-only tool checks arguments as the converter would --------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2) | st.sampled_from(["r", "x"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("nmx"), inner),
+    max_leaves=6,
+)
+place_from_schema = Tool(
+    name="place", description="", parameters=place.parameters, fn=None, is_async=True
+)
+
+
+@given(place_arguments, st.sampled_from([*place.parameters["properties"], "nope"]), json_values)
+def test_a_schema_only_tool_accepts_what_the_typed_one_does(
+    arguments: dict[str, Any], key: str, value: Any
+) -> None:
+    # The schema's checks (kernel side) and the converter (worker side) must agree,
+    # or a worker would get arguments it refuses, or a good call would be refused.
+    arguments = {**arguments, key: value}
+    try:
+        expected: Any = place.validate_json(arguments)
+    except ArgumentError:
+        expected = ArgumentError
+    try:
+        got: Any = place_from_schema.validate(arguments)
+    except ArgumentError:
+        got = ArgumentError
+    assert got == expected
+
+
+@given(
+    st.fixed_dictionaries(
+        {"path": json_values},
+        optional={"mode": json_values, "limit": json_values, "lines": json_values},
+    )
+)
+def test_schema_checks_and_converter_agree_on_any_json(arguments: dict[str, Any]) -> None:
+    from kernel.tools._remote import _class_from_schema
+    from kernel.tools._strict import STRUCTURE_ERRORS
+    from kernel.tools._strict import converter as strict
+
+    cls = _class_from_schema(REMOTE_SCHEMA, "t")
+    try:
+        strict.structure(arguments, cls)
+    except STRUCTURE_ERRORS:
+        accepted = False
+    else:
+        accepted = True
+    try:
+        remote.validate(arguments)
+    except ArgumentError:
+        assert not accepted
+    else:
+        assert accepted
+
+
+def test_schema_checks_send_the_object_as_is_when_nothing_is_filled_in() -> None:
+    arguments = {"path": "a", "mode": "w", "lines": [{"n": 1}], "meta": {"x": 1.5}}
+    assert remote.validate(arguments) is arguments
+    filled = remote.validate({"path": "a"})
+    assert filled == {"path": "a", "mode": "r"}
+    # Numbers become what the schema says, as the converter makes them.
+    assert remote.validate({"path": "a", "meta": {"x": 1}})["meta"] == {"x": 1.0}
