@@ -1,4 +1,4 @@
-"""Where the kernel keeps its files: ``TAK_HOME`` (default ``~/.tak``).
+"""Where the kernel keeps its files (``TAK_HOME``, default ``~/.tak``) and its ``tak.toml``.
 
 ::
 
@@ -7,19 +7,34 @@
     $TAK_HOME/workspace/  the default workspace for tools and plugins
 
 Code never writes beside itself: everything goes under a ``TakHome``.
+
+``tak.toml`` is read once, into a ``Config`` record (``TakHome.read_config``),
+and checked as a whole: a wrong value or an unknown setting is refused at
+start with one line that names the file and the setting's path in it::
+
+    ~/.tak/config/tak.toml: $.sandbox.allow_unsandboxed: expected a boolean, got "yes"
+
+The older readers (``TakHome.load_config``, ``workspace_max_bytes``,
+``store_url``) work on the parsed TOML as a mapping, for code that still
+takes one.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    import cattrs
 
 STORE_URL_ENV = "TAK_STORE_URL"
 
@@ -51,24 +66,49 @@ class TakHome:
         """``config/tak.toml``: ``[sandbox] allow_unsandboxed`` and ``[plugins.<name>]``."""
         return self.config / "tak.toml"
 
+    def read_config(self) -> Config:
+        """``tak.toml``, read and checked (the defaults when there is no file).
+
+        Blocking file I/O: from Trio, call it in a thread.
+
+        Raises:
+            UsageError: the file is not valid TOML, or a setting is wrong or
+                unknown: one line naming the file and the setting's ``$.path``.
+        """
+        data = self._read_toml()
+        return Config() if data is None else Config.from_toml(data, source=self.config_file)
+
     def load_config(self) -> dict[str, Any]:
-        """The parsed ``tak.toml`` (empty when there is none).
+        """The parsed ``tak.toml`` as a mapping (empty when there is none).
+
+        Kept for code that takes the mapping; ``read_config`` checks every
+        setting and gives a ``Config``.
 
         Raises:
             UsageError: the file is not valid TOML (the message names it and the line),
                 or a setting this module checks is wrong (``[workspace] max_bytes``,
                 ``[store] url``).
         """
-        try:
-            with open(self.config_file, "rb") as f:
-                config = tomllib.load(f)
-        except FileNotFoundError:
+        config = self._read_toml()
+        if config is None:
             return {}
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"{self.config_file}: {exc}") from None
         workspace_max_bytes(config, self.config_file)  # refused here, at start, not later
         store_url(config, self.config_file)
         return config
+
+    def _read_toml(self) -> dict[str, Any] | None:
+        """The parsed file, ``None`` when there is none.
+
+        Raises:
+            UsageError: not valid TOML (the message names the file and the line).
+        """
+        try:
+            with open(self.config_file, "rb") as f:
+                return tomllib.load(f)
+        except FileNotFoundError:
+            return None
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{self.config_file}: {exc}") from None
 
     @property
     def data(self) -> Path:
@@ -141,3 +181,214 @@ def store_url(config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.t
         shown = url.split("://", 1)[0] + "://..." if isinstance(url, str) and "://" in url else url
         raise UsageError(f"{where} must be a postgresql:// URL, got {shown!r}")
     return url
+
+
+# -- tak.toml as a record ------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SandboxConfig:
+    """``[sandbox]``.
+
+    Attributes:
+        allow_unsandboxed: run plugins that need isolation where Landlock or
+            seccomp is missing (the default refuses them: fail closed).
+    """
+
+    allow_unsandboxed: bool = False
+
+
+def _check_url(value: str | None) -> None:
+    if value is not None and not value.startswith(("postgresql://", "postgres://")):
+        raise _BadValue(f"expected a postgresql:// URL, got {_shown(_shown_url(value))}")
+
+
+def _check_bytes(value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise _BadValue(f"expected a positive whole number of bytes, got {_shown(value)}")
+
+
+def _validator(check: Callable[[Any], None]) -> Callable[[object, attrs.Attribute[Any], Any], None]:
+    """``check`` as an attrs validator (a record made in code is checked like one read)."""
+
+    def validate(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        try:
+            check(value)
+        except _BadValue as exc:
+            raise UsageError(f"{type(instance).__name__}.{attribute.name}: {exc}") from None
+
+    return validate
+
+
+@attrs.frozen(kw_only=True)
+class StoreConfig:
+    """``[store]``.
+
+    Attributes:
+        url: a ``postgresql://`` URL: sessions live in PostgreSQL (``$TAK_STORE_URL``
+            wins over it); ``None``: files under ``data/sessions``. Only the shape is
+            checked here; the store checks the rest when it is made.
+    """
+
+    url: str | None = attrs.field(default=None, validator=_validator(_check_url))
+
+
+@attrs.frozen(kw_only=True)
+class WorkspaceConfig:
+    """``[workspace]``.
+
+    Attributes:
+        max_bytes: the workspace's disk budget (``None``: the plugin host's default).
+    """
+
+    max_bytes: int | None = attrs.field(default=None, validator=_validator(_check_bytes))
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """``tak.toml``: what ``TakHome.read_config`` gives.
+
+    Attributes:
+        sandbox: ``[sandbox]``.
+        store: ``[store]``.
+        workspace: ``[workspace]``.
+        plugins: ``[plugins.<name>]``: each plugin's own settings (what its
+            tools see as ``context().config``), checked by the plugin.
+    """
+
+    sandbox: SandboxConfig = SandboxConfig()
+    store: StoreConfig = StoreConfig()
+    workspace: WorkspaceConfig = WorkspaceConfig()
+    plugins: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_toml(
+        cls, data: Mapping[str, Any], *, source: str | os.PathLike[str] = "tak.toml"
+    ) -> Config:
+        """``data`` (parsed TOML) checked into a ``Config``.
+
+        Raises:
+            UsageError: ``{source}: $.path: reason`` for the first thing wrong
+                (every one, joined by ``; ``, when there are several).
+        """
+        from .messages import structure_error_paths
+
+        try:
+            config: Config = _config_converter().structure(dict(data), cls)
+        except Exception as exc:
+            problems = structure_error_paths(exc, "$", _format_problem)
+            detail = "; ".join(f"{path}: {reason}" for path, reason in problems)
+            raise UsageError(f"{source}: {detail}") from None
+        return config
+
+    def to_toml(self) -> dict[str, Any]:
+        """The mapping ``tak.toml`` would parse to (settings left at their default left out).
+
+        For code that takes the parsed TOML (``kernel.store.open_store``,
+        ``plugins.open_plugin_host``).
+        """
+        data: dict[str, Any] = _config_converter().unstructure(self)
+        return data
+
+    def with_plugin_settings(self, settings: Mapping[str, Mapping[str, Any]]) -> Config:
+        """This config with ``settings`` replacing the same plugins' ``[plugins.<name>]``."""
+        return attrs.evolve(
+            self, plugins={**self.plugins, **{name: dict(v) for name, v in settings.items()}}
+        )
+
+
+class _BadValue(ValueError):
+    """A config value refused, with the reason as a person reads it."""
+
+
+_NAMES = {bool: "a boolean", int: "a whole number", str: "a string", float: "a number"}
+
+
+def _shown(value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # a TOML date or time
+        return str(value)
+
+
+def _shown_url(url: str) -> str:
+    # A URL may carry a password: show its scheme only.
+    return url.split("://", 1)[0] + "://..." if "://" in url else url
+
+
+def _format_problem(exc: BaseException, expected: type | None) -> str:
+    import cattrs
+    import cattrs.v
+
+    if isinstance(exc, _BadValue):
+        return str(exc)
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        known = ", ".join(a.name for a in attrs.fields(exc.cl)) if exc.cl else ""
+        unknown = ", ".join(repr(k) for k in sorted(exc.extra_fields))
+        return f"unknown setting {unknown} (known: {known})"
+    if isinstance(exc, KeyError):
+        return "required setting missing"
+    if isinstance(exc, AttributeError) and str(exc).endswith("no attribute 'items'"):
+        return "expected a table"  # cattrs read a table's items from something else
+    return cattrs.v.format_exception(exc, expected)
+
+
+_T = TypeVar("_T")
+
+
+@functools.cache
+def _config_converter() -> cattrs.Converter:
+    """The converter for ``Config``, made on first use.
+
+    ``import kernel.home`` stays cheap: every ``tak`` command imports it, and
+    cattrs loads only when a config is read.
+    """
+    from cattrs.gen import make_dict_structure_fn, override
+
+    from .messages import converter
+
+    # Its own copy: config hooks (TOML tables, error wording) are not message hooks.
+    conv = converter.copy(omit_if_default=True)
+
+    def strict(expected: type, check: Callable[[Any], None] | None = None) -> Any:
+        def hook(value: Any, _: Any) -> Any:
+            # bool is an int in Python, and cattrs would turn "3" into 3: refuse both.
+            if type(value) is not expected:
+                raise _BadValue(f"expected {_NAMES[expected]}, got {_shown(value)}")
+            if check is not None:
+                check(value)  # here, so that the error's path names the setting
+            return value
+
+        return hook
+
+    for t in (str, int, bool):
+        conv.register_structure_hook(t, strict(t))
+
+    def table(value: Any, _: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            raise _BadValue(f"expected a table, got {_shown(value)}")
+        return dict(value)
+
+    # [plugins.<name>]: each a table, its contents the plugin's to check. (A
+    # generic alias is not a class: registered by predicate, before the records'
+    # hooks are made, since they look their fields' hooks up when made.)
+    conv.register_structure_hook_func(lambda t: t == dict[str, Any], table)
+
+    def section(cls: type[_T], **fields: Any) -> Callable[[Any, Any], _T]:
+        structure = make_dict_structure_fn(cls, conv, **fields)
+
+        def hook(value: Any, _: Any) -> _T:
+            return structure(table(value, None), cls)
+
+        return hook
+
+    conv.register_structure_hook(SandboxConfig, section(SandboxConfig))
+    conv.register_structure_hook(
+        StoreConfig, section(StoreConfig, url=override(struct_hook=strict(str, _check_url)))
+    )
+    conv.register_structure_hook(
+        WorkspaceConfig,
+        section(WorkspaceConfig, max_bytes=override(struct_hook=strict(int, _check_bytes))),
+    )
+    conv.register_structure_hook(Config, section(Config))
+    return conv

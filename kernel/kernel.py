@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import trio
 
 from .agent import (
@@ -42,7 +43,7 @@ from .errors import UsageError
 from .executor import CallLimits
 from .history import HistoryCache
 from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
-from .home import TakHome
+from .home import Config, TakHome
 from .messages import Message, Observation, ToolCall
 from .models import Model, open_http_client, resolve_model
 from .plugin import ToolContext, use_context
@@ -77,8 +78,12 @@ class Kernel:
         nursery: trio.Nursery,
         plugins: PluginHost,
         http_client: httpx.AsyncClient | None = None,
+        config: Config | None = None,
     ) -> None:
         self.home = home
+        #: ``tak.toml`` as this kernel read it, with ``open_kernel``'s overrides
+        #: (``plugin_config``, ``allow_unsandboxed``): the settings in force.
+        self.config = config if config is not None else Config()
         self.workspace = workspace
         self.store = store
         self.tools = tools
@@ -247,20 +252,23 @@ async def open_kernel(
 
     Raises:
         UsageError: a bad model string, a missing API key, a workspace that is
-            not a directory, an unreadable ``tak.toml`` or a bad store URL.
+            not a directory, an unreadable ``tak.toml``, a wrong or unknown setting
+            in it (``kernel.home.Config``) or a bad store URL.
     """
     from plugins import open_plugin_host
 
     tak_home, work = await trio.to_thread.run_sync(_prepare_dirs, home, workspace)
-    config = await trio.to_thread.run_sync(tak_home.load_config)
+    config = await trio.to_thread.run_sync(tak_home.read_config)
     if plugin_config:
-        sections = config.get("plugins", {})
-        config["plugins"] = {**sections, **{k: dict(v) for k, v in plugin_config.items()}}
-    if allow_unsandboxed is None:
-        allow_unsandboxed = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
+        config = config.with_plugin_settings(plugin_config)
+    if allow_unsandboxed is not None:
+        sandbox = attrs.evolve(config.sandbox, allow_unsandboxed=allow_unsandboxed)
+        config = attrs.evolve(config, sandbox=sandbox)
+    # The store and the plugin host take tak.toml as the mapping it parses to.
+    settings = config.to_toml()
     owned_store = store is None
     the_store: SessionStore = (
-        store if store is not None else open_store(tak_home, config, durability=durability)
+        store if store is not None else open_store(tak_home, settings, durability=durability)
     )
     try:
         async with (
@@ -269,8 +277,8 @@ async def open_kernel(
                 plugins=plugins,
                 extra_plugins=extra_plugins,
                 tools=tools,
-                config=config,
-                allow_unsandboxed=allow_unsandboxed,
+                config=settings,
+                allow_unsandboxed=config.sandbox.allow_unsandboxed,
                 home=tak_home,
             ) as host,
             open_http_client() as client,
@@ -302,6 +310,7 @@ async def open_kernel(
                         nursery=nursery,
                         plugins=host,
                         http_client=client,
+                        config=config,
                     )
                     # Background work (compaction) is optional: don't hold the exit for it.
                     nursery.cancel_scope.cancel()

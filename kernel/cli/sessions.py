@@ -81,8 +81,8 @@ def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -
 
     async def main() -> int:
         home = TakHome.locate(args.home)
-        config = await trio.to_thread.run_sync(home.load_config)
-        async with open_store(home, config) as store:
+        config = await trio.to_thread.run_sync(home.read_config)
+        async with open_store(home, config.to_toml()) as store:
             return await body(store)
 
     try:

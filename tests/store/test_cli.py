@@ -117,3 +117,15 @@ def test_show_marks_calls_whose_results_never_landed(
     out = capsys.readouterr().out
     assert "<- add  [call c1]\n     4" in out  # answered in the older one-append form
     assert "<- write (error)  [call c9]\n     Error (crashed): the kernel stopped" in out
+
+
+def test_a_wrong_setting_in_tak_toml_is_one_line(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = TakHome(home).ensure().config_file
+    config.write_text('[store]\nurl = "sqlite:///x"\n')
+    assert tak(home, "sessions", "ls") == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f'tak: error: {config}: $.store.url: expected a postgresql:// URL, got "sqlite://..."\n'
+    )

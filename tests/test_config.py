@@ -1,0 +1,129 @@
+"""tak.toml as a ``Config`` record: read once, every setting checked, errors point into the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernel import UsageError, open_kernel
+from kernel.home import Config, SandboxConfig, StoreConfig, TakHome, WorkspaceConfig
+
+FILE = "/h/tak.toml"
+
+
+def home_with(tmp_path: Path, toml: str) -> TakHome:
+    home = TakHome(tmp_path).ensure()
+    home.config_file.write_text(toml)
+    return home
+
+
+def test_no_file_is_the_defaults(tmp_path: Path) -> None:
+    assert TakHome(tmp_path).read_config() == Config()
+    assert Config().to_toml() == {}  # a setting at its default is left out
+
+
+def test_every_section_is_read_into_its_record(tmp_path: Path) -> None:
+    home = home_with(
+        tmp_path,
+        "[sandbox]\nallow_unsandboxed = true\n"
+        '[store]\nurl = "postgresql://tak@db/tak"\n'
+        "[workspace]\nmax_bytes = 1000\n"
+        '[plugins.web]\nallow_hosts = ["example.org"]\n',
+    )
+    config = home.read_config()
+    assert config == Config(
+        sandbox=SandboxConfig(allow_unsandboxed=True),
+        store=StoreConfig(url="postgresql://tak@db/tak"),
+        workspace=WorkspaceConfig(max_bytes=1000),
+        plugins={"web": {"allow_hosts": ["example.org"]}},
+    )
+    # What code that takes the parsed mapping is given: the file as it was.
+    assert config.to_toml() == home.load_config()
+    overridden = config.with_plugin_settings({"web": {"allow_hosts": []}, "notes": {}})
+    assert overridden.plugins == {"web": {"allow_hosts": []}, "notes": {}}
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (
+            {"sandbox": {"allow_unsandboxed": "yes"}},
+            '$.sandbox.allow_unsandboxed: expected a boolean, got "yes"',
+        ),
+        ({"sandbox": "on"}, '$.sandbox: expected a table, got "on"'),
+        ({"sandox": {}}, "$: unknown setting 'sandox' (known: sandbox, store, workspace, plugins)"),
+        (
+            {"sandbox": {"allow": True}},
+            "$.sandbox: unknown setting 'allow' (known: allow_unsandboxed)",
+        ),
+        ({"store": {"url": 5}}, "$.store.url: expected a string, got 5"),
+        (
+            {"store": {"url": "mysql://root:secret@db/x"}},
+            '$.store.url: expected a postgresql:// URL, got "mysql://..."',  # no password
+        ),
+        ({"store": {"path": "x"}}, "$.store: unknown setting 'path' (known: url)"),
+        (
+            {"workspace": {"max_bytes": 0}},
+            "$.workspace.max_bytes: expected a positive whole number of bytes, got 0",
+        ),
+        (
+            {"workspace": {"max_bytes": 1.5}},
+            "$.workspace.max_bytes: expected a whole number, got 1.5",
+        ),
+        (
+            {"workspace": {"max_bytes": True}},
+            "$.workspace.max_bytes: expected a whole number, got true",
+        ),
+        ({"plugins": {"web": 3}}, "$.plugins['web']: expected a table, got 3"),
+        ({"plugins": "web"}, "$.plugins: expected a table"),
+    ],
+)
+def test_a_wrong_setting_is_one_line_naming_the_file_and_its_path(
+    data: dict[str, object], error: str
+) -> None:
+    with pytest.raises(UsageError) as caught:
+        Config.from_toml(data, source=FILE)
+    assert str(caught.value) == f"{FILE}: {error}"
+
+
+def test_every_wrong_setting_is_named(tmp_path: Path) -> None:
+    home = home_with(
+        tmp_path, '[sandbox]\nallow_unsandboxed = "yes"\n[workspace]\nmax_bytes = -1\n'
+    )
+    with pytest.raises(UsageError) as caught:
+        home.read_config()
+    assert str(caught.value) == (
+        f'{home.config_file}: $.sandbox.allow_unsandboxed: expected a boolean, got "yes"; '
+        "$.workspace.max_bytes: expected a positive whole number of bytes, got -1"
+    )
+
+
+def test_not_toml_names_the_file_and_line(tmp_path: Path) -> None:
+    home = home_with(tmp_path, "[sandbox\n")
+    with pytest.raises(UsageError, match=rf"^{home.config_file}: .*line 1"):
+        home.read_config()
+
+
+def test_records_made_in_code_are_checked_too() -> None:
+    with pytest.raises(UsageError, match=r"^WorkspaceConfig.max_bytes: expected a positive"):
+        WorkspaceConfig(max_bytes=0)
+    with pytest.raises(UsageError, match=r"^StoreConfig.url: expected a postgresql:// URL"):
+        StoreConfig(url="sqlite:///x")
+
+
+async def test_open_kernel_refuses_a_wrong_setting_at_start(tmp_path: Path) -> None:
+    home_with(tmp_path, "[sandbox]\nallow_unsandboxed = 1\n")
+    with pytest.raises(UsageError, match=r"\$\.sandbox\.allow_unsandboxed: expected a boolean"):
+        async with open_kernel(home=tmp_path, plugins=[]):
+            pass
+
+
+async def test_the_kernel_holds_the_settings_in_force(tmp_path: Path) -> None:
+    home_with(tmp_path, "[sandbox]\nallow_unsandboxed = true\n[plugins.web]\nallow_hosts = []\n")
+    async with open_kernel(
+        home=tmp_path, plugins=[], plugin_config={"notes": {"x": 1}}, allow_unsandboxed=False
+    ) as k:
+        assert k.config.sandbox.allow_unsandboxed is False
+        assert k.config.plugins == {"web": {"allow_hosts": []}, "notes": {"x": 1}}
+        assert k.plugins.plugin_config("notes") == {"x": 1}
