@@ -18,7 +18,8 @@
         ...
 
 Every sandbox worker imports this module, so it stays as light as ``kernel.tools``:
-no trio, no httpx, no sandbox at import time.
+no trio, no httpx; of the sandbox only its permission validators (``sandbox._policy``).
+The host maps ``Permissions`` onto the sandbox's ``Policy`` (``plugins.policy_for``).
 """
 
 from __future__ import annotations
@@ -28,35 +29,29 @@ import contextvars
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import attrs
+
+from sandbox import WorkspaceAccess, check_network, check_workspace_access
 
 from .errors import UsageError
 from .tools import TOOL_NAME_PATTERN, Tool, tool
 
 if TYPE_CHECKING:
-    from sandbox import Policy, Workspace
-
-WorkspaceAccess = Literal["read", "write"]
+    from sandbox import Workspace
 
 _PLUGIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 _PERMISSION_KEYS = ("workspace", "network", "subprocess")
 
 
+# One set of validators for permissions and the sandbox's Policy (sandbox._policy).
 def _check_workspace(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value not in ("read", "write"):
-        raise UsageError(f"permissions.workspace: expected 'read' or 'write', got {value!r}")
+    check_workspace_access(value, "permissions.workspace")
 
 
 def _check_network(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    for position, entry in enumerate(value):
-        host, sep, port = str(entry).rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(
-                f"permissions.network[{position}]: expected 'host:port' (host may be '*'), "
-                f"got {entry!r}"
-            )
+    check_network(value, "permissions.network")
 
 
 def _network_tuple(value: Any) -> tuple[str, ...]:
@@ -104,13 +99,6 @@ class Permissions:
                 f"known: {', '.join(_PERMISSION_KEYS)}"
             )
         return cls(**dict(value))
-
-    def policy(self) -> Policy:
-        """The sandbox ``Policy`` of a worker running a plugin with these permissions."""
-        from sandbox import Policy
-
-        network: Any = self.network  # Policy's tuple converter hides its type from mypy
-        return Policy(workspace=self.workspace, network=network, subprocess=self.subprocess)
 
     def describe(self) -> str:
         """``workspace: write, network: a:443, subprocess`` — for listings and errors."""

@@ -1,12 +1,23 @@
-"""Built-in plugins (``plugins.fs``, ``shell``, ``web``, ``python``, ``notes``) and the host.
+"""The plugins floor: loading plugins, the host, the worker program, the built-ins.
 
-``import plugins`` stays cheap: every worker that serves a built-in imports
-this package first. The host and discovery load on first use:
+Above the authoring API (``kernel.plugin``) and the sandbox's mechanism
+(``sandbox``), below the agent. Built-in plugins: ``plugins.fs``, ``shell``,
+``web``, ``python``, ``notes``. The worker program every plugin worker runs is
+``python -I -m plugins._worker FD`` (confine, load the plugin, serve frames).
+
+``import plugins`` stays cheap: every worker imports this package first. The
+host and discovery load on first use:
 
 - ``open_plugin_host``, ``PluginHost``: load plugins, one registry of their tools.
 - ``LoadedPlugin``, ``PluginLoadError``: what ``tak plugins ls`` shows.
 - ``discover_plugins``, ``PluginSource``: entry points and workspace plugins.
 - ``BUILTIN_PLUGINS``, ``ENTRY_POINT_GROUP``, ``WORKSPACE_PLUGIN_DIR``.
+- ``policy_for``: a plugin's ``Permissions`` as the sandbox's ``Policy``;
+  ``remote_tools``: a started ``sandbox.Worker``'s tools, ready for the executor.
+- ``find_plugin``, ``load_plugin``: the ``Plugin`` in a module or target.
+- ``trust_plugin``, ``TrustStore``, ``TrustedPlugin``, ``TRUST_FILE``,
+  ``source_key``: approvals of discovered plugins (``tak plugins trust``).
+- ``scaffold_plugin``, ``package_name``: a new plugin project (``tak plugins new``).
 
 See docs/plugins.md.
 """
@@ -24,6 +35,18 @@ _EXPORTS: dict[str, str] = {
     "PluginLoadError": "_host",
     "PluginSpec": "_host",
     "PROBE_POLICY": "_host",
+    "trust_plugin": "_host",
+    "policy_for": "_remote",
+    "remote_tools": "_remote",
+    "find_plugin": "_loading",
+    "load_plugin": "_loading",
+    "TrustStore": "_trust",
+    "TrustedPlugin": "_trust",
+    "TrustError": "_trust",
+    "TRUST_FILE": "_trust",
+    "source_key": "_trust",
+    "scaffold_plugin": "_scaffold",
+    "package_name": "_scaffold",
     "PluginSource": "_discovery",
     "discover_plugins": "_discovery",
     "source_for": "_discovery",
@@ -47,6 +70,18 @@ if TYPE_CHECKING:
     from ._host import PluginLoadError as PluginLoadError
     from ._host import PluginSpec as PluginSpec
     from ._host import open_plugin_host as open_plugin_host
+    from ._host import trust_plugin as trust_plugin
+    from ._loading import find_plugin as find_plugin
+    from ._loading import load_plugin as load_plugin
+    from ._remote import policy_for as policy_for
+    from ._remote import remote_tools as remote_tools
+    from ._scaffold import package_name as package_name
+    from ._scaffold import scaffold_plugin as scaffold_plugin
+    from ._trust import TRUST_FILE as TRUST_FILE
+    from ._trust import TrustedPlugin as TrustedPlugin
+    from ._trust import TrustError as TrustError
+    from ._trust import TrustStore as TrustStore
+    from ._trust import source_key as source_key
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -47,19 +47,29 @@ from types import ModuleType
 from typing import Any
 
 import attrs
+import cattrs
 import trio
 
-from kernel.errors import KernelError, UsageError
+from kernel.errors import KernelError, SandboxError, UsageError
 from kernel.home import TakHome, workspace_max_bytes
+from kernel.messages import converter, describe_structure_error
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
 from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolFailure, ToolRegistry
-from sandbox import IsolationSupport, Policy, Workspace, open_worker_pool
-from sandbox._logtext import escape_log_text
-from sandbox._workspace import DEFAULT_MAX_BYTES
-from sandbox.pool import Worker, WorkerPool
-from sandbox.worker import find_plugin
+from sandbox import (
+    DEFAULT_MAX_BYTES,
+    IsolationSupport,
+    Policy,
+    Worker,
+    WorkerPool,
+    Workspace,
+    check_workspace_overlap,
+    escape_log_text,
+    open_worker_pool,
+)
 
 from ._discovery import PluginSource, builtin_sources, discover_plugins, source_for
+from ._loading import PluginInfo, find_plugin, tool_spec
+from ._remote import policy_for, remote_tool
 from ._trust import (
     MAX_FILE_BYTES,
     TRUST_FILE,
@@ -332,7 +342,7 @@ class PluginHost:
         else:
             worker = self._worker(source, plugin.name, plugin.permissions)
             after = self._budget_check(plugin.permissions)
-            tools = [_remote(t, worker, after) for t in plugin.tools]
+            tools = [remote_tool(tool_spec(t), worker, after) for t in plugin.tools]
             isolation = self._isolation(plugin.permissions)
         if not tools:
             raise UsageError(f"plugin {plugin.name} defines no tools")
@@ -362,16 +372,16 @@ class PluginHost:
         probe = await self.pool.start(
             target.target, policy=PROBE_POLICY, name=_stem(target), path=target.path
         )
-        info = probe.plugin_info
-        if info is None:
+        if probe.plugin_info is None:
             await probe.aclose()
             raise UsageError(f"{source.target} has no `plugin = Plugin(...)` (see docs/plugins.md)")
-        name = str(info["name"])
         try:
-            permissions = Permissions.from_mapping(info["permissions"])
+            info = _plugin_info(probe.plugin_info)
+            permissions = Permissions.from_mapping(info.permissions)
         except KernelError:
             await probe.aclose()
             raise
+        name = info.name
         probe.name = name
         if approval is not None and (approval.name, approval.permissions) != (name, permissions):
             await probe.aclose()
@@ -381,15 +391,16 @@ class PluginHost:
                 f"{approval.name} with {approval.permissions.describe()}",
                 approve,
             )
-        if permissions.policy() == PROBE_POLICY:
+        if policy_for(permissions) == PROBE_POLICY:
             worker = probe  # it already runs with what the plugin declared
             worker.config = self.plugin_config(name)
         else:
             await probe.aclose()
             worker = self._worker(target, name, permissions)
         after = self._budget_check(permissions)
-        tools = [_remote(t, worker, after) for t in probe.tools]
-        if info.get("in_process"):
+        # Built once, here, from the probe's greeting: the pool builds no tools.
+        tools = [remote_tool(spec, worker, after) for spec in probe.specs]
+        if info.in_process:
             logger.info(
                 "plugin %s asks to run in process; third-party plugins never do",
                 escape_log_text(name),
@@ -397,8 +408,8 @@ class PluginHost:
         return _Candidate(
             source,
             name,
-            str(info["version"]),
-            str(info["description"]),
+            info.version,
+            info.description,
             permissions,
             self._isolation(permissions),
             tools,
@@ -407,7 +418,7 @@ class PluginHost:
     def _worker(self, source: PluginSource, name: str, permissions: Permissions) -> Worker:
         worker = self.pool.worker(
             source.target,
-            policy=self.granted(name, permissions).policy(),
+            policy=policy_for(self.granted(name, permissions)),
             name=name,
             path=source.path,
             config=self.plugin_config(name),
@@ -441,7 +452,7 @@ class PluginHost:
         if declared is not None:
             permissions, worker = declared
             worker.config = dict(config)
-            worker.policy = self.granted(name, permissions).policy()
+            worker.policy = policy_for(self.granted(name, permissions))
 
     def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[None]] | None:
         """After each call of a plugin that may write the workspace: measure it again.
@@ -489,7 +500,7 @@ class PluginHost:
 
     def _isolation(self, permissions: Permissions) -> str:
         support = self.pool.isolation
-        missing = support.missing(permissions.policy())
+        missing = support.missing(policy_for(permissions))
         if missing:
             return "worker, unconfined (allow_unsandboxed): " + "; ".join(missing)
         return f"worker ({support.level} isolation)"
@@ -531,36 +542,20 @@ class PluginHost:
         return attrs.evolve(t, fn=run)
 
 
-def _remote(t: Tool, worker: Worker, after: Callable[[], Awaitable[None]] | None = None) -> Tool:
-    """The tool as its worker serves it, under the plugin's name for it.
+def _plugin_info(value: dict[str, Any]) -> PluginInfo:
+    """The ``plugin`` of a worker's greeting, checked field by field.
 
-    ``after`` runs when each call has returned or failed (the disk budget check of a
-    plugin that writes the workspace); a failure it raises replaces the call's result.
+    Raises:
+        SandboxError: a field is missing or of the wrong type (named by its path).
     """
-    invoke: Callable[[dict[str, Any]], Awaitable[Any]] = functools.partial(worker.invoke, t.name)
-    if after is not None:
-        call, check = invoke, after
-
-        async def invoke(arguments: dict[str, Any]) -> Any:
-            try:
-                value = await call(arguments)
-            except ToolFailure:
-                await check()  # a failed call may have written too: over budget wins
-                raise
-            await check()
-            return value
-
-    return Tool(
-        name=t.name,
-        description=t.description,
-        parameters=t.parameters,
-        fn=None,
-        is_async=True,
-        timeout=t.timeout,
-        exclusive=t.exclusive,
-        max_output=t.max_output,
-        invoke=invoke,
-    )
+    try:
+        info: PluginInfo = converter.structure(value, PluginInfo)
+    except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
+        raise SandboxError(
+            "the worker's greeting describes its plugin badly: "
+            + describe_structure_error(exc, "$.plugin")
+        ) from None
+    return info
 
 
 def _reason(exc: BaseException) -> str:
@@ -787,8 +782,6 @@ def _parent_of(package_init: str) -> str:
 
 
 def _check_overlap(workspace: str | os.PathLike[str], home: TakHome) -> None:
-    from sandbox._overlap import check_workspace_overlap
-
     disjoint, not_inside = guarded_paths(home)
     check_workspace_overlap(workspace, disjoint=disjoint, not_inside=not_inside)
 

@@ -31,7 +31,7 @@ import attrs
 
 from kernel.errors import SandboxError
 
-from . import _cgroup, _mounts, _syscalls, landlock, seccomp
+from . import _cgroup, _mounts, _protocol, _syscalls, landlock, seccomp
 
 #: The fd number the IPC channel has in a worker.
 IPC_FD = 3
@@ -68,7 +68,14 @@ _DEVICES_READ = ("/dev/urandom", "/dev/random", "/dev/zero")
 
 @attrs.frozen(kw_only=True)
 class WorkerConfig:
-    """What the pool tells a worker in its first frame."""
+    """What the pool tells a worker in its first frame (``type: config``).
+
+    Attributes:
+        plugin: the code the worker serves (a module name or a path, optionally
+            with ``:attribute``); its directory is readable once confined.
+        path: directories the worker appends to ``sys.path`` before it loads the
+            plugin (where a plugin that is not installed lives).
+    """
 
     plugin: str
     workspace: str
@@ -82,17 +89,22 @@ class WorkerConfig:
     require: bool = True
     cgroups: list[str] = attrs.Factory(list)
     kernel_pid: int = 0
+    path: list[str] = attrs.Factory(list)
     extra_read: list[str] = attrs.Factory(list)
     env: dict[str, str] = attrs.Factory(dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"type": "config", **attrs.asdict(self)}
+        return {"type": "config", **_protocol.converter.unstructure(self)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
-        data = dict(data)
-        data.pop("type", None)
-        return cls(**data)
+        """Raises: WorkerFrameError: not a configuration (the field is named by path)."""
+        if data.get("type") != "config":
+            raise _protocol.WorkerFrameError(
+                f"$.type: expected a config frame, got {str(data.get('type'))[:40]!r}"
+            )
+        config: WorkerConfig = _protocol.structure_frame(data, cls)
+        return config
 
 
 @attrs.define
@@ -244,7 +256,13 @@ def set_no_new_privs(report: Confinement) -> None:
 
 
 def plugin_read_paths(plugin: str) -> list[str]:
-    """Where the plugin's own code lives, found without running any of it."""
+    """Where the plugin's own code lives, found without running any of it.
+
+    ``plugin`` is a module name or a path, optionally with ``:attribute``.
+    """
+    module, sep, attribute = plugin.rpartition(":")
+    if sep and module and attribute.isidentifier():
+        plugin = module
     if plugin.endswith(".py") or os.sep in plugin:
         path = os.path.abspath(plugin)
         return [path if os.path.isdir(path) else os.path.dirname(path)]

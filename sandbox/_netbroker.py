@@ -44,7 +44,7 @@ the network, so its end of the broker channel is sent to it over the call
 channel (``SCM_RIGHTS``) right after its configuration, and only when the
 configuration says ``network``.
 
-The worker side (``receive_channel``, ``install``) runs in ``sandbox.worker``
+The worker side (``receive_channel``, ``install``) runs in ``sandbox.worker``, started by ``plugins._worker``
 and never imports Trio; the kernel side (``start``, ``Broker``) runs in the pool.
 """
 
@@ -64,8 +64,6 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 import attrs
 import cattrs
 from cattrs.strategies import configure_tagged_union
-
-from kernel.messages import converter as _messages_converter
 
 from . import _protocol
 
@@ -156,7 +154,7 @@ _TAGS: Final[dict[type, str]] = {
 
 
 def _make_converter() -> cattrs.Converter:
-    conv = _messages_converter.copy()
+    conv = _protocol.strict_converter()
     configure_tagged_union(Request, conv, tag_name="type", tag_generator=_TAGS.__getitem__)
     configure_tagged_union(Answer, conv, tag_name="type", tag_generator=_TAGS.__getitem__)
     return conv
@@ -202,7 +200,7 @@ def decode(body: bytes, union: Any) -> Any:
     """
     try:
         return _converter.structure(_protocol.decode(body), union)
-    except (_protocol.FrameError, cattrs.BaseValidationError, TypeError, ValueError) as exc:
+    except (_protocol.WorkerFrameError, cattrs.BaseValidationError, TypeError, ValueError) as exc:
         raise BrokerError(f"malformed broker frame: {exc}") from None
 
 
@@ -442,7 +440,7 @@ class Broker:
                 finally:
                     if fd is not None:
                         os.close(fd)
-        except (BrokerError, _protocol.FrameError) as exc:
+        except (BrokerError, _protocol.WorkerFrameError) as exc:
             kill(f"broke the network broker protocol ({exc})")
         except OSError:
             return  # the worker is gone

@@ -1,8 +1,9 @@
 """What one worker may do: the operating-system form of a plugin's permissions.
 
-A later ``Plugin(permissions=...)`` maps onto ``Policy`` field by field:
-``workspace`` (read | write), ``network`` (a host:port allow-list),
-``subprocess`` (may start programs).
+``kernel.plugin.Permissions`` (what a plugin declares) maps onto ``Policy`` field
+by field in the plugin host (``plugins.policy_for``): ``workspace`` (read |
+write), ``network`` (a host:port allow-list), ``subprocess`` (may start
+programs). Both check their values with the validators here.
 """
 
 from __future__ import annotations
@@ -44,18 +45,28 @@ class Limits:
     processes: int = attrs.field(default=128, validator=_positive_or_none)
 
 
-def _check_workspace(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+def check_workspace_access(value: Any, where: str) -> None:
+    """Raises UsageError unless ``value`` is ``"read"`` or ``"write"`` (``where`` names it)."""
     if value not in ("read", "write"):
-        raise UsageError(f"Policy.workspace is 'read' or 'write', got {value!r}")
+        raise UsageError(f"{where}: expected 'read' or 'write', got {value!r}")
 
 
-def _check_network(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    for entry in value:
+def check_network(entries: Any, where: str) -> None:
+    """Raises UsageError unless every entry is ``host:port`` (``where[i]`` names the bad one)."""
+    for position, entry in enumerate(entries):
         host, sep, port = str(entry).rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(
-                f"Policy.network entries are 'host:port' (host may be '*'), got {entry!r}"
+                f"{where}[{position}]: expected 'host:port' (host may be '*'), got {entry!r}"
             )
+
+
+def _check_workspace(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    check_workspace_access(value, "Policy.workspace")
+
+
+def _check_network(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    check_network(value, "Policy.network")
 
 
 @attrs.frozen(kw_only=True)

@@ -1,15 +1,17 @@
 """Frames between the kernel and a worker: a 4-byte big-endian length, then JSON.
 
-Kernel to worker: ``{"type": "config", ...}`` once (with ``network``, followed by one
-byte that carries the worker's end of the broker channel as ``SCM_RIGHTS``: see
-``sandbox._netbroker``), then
-``{"type": "call", "id": n, "tool": name, "arguments": {...}}``.
+Each frame is one record below, tagged by ``type`` (``structure_frame`` checks every
+field and names the one that is wrong, ``$.tools[0].name: ...``):
 
-Worker to kernel: ``{"type": "ready", "tools": [...], "confinement": {...}}``
-or ``{"type": "fatal", "message": ...}`` once, then
-``{"type": "result", "id": n, "ok": true, "value": ...}`` or
-``{"type": "result", "id": n, "ok": false, "error": {"kind", "type", "message"}}``,
-and ``{"type": "log", "level": n, "message": text}`` at any time.
+- kernel to worker: ``ConfigFrame`` once (``sandbox._confine.WorkerConfig``; with
+  ``network``, followed by one byte that carries the worker's end of the broker
+  channel as ``SCM_RIGHTS``: see ``sandbox._netbroker``), then ``CallFrame`` records;
+- worker to kernel: ``ReadyFrame`` (its ``ToolSpec`` records, what it says about its
+  plugin, its confinement) or ``FatalFrame`` once, then ``ResultFrame`` records in
+  completion order, and ``LogFrame`` records at any time.
+
+The records have a converter of their own (``converter``): the sandbox imports
+nothing of the kernel's records, and nothing registered here leaks into them.
 
 Frames from a worker are hostile, and the kernel decodes them on its Trio thread,
 where the C JSON decoder holds the GIL (a thread would not help). So their cost is
@@ -38,9 +40,13 @@ import os
 import re
 import socket
 import struct
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 import attrs
+import cattrs
+from cattrs.strategies import configure_tagged_union
+from cattrs.v import format_exception
 
 if TYPE_CHECKING:
     import trio
@@ -82,7 +88,7 @@ SO_PASSRIGHTS: Final = 83
 _ANCILLARY: Final = socket.CMSG_SPACE(253 * array.array("i").itemsize)
 
 
-class FrameError(Exception):
+class WorkerFrameError(Exception):
     """A frame broke the protocol (too large or too complex, not JSON, not an object)."""
 
 
@@ -90,7 +96,7 @@ def encode(message: dict[str, Any], limits: FrameLimits = TO_WORKER) -> bytes:
     """Header and body of one frame that the other side will accept.
 
     Raises:
-        FrameError: the encoded body is past ``limits``.
+        WorkerFrameError: the encoded body is past ``limits``.
         TypeError, ValueError: ``message`` is not JSON-serializable.
     """
     body = json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(
@@ -109,8 +115,8 @@ def encode_log(level: int, text: str) -> bytes:
     text = text[:8192]
     while True:
         try:
-            frame = encode({"type": "log", "level": level, "message": text}, FROM_WORKER)
-        except FrameError:
+            frame = encode_frame(LogFrame(level=level, message=text), FROM_WORKER)
+        except WorkerFrameError:
             frame = b""
         if HEADER.size < len(frame) <= HEADER.size + MAX_LOG_FRAME:
             return frame
@@ -118,21 +124,21 @@ def encode_log(level: int, text: str) -> bytes:
 
 
 def check_size(length: int, limits: FrameLimits) -> None:
-    """Raises FrameError when a body of ``length`` bytes is past ``limits``."""
+    """Raises WorkerFrameError when a body of ``length`` bytes is past ``limits``."""
     if length > limits.max_bytes:
-        raise FrameError(
+        raise WorkerFrameError(
             f"a frame of {length} bytes exceeds the {limits.max_bytes}-byte limit "
             f"({limits.max_bytes // (1024 * 1024)} MiB)"
         )
 
 
 def check_cost(body: bytes, limits: FrameLimits) -> None:
-    """Raises FrameError when ``body`` may hold more values than ``limits`` allow."""
+    """Raises WorkerFrameError when ``body`` may hold more values than ``limits`` allow."""
     if limits.max_values is None or len(body) <= COSTLY_BODY:
         return
     values = sum(body.count(mark) for mark in (b"[", b"{", b",", b":"))
     if values > limits.max_values:
-        raise FrameError(
+        raise WorkerFrameError(
             f"a frame of {len(body)} bytes is too complex: up to {values} JSON values, "
             f"the limit is {limits.max_values} in a frame over {COSTLY_BODY} bytes"
         )
@@ -142,7 +148,7 @@ def body_length(header: bytes, limits: FrameLimits = TO_WORKER) -> int:
     """The body length a header announces.
 
     Raises:
-        FrameError: it is past ``limits``.
+        WorkerFrameError: it is past ``limits``.
     """
     (length,) = HEADER.unpack(header)
     check_size(length, limits)
@@ -153,7 +159,7 @@ def decode(body: bytes, limits: FrameLimits = TO_WORKER) -> dict[str, Any]:
     """The message in a frame body.
 
     Raises:
-        FrameError: past ``limits``, not JSON (any decoding error: bad UTF-8, too
+        WorkerFrameError: past ``limits``, not JSON (any decoding error: bad UTF-8, too
             deep, an integer too long), or not an object with a string ``type``.
     """
     check_size(len(body), limits)
@@ -164,9 +170,11 @@ def decode(body: bytes, limits: FrameLimits = TO_WORKER) -> dict[str, Any]:
     try:
         message = json.loads(body, parse_int=parse_int)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
-        raise FrameError(f"frame is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
+        raise WorkerFrameError(
+            f"frame is not JSON: {type(exc).__name__}: {str(exc)[:200]}"
+        ) from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
-        raise FrameError("frame is not an object with a string 'type'")
+        raise WorkerFrameError("frame is not an object with a string 'type'")
     return message
 
 
@@ -175,6 +183,215 @@ def _parse_int(max_digits: int, text: str) -> int:
     if len(text) > max_digits and len(text.lstrip("-")) > max_digits:
         raise ValueError(f"an integer of {len(text)} digits (the limit is {max_digits})")
     return int(text)
+
+
+# --- records ---------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ToolSpec:
+    """One tool as a worker's greeting describes it (its function stays in the worker).
+
+    Attributes:
+        parameters: the tool's JSON Schema for its arguments.
+        timeout: its own deadline in seconds, or ``None``.
+        max_output: the most characters of its result, or ``None``.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    is_async: bool = False
+    timeout: float | None = None
+    exclusive: bool = False
+    max_output: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CallFrame:
+    """Kernel to worker: run ``tool`` with ``arguments`` (a JSON object).
+
+    Attributes:
+        id: answered by the ``ResultFrame`` with the same id.
+        session: the session key of the caller, or ``None``.
+        config: what the worker's host hands the tool along with the call.
+    """
+
+    id: int
+    tool: str
+    arguments: dict[str, Any]
+    session: str | None = None
+    config: dict[str, Any] = attrs.Factory(dict)
+
+
+@attrs.frozen(kw_only=True)
+class CallError:
+    """Why a call failed: ``kind`` (the observation's error kind), the exception's
+    ``type`` name, and a ``message`` for people."""
+
+    kind: str
+    type: str
+    message: str
+
+
+@attrs.frozen(kw_only=True)
+class ResultFrame:
+    """Worker to kernel: the ``value`` of call ``id`` (``ok``), or its ``error``."""
+
+    id: int
+    ok: bool
+    value: Any = None
+    error: CallError | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not self.ok and self.error is None:
+            raise ValueError("a failed result without an error object")
+
+
+@attrs.frozen(kw_only=True)
+class ReadyFrame:
+    """Worker to kernel, once: it is confined and serves ``tools``.
+
+    Attributes:
+        plugin: what the code the worker serves says about itself (opaque here: the
+            host that started the worker reads it), or ``None``.
+        confinement: what the worker applied to itself (``sandbox._confine.Confinement``).
+    """
+
+    pid: int
+    tools: list[ToolSpec]
+    confinement: dict[str, Any]
+    plugin: dict[str, Any] | None = None
+
+    @property
+    def unconfined(self) -> list[str]:
+        """What the worker could not apply (empty when fully confined)."""
+        return [str(reason) for reason in self.confinement.get("unconfined", [])]
+
+
+@attrs.frozen(kw_only=True)
+class FatalFrame:
+    """Worker to kernel, instead of ``ReadyFrame``: it cannot serve, and why."""
+
+    message: str
+
+
+@attrs.frozen(kw_only=True)
+class LogFrame:
+    """Worker to kernel: one record its code logged (``level`` as in ``logging``)."""
+
+    level: int
+    message: str
+
+
+FromWorker: TypeAlias = ReadyFrame | FatalFrame | ResultFrame | LogFrame
+"""What a worker sends."""
+
+_TAGS: Final[dict[type, str]] = {
+    CallFrame: "call",
+    ReadyFrame: "ready",
+    FatalFrame: "fatal",
+    ResultFrame: "result",
+    LogFrame: "log",
+}
+
+
+def strict_converter() -> cattrs.Converter:
+    """A new converter that refuses what JSON did not say: unknown keys, ``"3"`` for
+    an int, ``true`` for an int (bool is an int in Python), an int for a bool."""
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def strict(expected: type) -> Callable[[Any, Any], Any]:
+        def hook(value: Any, _: Any) -> Any:
+            if type(value) is not expected and not (expected is float and type(value) is int):
+                raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
+            return cast(Any, expected)(value)
+
+        return hook
+
+    for t in (str, int, float, bool):
+        conv.register_structure_hook(t, strict(t))
+
+    def json_object(value: Any, _: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {type(value).__name__}")
+        return value
+
+    conv.register_structure_hook_func(lambda t: t == dict[str, Any], json_object)
+    return conv
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = strict_converter()
+    configure_tagged_union(FromWorker, conv, tag_name="type", tag_generator=_TAGS.__getitem__)
+    return conv
+
+
+converter: Final = _make_converter()
+"""Structures and unstructures the frame records; private to the worker protocol."""
+
+
+def structure_error(exc: BaseException, root: str = "$") -> str:
+    """A cattrs failure as one line: ``$.tools[0].name: expected str, got int; ...``."""
+    if not isinstance(exc, cattrs.BaseValidationError):
+        return f"{root}: {exc}"
+    parts = []
+    for line in cattrs.transform_error(exc, path=root, format_exception=_reason):
+        reason, sep, path = line.rpartition(" @ ")
+        parts.append(f"{path}: {reason}" if sep else line)
+    return "; ".join(parts)
+
+
+def _reason(exc: BaseException, type_: type | None) -> str:
+    # A record's own check (``ResultFrame``) says best what is wrong.
+    if type(exc) is ValueError and str(exc):
+        return str(exc)
+    return format_exception(exc, type_)
+
+
+def unstructure_frame(frame: CallFrame | FromWorker | Any) -> dict[str, Any]:
+    """The JSON object of a frame record, with its ``type`` tag first."""
+    if isinstance(frame, ResultFrame):
+        # The value is JSON already: no walk over (and copy of) a large result.
+        result: dict[str, Any] = {"type": "result", "id": frame.id, "ok": frame.ok}
+        if frame.error is None:
+            result["value"] = frame.value
+        else:
+            result["error"] = attrs.asdict(frame.error)
+        return result
+    body = converter.unstructure(frame)
+    if type(frame) in _TAGS:
+        body.pop("type", None)
+        return {"type": _TAGS[type(frame)], **body}
+    return cast(dict[str, Any], body)
+
+
+def encode_frame(frame: Any, limits: FrameLimits = TO_WORKER) -> bytes:
+    """``encode`` of a frame record.
+
+    Raises:
+        WorkerFrameError: the encoded body is past ``limits``.
+        TypeError, ValueError: a value in it is not JSON-serializable.
+    """
+    return encode(unstructure_frame(frame), limits)
+
+
+def structure_frame(message: dict[str, Any], kind: Any) -> Any:
+    """The record of ``kind`` (a frame class or ``FromWorker``) a decoded frame holds.
+
+    Raises:
+        WorkerFrameError: a field is missing, unknown or of the wrong type; the message
+            names it by path (``$.tools[0].name``).
+    """
+    tag = message.get("type")
+    if kind is not FromWorker:
+        message = {k: v for k, v in message.items() if k != "type"}
+    elif tag not in _TAGS.values() or tag == "call":
+        raise WorkerFrameError(f"$.type: unexpected frame type {str(tag)[:40]!r}")
+    try:
+        return converter.structure(message, kind)
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+        raise WorkerFrameError(f"malformed {str(tag)[:40]} frame: {structure_error(exc)}") from None
 
 
 # --- descriptors ------------------------------------------------------------------
@@ -202,7 +419,7 @@ async def receive_some(sock: trio.socket.SocketType, max_bytes: int, *, refused:
     close would block the kernel.
 
     Raises:
-        FrameError: the worker sent descriptors.
+        WorkerFrameError: the worker sent descriptors.
         OSError: the socket failed.
     """
     if refused:
@@ -216,7 +433,7 @@ async def receive_some(sock: trio.socket.SocketType, max_bytes: int, *, refused:
         import trio
 
         trio.lowlevel.start_thread_soon(functools.partial(_close_all, list(fds)), _ignore)
-        raise FrameError(f"the worker sent {len(fds)} file descriptor(s) to the kernel")
+        raise WorkerFrameError(f"the worker sent {len(fds)} file descriptor(s) to the kernel")
     return bytes(data)
 
 

@@ -182,8 +182,6 @@ class Workspace:
             as the operating system reports them, naming the workspace path.
     """
 
-    # Class-level defaults, so that a subclass which does not run ``__init__``
-    # (the worker's on-demand workspace) still works: no protection, no budget.
     max_bytes: int | None = None
     _protected: tuple[str, ...] = ()
     _usage: int | None = None
@@ -200,24 +198,61 @@ class Workspace:
         use_openat2: bool | None = None,
         protected: Sequence[str] = (),
         max_bytes: int | None = None,
+        lazy: bool = False,
     ) -> None:
+        """Open ``path`` now, or with ``lazy`` on first use.
+
+        A lazy workspace holds no descriptor until a method needs one (a worker whose
+        tools never touch it keeps only stdio and its channel open); the error an
+        eager one raises here is then raised by that first method.
+
+        Raises:
+            SandboxError: the directory cannot be opened (not with ``lazy``).
+        """
         self.path = Path(os.path.abspath(path))
         self.max_read = max_read
         self.max_write = max_write
         self.max_bytes = max_bytes
-        self._openat2 = openat2_available() if use_openat2 is None else use_openat2
+        self._use_openat2 = use_openat2
         self._usage_lock = threading.Lock()
+        self._open_lock = threading.Lock()
         self._settles = 0
         self._free_seen = None
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise SandboxError(f"cannot open workspace {self.path}: {exc.strerror}") from exc
-        try:
-            self._protect(protected)
-        except BaseException:
-            self.close()
-            raise
+        self._dirfd: int | None = None
+        self._protect_on_open = tuple(protected)
+        if not lazy:
+            _ = self._fd
+
+    @property
+    def _fd(self) -> int:
+        """The directory's descriptor, opened (and protection set up) on first use."""
+        fd = self._dirfd
+        if fd is not None:
+            return fd
+        with self._open_lock:
+            if self._dirfd is None:
+                try:
+                    self._dirfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                except OSError as exc:
+                    raise SandboxError(
+                        f"cannot open workspace {self.path}: {exc.strerror}"
+                    ) from exc
+                try:
+                    # Re-enters ``_fd``, which now returns the descriptor without the lock.
+                    self._protect(self._protect_on_open)
+                except BaseException:
+                    self.close()
+                    raise
+            return self._dirfd
+
+    @_fd.setter
+    def _fd(self, value: int) -> None:
+        self._dirfd = value
+
+    @property
+    def _openat2(self) -> bool:
+        choice = self._use_openat2
+        return openat2_available() if choice is None else choice
 
     # -- lifetime ---------------------------------------------------------
 
@@ -230,9 +265,9 @@ class Workspace:
         return self._openat2
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        fd, self._dirfd = self._dirfd, -1  # a lazy one never opened stays closed
+        if fd is not None and fd >= 0:
+            os.close(fd)
 
     def __enter__(self) -> Workspace:
         return self
@@ -262,7 +297,8 @@ class Workspace:
         flags &= ~os.O_NOFOLLOW  # links are handled by the resolution, not by the caller
         mode &= 0o666
         writes = bool(flags & (_IN_PLACE | os.O_CREAT))
-        if writes and self._protected:
+        # ``self._fd`` first: a lazy workspace sets up its protection when it opens.
+        if writes and self._fd >= 0 and self._protected:
             with self._parent(rel) as (parent, name):
                 self._guard(parent, name, rel)
                 fd = self._open(rel, flags, mode)

@@ -4,22 +4,25 @@
 
     async with open_worker_pool(workspace) as pool:
         worker = await pool.start("my_plugin", policy=Policy(workspace="read"))
-        observations = await run_tool_calls(calls, worker.tools)
+        worker.specs                     # the tools its greeting named (ToolSpec)
+        value = await worker.invoke("read", {"path": "a.txt"}, session="p/s")
 
 Each ``Worker`` is one confined process per plugin, started in its own
 session (so its process group is its own) and spoken to over a socket pair
-with length-prefixed JSON frames; calls are multiplexed by id. The tools it
-hands out are ordinary ``Tool`` objects whose ``invoke`` sends the call to
-the worker, so the executor runs them like any other tool:
+with length-prefixed JSON frames (``sandbox._protocol``); calls are
+multiplexed by id. The process runs the program ``open_worker_pool(entry=...)``
+names (the plugin worker, ``plugins._worker``, by default); the plugin host
+turns each ``ToolSpec`` into a ``Tool`` whose ``invoke`` is ``Worker.invoke``
+(``plugins.remote_tools``), so the executor runs them like any other tool:
 
 - a worker that dies fails its in-flight calls with ``crashed`` and is
   started again for the next call;
 - a call that is cancelled (its deadline, a cancelled batch) kills the
   worker's whole process group, and the ``Cancelled`` goes on up;
 - the worker's stdout and stderr go to the ``sandbox.worker`` logger, and
-  what its plugin logs through ``kernel.context().logger`` to ``tak.plugin.<name>``;
-- each call frame carries the session key of the ``kernel.context()`` the call
-  was made in, and the plugin's config (``Worker.config``);
+  its log frames to ``tak.plugin.<name>``;
+- each call frame carries the session key the caller passes to ``invoke``,
+  and the plugin's config (``Worker.config``);
 - when the pool closes, every worker and everything it started is killed.
 
 Workers are forked from one thread that lives as long as the pool:
@@ -50,18 +53,27 @@ import attrs
 import outcome
 import trio
 
-from kernel.errors import SandboxError, UsageError
-from kernel.messages import ERROR_KINDS
-from kernel.plugin import context
-from kernel.tools import Tool, ToolFailure
+from kernel.errors import SandboxError
 
 from . import _cgroup, _netbroker, _protocol
 from ._confine import WorkerConfig
 from ._logtext import LogBudget, escape_log_text
 from ._policy import Policy
 from ._probe import IsolationSupport, probe_isolation
+from ._protocol import (
+    CallFrame,
+    FatalFrame,
+    FromWorker,
+    LogFrame,
+    ReadyFrame,
+    ToolSpec,
+    WorkerFrameError,
+)
 from ._workspace import Workspace
-from .worker import PLUGIN_PATH_ENV
+
+#: The program a worker process runs (``python -I -m ENTRY FD``) unless the pool is
+#: told another: the plugin worker, a floor up. Named, never imported, here.
+DEFAULT_ENTRY = "plugins._worker"
 
 #: How long a worker may take from start to its greeting (imports included).
 START_TIMEOUT_S = 30.0
@@ -99,6 +111,22 @@ def describe_exit(returncode: int) -> str:
 
 
 _DEFAULT_POLICY = Policy()
+
+
+class WorkerCallError(Exception):
+    """A call to a worker failed: ``kind`` as the worker (or the pool) names it.
+
+    The pool's own kinds: ``crashed`` (the worker died, was killed, or could not
+    start) and ``bad_arguments`` (arguments too large to send). Whatever the
+    worker sends is passed on as it is; the plugin host maps it onto the
+    observation's error kinds.
+    """
+
+    def __init__(self, kind: str, message: str, *, type: str = "WorkerCallError") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.type = type
 
 
 class _Spawner:
@@ -143,9 +171,9 @@ class _Pending:
     tool: str
     done: trio.Event = attrs.Factory(trio.Event)
     value: Any = None
-    failure: ToolFailure | None = None
+    failure: WorkerCallError | None = None
 
-    def resolve(self, value: Any = None, failure: ToolFailure | None = None) -> None:
+    def resolve(self, value: Any = None, failure: WorkerCallError | None = None) -> None:
         if not self.done.is_set():
             self.value, self.failure = value, failure
             self.done.set()
@@ -176,7 +204,7 @@ class _Connection:
         self.pending: dict[int, _Pending] = {}
         self.next_id = 0
         self.send_lock = trio.StrictFIFOLock()
-        self.hello: dict[str, Any] | None = None
+        self.hello: ReadyFrame | FatalFrame | None = None
         self.hello_event = trio.Event()
         self.kill_reason: str | None = None
         self.death: str | None = None  # set once the process is reaped
@@ -232,27 +260,27 @@ class _Connection:
                 pass
 
     async def call(
-        self, tool: str, arguments: dict[str, Any], extra: dict[str, Any] | None = None
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        session: str | None,
+        config: dict[str, Any],
     ) -> Any:
         if not self.alive:
-            raise ToolFailure("crashed", self._death_message())
+            raise WorkerCallError("crashed", self._death_message())
         self.next_id += 1
         call_id = self.next_id
         pending = _Pending(tool)
         self.pending[call_id] = pending
         try:
             try:
-                frame = _protocol.encode(
-                    {
-                        "type": "call",
-                        "id": call_id,
-                        "tool": tool,
-                        "arguments": arguments,
-                        **(extra or {}),
-                    }
+                frame = _protocol.encode_frame(
+                    CallFrame(
+                        id=call_id, tool=tool, arguments=arguments, session=session, config=config
+                    )
                 )
-            except _protocol.FrameError as exc:
-                raise ToolFailure("bad_arguments", f"arguments too large: {exc}") from None
+            except WorkerFrameError as exc:
+                raise WorkerCallError("bad_arguments", f"arguments too large: {exc}") from None
             try:
                 async with self.send_lock:
                     await self.stream.send_all(frame)
@@ -334,7 +362,7 @@ class _Connection:
     def _fail_pending(self) -> None:
         message = self._death_message()
         for pending in self.pending.values():
-            pending.resolve(failure=ToolFailure("crashed", message, type="WorkerCrashed"))
+            pending.resolve(failure=WorkerCallError("crashed", message, type="WorkerCrashed"))
 
     async def _worker_only(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run one of the supervisor's tasks: whatever it raises costs this worker only.
@@ -367,7 +395,7 @@ class _Connection:
                 if length > _protocol.MAX_LOG_FRAME and self.hello is not None and not self.pending:
                     # Past its greeting, only a result may be large, and only while a call
                     # waits for one: refuse before paying for the decode.
-                    raise _protocol.FrameError(f"a {length}-byte frame while no call is waiting")
+                    raise WorkerFrameError(f"a {length}-byte frame while no call is waiting")
                 end = _protocol.HEADER.size + length
                 while len(buffer) < end:
                     chunk = await self._receive(max(1 << 16, end - len(buffer)))
@@ -377,17 +405,17 @@ class _Connection:
                 message = _protocol.decode(bytes(buffer[_protocol.HEADER.size : end]), limits)
                 del buffer[:end]
                 if message["type"] == "log" and length > _protocol.MAX_LOG_FRAME:
-                    raise _protocol.FrameError(
+                    raise WorkerFrameError(
                         f"a log frame of {length} bytes (the limit is {_protocol.MAX_LOG_FRAME})"
                     )
                 try:
-                    self._dispatch(message)
+                    self._dispatch(_protocol.structure_frame(message, FromWorker))
                 except (TypeError, ValueError, KeyError, AttributeError) as exc:
-                    raise _protocol.FrameError(repr(exc)) from None
+                    raise WorkerFrameError(repr(exc)) from None
                 frames += 1
                 if frames % _CHECKPOINT_EVERY == 0:  # a chunk may hold a thousand frames
                     await trio.lowlevel.checkpoint()
-        except _protocol.FrameError as exc:
+        except WorkerFrameError as exc:
             self.kill(f"broke the protocol ({exc})")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):  # it is gone
             pass
@@ -395,43 +423,33 @@ class _Connection:
             # The channel closed: the worker is ending; make sure of it.
             self._killpg()
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        """Act on one frame. The worker runs untrusted code: every field is checked.
+    def _dispatch(self, frame: FromWorker) -> None:
+        """Act on one frame. The worker runs untrusted code: its record was checked
+        field by field (``structure_frame``); here, whether it may come now.
 
         Raises:
-            FrameError: the frame is not one the protocol allows here.
+            WorkerFrameError: the frame is not one the protocol allows here.
         """
-        kind = message["type"]
-        if kind in ("ready", "fatal") and self.hello is None:
-            self.hello = message
+        if isinstance(frame, ReadyFrame | FatalFrame):
+            if self.hello is not None:
+                raise WorkerFrameError(f"unexpected {_frame_type(frame)!r} frame")
+            self.hello = frame
             self.hello_event.set()
             return
-        if kind == "log":
-            self._plugin_log(message)
+        if isinstance(frame, LogFrame):
+            self._plugin_log(frame)
             return
-        call_id = message.get("id")
-        if kind != "result" or type(call_id) is not int:
-            raise _protocol.FrameError(f"unexpected {kind!r} frame")
-        pending = self.pending.get(call_id)
+        pending = self.pending.get(frame.id)
         if pending is None or pending.done.is_set():
             # No honest worker sends it: a cancelled call kills its worker, so a result
             # for no call waiting (or a second one) is forged, to make the kernel decode
             # frames nobody asked for.
-            raise _protocol.FrameError(f"a result for no call waiting for one (id {call_id})")
-        if message.get("ok") is True:
-            pending.resolve(value=message.get("value"))
+            raise WorkerFrameError(f"a result for no call waiting for one (id {frame.id})")
+        if frame.error is None:
+            pending.resolve(value=frame.value)
             return
-        error = message.get("error")
-        if not isinstance(error, dict):
-            raise _protocol.FrameError("a failed result without an error object")
-        kind_ = error.get("kind")
-        pending.resolve(
-            failure=ToolFailure(
-                kind_ if kind_ in ERROR_KINDS else "exception",
-                str(error.get("message", "")),
-                type=str(error.get("type", "Exception")),
-            )
-        )
+        error = frame.error
+        pending.resolve(failure=WorkerCallError(error.kind, error.message, type=error.type))
 
     async def _pump_output(
         self, stream: trio.lowlevel.FdStream, level: int, drained: trio.Event
@@ -470,15 +488,13 @@ class _Connection:
             worker_logger.warning("%s %s", self._prefix(), summary)
         return self.log_budget.admit(min(size, _MAX_LOG_LINE))
 
-    def _plugin_log(self, message: dict[str, Any]) -> None:
+    def _plugin_log(self, frame: LogFrame) -> None:
         # The logger is named by the kernel (the worker's name), never by the frame.
-        level = message.get("level")
-        level = min(max(level, logging.DEBUG), logging.CRITICAL) if type(level) is int else 20
-        text = message.get("message")
-        if not isinstance(text, str):
-            raise _protocol.FrameError("a log frame whose message is not text")
-        if self._admit_line(len(text)):
-            logging.getLogger(f"tak.plugin.{self.name}").log(level, "%s", escape_log_text(text))
+        level = min(max(frame.level, logging.DEBUG), logging.CRITICAL)
+        if self._admit_line(len(frame.message)):
+            logging.getLogger(f"tak.plugin.{self.name}").log(
+                level, "%s", escape_log_text(frame.message)
+            )
 
     @staticmethod
     def _log(level: int, prefix: str, line: bytes) -> None:
@@ -490,21 +506,18 @@ def _unconfined_note(reasons: list[str]) -> str:
     return "[ran unconfined: " + "; ".join(reasons) + "]"
 
 
-def _session_of_caller() -> str | None:
-    """The session key of the ``kernel.context()`` the call runs in, if any."""
-    try:
-        return context().session
-    except UsageError:
-        return None
+def _frame_type(frame: FromWorker) -> str:
+    return type(frame).__name__.removesuffix("Frame").lower()
 
 
 class Worker:
-    """One plugin's worker process (restarted when it dies); ``tools`` run in it.
+    """One plugin's worker process (restarted when it dies); its tools run in it.
 
     Attributes:
-        plugin_info: the ``Plugin`` the worker reported (name, version, description,
-            permissions, in_process), or ``None`` for a module without one; empty
-            until the worker has started.
+        specs: the tools its first greeting named; empty until it has started.
+        plugin_info: what the worker's greeting said about its plugin (the plugin
+            host reads it: name, version, description, permissions, in_process),
+            or ``None``; ``None`` too until the worker has started.
         config: sent with every call; ``kernel.context().config`` in the worker.
         path: directories the worker appends to ``sys.path`` before it imports.
     """
@@ -526,7 +539,7 @@ class Worker:
         self.path = path
         self.config: dict[str, Any] = dict(config or {})
         self.plugin_info: dict[str, Any] | None = None
-        self.tools: list[Tool] = []
+        self.specs: list[ToolSpec] = []
         self.confinement: dict[str, Any] = {}
         self.unconfined: list[str] = []
         self.starts = 0
@@ -540,27 +553,28 @@ class Worker:
         conn = self._conn
         return conn.pid if conn is not None and conn.alive else None
 
-    async def invoke(self, tool: str, arguments: dict[str, Any]) -> Any:
+    async def invoke(
+        self, tool: str, arguments: dict[str, Any], *, session: str | None = None
+    ) -> Any:
         """Run ``tool`` in the worker (starting it first if it is not running).
 
+        ``session`` is the caller's session key, which the tool sees in its context.
+
         Raises:
-            ToolFailure: the tool failed (its kind), or the worker crashed, could not
-                be restarted, or was killed (``crashed``).
+            WorkerCallError: the tool failed (its kind), or the worker crashed, could
+                not be restarted, or was killed (``crashed``).
         """
         try:
             conn = await self._running()
         except SandboxError as exc:
-            raise ToolFailure("crashed", f"worker for plugin {self.name}: {exc}") from None
-        extra: dict[str, Any] = {"session": _session_of_caller()}
-        if self.config:
-            extra["config"] = self.config
+            raise WorkerCallError("crashed", f"worker for plugin {self.name}: {exc}") from None
         try:
-            value = await conn.call(tool, arguments, extra)
-        except ToolFailure as exc:
+            value = await conn.call(tool, arguments, session, self.config)
+        except WorkerCallError as exc:
             if not self.unconfined:
                 raise
             note = _unconfined_note(self.unconfined)
-            raise ToolFailure(exc.kind, f"{note} {exc.message}", type=exc.type) from None
+            raise WorkerCallError(exc.kind, f"{note} {exc.message}", type=exc.type) from None
         if self.unconfined:
             text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
             return f"{_unconfined_note(self.unconfined)}\n{text}"
@@ -615,45 +629,20 @@ class Worker:
         hello = conn.hello
         if hello is None:
             raise SandboxError(f"{conn._death_message()} before it was ready")
-        if hello["type"] == "fatal":
+        if isinstance(hello, FatalFrame):
             conn.kill("refused to start")
-            raise SandboxError(f"worker for plugin {self.name}: {hello.get('message')}")
-        try:
-            confinement = dict(hello["confinement"])
-            unconfined = [str(reason) for reason in confinement["unconfined"]]
-            tools = [self._remote_tool(spec) for spec in hello["tools"]]
-            info = hello.get("plugin")
-            if info is not None and not isinstance(info, dict):
-                raise TypeError(f"plugin: expected an object, got {type(info).__name__}")
-        except Exception as exc:
-            conn.kill("its greeting was malformed")
-            raise SandboxError(
-                f"worker for plugin {self.name} sent a malformed greeting: {exc!r}"
-            ) from None
+            raise SandboxError(f"worker for plugin {self.name}: {hello.message}")
+        unconfined = hello.unconfined
         if unconfined and self.policy.isolate and not self.pool.allow_unsandboxed:
             conn.kill("it is not confined")
             raise SandboxError(
                 f"worker for plugin {self.name} is not confined: {'; '.join(unconfined)}"
             )
-        self.confinement = confinement
+        self.confinement = hello.confinement
         self.unconfined = unconfined
-        self.plugin_info = info
-        if not self.tools:
-            self.tools = tools
-
-    def _remote_tool(self, spec: dict[str, Any]) -> Tool:
-        name = spec["name"]
-        return Tool(
-            name=name,
-            description=str(spec["description"]),
-            parameters=spec["parameters"],
-            fn=None,
-            is_async=True,
-            timeout=spec["timeout"],
-            exclusive=bool(spec["exclusive"]),
-            max_output=spec["max_output"],
-            invoke=functools.partial(self.invoke, name),
-        )
+        self.plugin_info = hello.plugin
+        if not self.specs:
+            self.specs = list(hello.tools)
 
     async def aclose(self) -> None:
         """Kill the worker and its process group and wait until it is reaped."""
@@ -678,12 +667,14 @@ class WorkerPool:
         isolation: IsolationSupport,
         python: str,
         spare: bool,
+        entry: str = DEFAULT_ENTRY,
     ) -> None:
         self._nursery = nursery
         self.workspace = workspace
         self.allow_unsandboxed = allow_unsandboxed
         self.isolation = isolation
         self.python = python
+        self.entry = entry
         self.workers: list[Worker] = []
         self.spare = spare
         self._spare: _Connection | None = None
@@ -726,8 +717,8 @@ class WorkerPool:
     ) -> Worker:
         """A worker for ``plugin`` that starts on its first call (see ``start``).
 
-        Its ``tools`` stay empty until it has started: callers that know the tools
-        already (a plugin host) build their own with ``invoke=worker.invoke``.
+        Its ``specs`` stay empty until it has started: callers that know the tools
+        already (a plugin host) call ``worker.invoke`` with their names.
 
         Raises:
             SandboxError: the plugin needs isolation this machine cannot give and
@@ -755,7 +746,7 @@ class WorkerPool:
         refused = _protocol.refuse_descriptors(ours)  # see sandbox._protocol
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
-        command = [self.python, "-I", "-m", "sandbox.worker", str(theirs.fileno())]
+        command = [self.python, "-I", "-m", self.entry, str(theirs.fileno())]
         # The worker replaces its environment with the one in its configuration
         # before it runs plugin code; it starts with nothing of the kernel's either.
         env = {"LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2", "PATH": "/usr/bin:/bin"}
@@ -841,8 +832,6 @@ class WorkerPool:
             "LC_ALL": "C.UTF-8",
             "MALLOC_ARENA_MAX": "2",
         }
-        if worker.path:
-            env[PLUGIN_PATH_ENV] = os.pathsep.join(worker.path)
         return env
 
     def _worker_config(self, worker: Worker, cgroups: list[str]) -> WorkerConfig:
@@ -863,6 +852,7 @@ class WorkerPool:
             kernel_pid=os.getpid(),
             env=self._environment(worker),
             # The plugin's own directories, when it is not installed where Python looks.
+            path=list(worker.path),
             extra_read=list(worker.path),
         )
 
@@ -962,8 +952,12 @@ async def open_worker_pool(
     isolation: IsolationSupport | None = None,
     python: str = sys.executable,
     spare: bool = True,
+    entry: str = DEFAULT_ENTRY,
 ) -> AsyncIterator[WorkerPool]:
     """A pool of plugin workers confined to ``workspace``.
+
+    Each worker process runs ``python -I -m <entry> FD``: a program that confines
+    itself and serves frames with ``sandbox.worker`` (``plugins._worker`` by default).
 
     ``isolation`` replaces the probe of this machine (tests use it to play a
     machine without Landlock). With ``spare`` (the default) one worker process
@@ -988,6 +982,7 @@ async def open_worker_pool(
                 isolation=support,
                 python=python,
                 spare=spare,
+                entry=entry,
             )
             if spare:
                 nursery.start_soon(pool._make_spare)

@@ -9,6 +9,7 @@ import pytest
 
 from kernel import Permissions, Plugin, ToolContext, UsageError, context
 from kernel.plugin import use_context
+from plugins import policy_for
 from sandbox import Workspace
 
 
@@ -37,7 +38,7 @@ def test_tools_register_on_the_plugin() -> None:
     )
     assert plugin.permissions == Permissions(network=("api.example.org:443",))
     assert plugin.qualified("forecast") == "weather.forecast"
-    policy = plugin.permissions.policy()
+    policy = policy_for(plugin.permissions)  # the host's mapping onto the sandbox
     assert (policy.workspace, policy.network, policy.subprocess) == (
         "read",
         ("api.example.org:443",),
@@ -86,3 +87,16 @@ def test_context_inside_and_outside_a_call(tmp_path: Path) -> None:
         assert context() is ctx
     with pytest.raises(UsageError):
         context()
+
+
+def test_permissions_and_the_sandbox_policy_share_their_validators() -> None:
+    from sandbox import Policy
+
+    for field, bad, where in (
+        ("network", ["example.org"], r"\.network\[0\]: expected 'host:port'"),
+        ("workspace", "admin", r"\.workspace: expected 'read' or 'write'"),
+    ):
+        with pytest.raises(UsageError, match=f"permissions{where}"):
+            Permissions(**{field: bad})
+        with pytest.raises(UsageError, match=f"Policy{where}"):
+            Policy(**{field: bad})

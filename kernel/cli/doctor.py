@@ -38,7 +38,7 @@ _LANDLOCK_FEATURES = (
 def report(*, selftest: bool = True) -> dict[str, Any]:
     """The doctor's findings as data (what ``--json`` prints)."""
     from sandbox import Policy, probe_isolation
-    from sandbox._probe import selftest as run_selftest
+    from sandbox import selftest as run_selftest
 
     support = probe_isolation()
     data: dict[str, Any] = {

@@ -195,7 +195,7 @@ def _named_source(name: str, workspace: Path) -> PluginSource:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
-    from plugins._host import trust_plugin
+    from plugins import trust_plugin
 
     from ..home import TakHome
 
@@ -219,7 +219,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_untrust(args: argparse.Namespace) -> int:
-    from plugins._trust import TRUST_FILE, TrustStore, source_key
+    from plugins import TRUST_FILE, TrustStore, source_key
 
     from ..home import TakHome
 
@@ -248,7 +248,7 @@ def cmd_untrust(args: argparse.Namespace) -> int:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from plugins._scaffold import package_name, scaffold_plugin
+    from plugins import package_name, scaffold_plugin
 
     directory: Path = args.dir if args.dir is not None else Path(args.name)
     try:

@@ -13,6 +13,7 @@ import trio
 
 from kernel.executor import run_tool_calls
 from kernel.messages import Observation, ToolCall
+from plugins import remote_tools
 from sandbox import Policy, Worker, WorkerPool, open_worker_pool
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -54,7 +55,7 @@ class Sandbox:
 
     async def call(self, tool: str, **arguments: Any) -> Observation:
         [observation] = await run_tool_calls(
-            [ToolCall("call-1", tool, arguments)], self.worker.tools
+            [ToolCall("call-1", tool, arguments)], remote_tools(self.worker)
         )
         return observation
 

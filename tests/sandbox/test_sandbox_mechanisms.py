@@ -4,6 +4,7 @@ the public surface, and ``tak doctor``."""
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import struct
 import subprocess
@@ -151,13 +152,79 @@ def test_frames_round_trip_and_refuse_what_breaks_the_protocol() -> None:
     frame = _protocol.encode({"type": "call", "id": 1, "text": "héllo"})
     assert _protocol.body_length(frame[:4]) == len(frame) - 4
     assert _protocol.decode(frame[4:]) == {"type": "call", "id": 1, "text": "héllo"}
-    with pytest.raises(_protocol.FrameError, match="limit"):
+    with pytest.raises(_protocol.WorkerFrameError, match="limit"):
         _protocol.body_length(struct.pack("!I", _protocol.MAX_FRAME + 1))
     for body in (b"not json", b"[1, 2]", b'{"no": "type"}', b"\xff"):
-        with pytest.raises(_protocol.FrameError):
+        with pytest.raises(_protocol.WorkerFrameError):
             _protocol.decode(body)
     with pytest.raises(ValueError):
         _protocol.encode({"type": "x", "value": float("nan")})
+
+
+def test_the_greeting_and_every_frame_round_trip_as_records() -> None:
+    spec = _protocol.ToolSpec(
+        name="read",
+        description="Read a file.",
+        parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+        is_async=True,
+        timeout=2.5,
+        exclusive=True,
+        max_output=100,
+    )
+    frames: list[object] = [
+        _protocol.ReadyFrame(
+            pid=42,
+            tools=[spec],
+            confinement={"landlock": "ABI 6", "unconfined": []},
+            plugin={"name": "fs", "version": "1.0"},
+        ),
+        _protocol.FatalFrame(message="cannot load plugin x"),
+        _protocol.ResultFrame(id=3, ok=True, value={"a": [1, "b", None]}),
+        _protocol.ResultFrame(
+            id=4, ok=False, error=_protocol.CallError(kind="denied", type="E", message="no")
+        ),
+        _protocol.LogFrame(level=20, message="hello"),
+    ]
+    for frame in frames:
+        encoded = _protocol.encode_frame(frame, _protocol.FROM_WORKER)
+        message = _protocol.decode(encoded[_protocol.HEADER.size :], _protocol.FROM_WORKER)
+        assert _protocol.structure_frame(message, _protocol.FromWorker) == frame
+    call = _protocol.CallFrame(id=1, tool="read", arguments={"path": "a"}, session="p/s")
+    message = _protocol.decode(_protocol.encode_frame(call)[_protocol.HEADER.size :])
+    assert message["type"] == "call"
+    assert _protocol.structure_frame(message, _protocol.CallFrame) == call
+    config = sandbox.WorkerConfig(plugin="pkg:plugin", workspace="/w", path=["/p"], limits={"a": 1})
+    assert sandbox.WorkerConfig.from_json(config.to_json()) == config
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            {"type": "ready", "pid": 1, "confinement": {}, "tools": [{"name": 7}]},
+            r"^malformed ready frame: \$\.tools\[0\]\.name: .*expected str",
+        ),
+        ({"type": "ready", "pid": "1", "tools": [], "confinement": {}}, r"\$\.pid: "),
+        ({"type": "result", "id": True, "ok": True}, r"\$\.id: "),
+        ({"type": "result", "id": 1, "ok": False}, "without an error object"),
+        ({"type": "log", "level": 20, "message": "x", "pad": 1}, "extra fields found"),
+        ({"type": "log", "level": 20}, r"\$\.message: required field missing"),
+        ({"type": "call", "id": 1, "tool": "t", "arguments": {}}, r"\$\.type: unexpected"),
+        ({"type": "shutdown"}, r"\$\.type: unexpected frame type 'shutdown'"),
+    ],
+)
+def test_a_bad_frame_is_one_line_naming_the_field(message: dict[str, object], error: str) -> None:
+    with pytest.raises(_protocol.WorkerFrameError, match=error) as info:
+        _protocol.structure_frame(message, _protocol.FromWorker)
+    assert "\n" not in str(info.value)
+
+
+def test_a_bad_config_frame_names_the_field() -> None:
+    config = sandbox.WorkerConfig(plugin="p", workspace="/w").to_json()
+    with pytest.raises(_protocol.WorkerFrameError, match=r"\$\.tcp_ports\[0\]: "):
+        sandbox.WorkerConfig.from_json({**config, "tcp_ports": ["443"]})
+    with pytest.raises(_protocol.WorkerFrameError, match=r"\$\.type: expected a config frame"):
+        sandbox.WorkerConfig.from_json({**config, "type": "call"})
 
 
 # -- policies --------------------------------------------------------------
@@ -194,24 +261,59 @@ def test_public_surface() -> None:
             "Workspace",
             "Entry",
             "openat2_available",
+            "DEFAULT_MAX_BYTES",
+            "check_workspace_overlap",
+            "escape_log_text",
             "Policy",
             "Limits",
+            "WorkspaceAccess",
+            "check_workspace_access",
+            "check_network",
             "IsolationSupport",
             "probe_isolation",
+            "selftest",
             "open_worker_pool",
             "WorkerPool",
             "Worker",
+            "WorkerCallError",
+            "ToolSpec",
+            "CallFrame",
+            "CallError",
+            "ResultFrame",
+            "ReadyFrame",
+            "FatalFrame",
+            "LogFrame",
+            "WorkerFrameError",
+            "WorkerConfig",
         ]
     )
     for name in sandbox.__all__:
         assert getattr(sandbox, name) is not None
 
 
+def test_the_sandbox_imports_nothing_of_the_project_but_kernel_errors() -> None:
+    # The mechanism floor: no plugin, tool or record of the kernel's (docs/sandbox.md).
+    root = Path(sandbox.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.partition(".")[0]
+                assert top not in ("plugins", "kernel") or name in (
+                    "kernel.errors",
+                    "kernel._lazy",
+                ), f"{path.name} imports {name}"
+
+
 def test_importing_sandbox_and_the_worker_stays_light() -> None:
     result = run_confined(
         """
         import sys
-        import sandbox, sandbox.worker
+        import sandbox, sandbox.worker, plugins._worker
         heavy = sorted(m for m in ("trio", "httpx", "kernel.agent", "kernel.server",
                                    "kernel.executor") if m in sys.modules)
         print(heavy)
@@ -223,10 +325,10 @@ def test_importing_sandbox_and_the_worker_stays_light() -> None:
 
 def test_the_worker_needs_its_channel() -> None:
     result = subprocess.run(
-        [sys.executable, "-I", "-m", "sandbox.worker"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-I", "-m", "plugins._worker"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
-    assert "usage: python -I -m sandbox.worker FD" in result.stderr
+    assert "usage: python -I -m plugins._worker FD" in result.stderr
 
 
 # -- tak doctor -------------------------------------------------------------

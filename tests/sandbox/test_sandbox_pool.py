@@ -26,6 +26,7 @@ from kernel.errors import SandboxError
 from kernel.executor import CallLimits, run_tool_calls
 from kernel.messages import ToolCall
 from kernel.tools import Tool
+from plugins import remote_tools
 from sandbox import Policy, _protocol, open_worker_pool, probe_isolation
 from sandbox._logtext import LogBudget
 from sandbox.pool import _Connection
@@ -56,11 +57,11 @@ async def test_tools_behave_as_they_do_in_process(workspace: Path) -> None:
     ]
     local = await run_tool_calls(calls, in_process_tools("basic"))
     async with open_sandbox(workspace, "basic") as sb:
-        remote_tools = sb.worker.tools
-        remote = await run_tool_calls(calls, remote_tools)
-    assert [t.name for t in remote_tools] == [t.name for t in in_process_tools("basic")]
+        tools = remote_tools(sb.worker)
+        remote = await run_tool_calls(calls, tools)
+    assert [t.name for t in tools] == [t.name for t in in_process_tools("basic")]
     local_by_name = {t.name: t for t in in_process_tools("basic")}
-    for t in remote_tools:
+    for t in tools:
         assert t.fn is None and t.invoke is not None
         assert t.parameters == local_by_name[t.name].parameters
         assert t.description == local_by_name[t.name].description
@@ -77,7 +78,7 @@ async def test_calls_run_concurrently_in_one_worker(workspace: Path) -> None:
     async with open_sandbox(workspace, "basic") as sb:
         calls = [ToolCall(str(i), "block", {"seconds": 0.4}) for i in range(4)]
         started = time.monotonic()
-        observations = await run_tool_calls(calls, sb.worker.tools)
+        observations = await run_tool_calls(calls, remote_tools(sb.worker))
         elapsed = time.monotonic() - started
     assert [o.content for o in observations] == ["done"] * 4
     assert elapsed < 1.2  # four 0.4 s calls, overlapped
@@ -89,7 +90,7 @@ async def test_a_crash_fails_in_flight_calls_and_the_worker_restarts(workspace: 
         assert first_pid is not None
         crash, sibling = await run_tool_calls(
             [ToolCall("c", "crash", {"code": 3}), ToolCall("s", "block", {"seconds": 30})],
-            sb.worker.tools,
+            remote_tools(sb.worker),
         )
         for o in (crash, sibling):
             assert o.error is not None and o.error.kind == "crashed"
@@ -109,7 +110,7 @@ async def test_a_deadline_kills_the_process_group(workspace: Path) -> None:
                 ToolCall("slow", "block", {"seconds": 60}),
                 ToolCall("sibling", "nap", {"seconds": 60}),
             ],
-            sb.worker.tools,
+            remote_tools(sb.worker),
             limits=CallLimits(timeout=0.5),
         )
         assert slow.error is not None and slow.error.kind == "timeout"
@@ -127,11 +128,11 @@ async def test_a_deadline_in_one_call_fails_the_others_as_crashed(workspace: Pat
 
         async def short(call: ToolCall) -> None:
             with trio.move_on_after(0.3):
-                await run_tool_calls([call], sb.worker.tools, limits=limits)
+                await run_tool_calls([call], remote_tools(sb.worker), limits=limits)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(short, slow)
-            [observation] = await run_tool_calls([other], sb.worker.tools, limits=limits)
+            [observation] = await run_tool_calls([other], remote_tools(sb.worker), limits=limits)
         assert observation.error is not None and observation.error.kind == "crashed"
         assert "a call to block was cancelled" in observation.content
 
@@ -141,7 +142,7 @@ async def test_cancelling_the_batch_kills_the_worker(workspace: Path) -> None:
         pid = sb.worker.pid
         assert pid is not None
         with trio.move_on_after(0.3):
-            await run_tool_calls([ToolCall("x", "nap", {"seconds": 60})], sb.worker.tools)
+            await run_tool_calls([ToolCall("x", "nap", {"seconds": 60})], remote_tools(sb.worker))
         await wait_until_gone(pid)
 
 
@@ -227,7 +228,7 @@ async def test_a_read_only_workspace(workspace: Path) -> None:
 
 async def test_tools_listed_in_TOOLS(workspace: Path) -> None:
     async with open_sandbox(workspace, "listed") as sb:
-        assert [t.name for t in sb.worker.tools] == ["served"]
+        assert [t.name for t in remote_tools(sb.worker)] == ["served"]
 
 
 @pytest.mark.parametrize(
@@ -375,7 +376,7 @@ async def test_a_result_too_large_or_complex_is_output_too_large(
         pid = worker.pid
         [too_big, fine] = await run_tool_calls(
             [ToolCall("a", "big", {"kind": kind}), ToolCall("b", "big", {"kind": "fine"})],
-            worker.tools,
+            remote_tools(worker),
         )
         assert too_big.error is not None and too_big.error.kind == "output_too_large", too_big
         assert "limit" in too_big.content
@@ -392,7 +393,9 @@ async def test_honest_frames_near_the_limits_pass(
     async with open_worker_pool(workspace) as pool:
         worker = await pool.start(str(plugin))
         pid = worker.pid
-        [observation] = await run_tool_calls([ToolCall("a", "big", {"kind": kind})], worker.tools)
+        [observation] = await run_tool_calls(
+            [ToolCall("a", "big", {"kind": kind})], remote_tools(worker)
+        )
         assert observation.error is None or observation.error.kind == "exception", observation
         assert worker.pid == pid
 
@@ -411,13 +414,13 @@ def test_decode_turns_every_decoding_error_into_a_frame_error() -> None:
         b"",
     ]
     for body in bodies:
-        with pytest.raises(_protocol.FrameError):
+        with pytest.raises(_protocol.WorkerFrameError):
             _protocol.decode(body, limits)
     assert _protocol.decode(b'{"type":"x","v":' + b"1" * 1000 + b"}", limits)["v"] > 0
     assert _protocol.decode(b'{"type":"x","v":"' + b"1" * 5000 + b'"}', limits)
-    with pytest.raises(_protocol.FrameError):
+    with pytest.raises(_protocol.WorkerFrameError):
         _protocol.encode({"type": "x", "v": [0] * 200_000}, limits)
-    with pytest.raises(_protocol.FrameError):
+    with pytest.raises(_protocol.WorkerFrameError):
         _protocol.body_length(struct.pack("!I", limits.max_bytes + 1), limits)
     frame = _protocol.encode_log(20, "\x01\U0001f600" * 20_000)
     assert len(frame) <= _protocol.HEADER.size + _protocol.MAX_LOG_FRAME
@@ -442,7 +445,7 @@ async def test_without_so_passrights_descriptors_are_closed_off_the_trio_thread(
         assert await _protocol.receive_some(sock, 2, refused=False) == b"ab"
         socket.send_fds(theirs, [b"x"], [w] * 200)
         os.close(w)
-        with pytest.raises(_protocol.FrameError, match="200 file descriptor"):
+        with pytest.raises(_protocol.WorkerFrameError, match="200 file descriptor"):
             await _protocol.receive_some(sock, 1, refused=False)
         with trio.fail_after(5):
             while True:  # every copy of the write end closed: the read end sees EOF
@@ -477,10 +480,10 @@ async def test_an_unforeseen_failure_of_the_reader_costs_the_worker_only(
 ) -> None:
     dispatch = _Connection._dispatch
 
-    def failing(self: _Connection, message: dict[str, object]) -> None:
-        if message.get("message") == "trigger":
+    def failing(self: _Connection, frame: _protocol.FromWorker) -> None:
+        if isinstance(frame, _protocol.LogFrame) and frame.message == "trigger":
             raise RuntimeError("a bug in the kernel")
-        dispatch(self, message)
+        dispatch(self, frame)
 
     monkeypatch.setattr(_Connection, "_dispatch", failing)
     async with open_sandbox(workspace) as sb:

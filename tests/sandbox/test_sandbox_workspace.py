@@ -17,19 +17,21 @@ from kernel.errors import SandboxError
 from sandbox import Entry, Workspace, openat2_available
 from sandbox._workspace import _WALK_EVERY
 
-# Every behaviour is checked with openat2 and with the O_NOFOLLOW walk.
+# Every behaviour is checked with openat2 and with the O_NOFOLLOW walk, and with a
+# workspace opened on first use (``lazy``, what a worker's tools get).
 RESOLVERS = [
-    pytest.param(True, id="openat2"),
-    pytest.param(False, id="walk"),
+    pytest.param((True, False), id="openat2"),
+    pytest.param((False, False), id="walk"),
+    pytest.param((True, True), id="openat2-lazy"),
 ]
 
 
 @pytest.fixture(params=RESOLVERS)
 def ws(request: pytest.FixtureRequest, workspace: Path) -> Iterator[Workspace]:
-    use_openat2: bool = request.param
+    use_openat2, lazy = request.param
     if use_openat2 and not openat2_available():
         pytest.skip("no openat2 here")
-    with Workspace(workspace, use_openat2=use_openat2) as w:
+    with Workspace(workspace, use_openat2=use_openat2, lazy=lazy) as w:
         yield w
 
 
@@ -240,6 +242,37 @@ def test_size_caps(workspace: Path) -> None:
 def test_a_missing_workspace_is_a_sandbox_error(tmp_path: Path) -> None:
     with pytest.raises(SandboxError, match="cannot open workspace"):
         Workspace(tmp_path / "missing")
+    lazy = Workspace(tmp_path / "missing", lazy=True)  # nothing opened yet
+    with pytest.raises(SandboxError, match="cannot open workspace"):
+        lazy.read_text("a")
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_lazy_workspace_opens_on_first_use_and_behaves_like_the_eager_one(
+    workspace: Path,
+) -> None:
+    before = _open_fds()
+    lazy = Workspace(workspace, lazy=True, protected=(".tak",), max_bytes=1 << 20)
+    assert _open_fds() == before  # no descriptor until a method needs one
+    assert not (workspace / ".tak").exists()
+    lazy.write_text("a.txt", "hello")
+    assert len(_open_fds() - before) == 1
+    with Workspace(workspace, protected=(".tak",), max_bytes=1 << 20) as eager:
+        for w in (lazy, eager):
+            assert w.read_text("a.txt") == "hello"
+            assert [e.name for e in w.list(".") if e.name == "a.txt"] == ["a.txt"]
+            with pytest.raises(SandboxError, match="read-only to tools"):
+                w.write_text(".tak/x", "no")
+            with pytest.raises(SandboxError):
+                w.read_text("../outside")
+        assert lazy.usage() == eager.usage()
+    lazy.close()
+    assert _open_fds() == before
+    Workspace(workspace, lazy=True).close()  # closing one never opened opens nothing
+    assert _open_fds() == before
 
 
 def test_symlink_swapped_between_check_and_use(ws: Workspace, canary: Canary, stress: bool) -> None:
@@ -359,3 +392,10 @@ def test_a_write_that_fills_the_disk_leaves_the_old_file_and_no_leftovers(
             assert sorted(os.listdir(disk)) == ["notes.md"]  # no temporary file left
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_lazy_workspace_protects_from_its_first_write(workspace: Path) -> None:
+    with Workspace(workspace, lazy=True, protected=(".tak",)) as lazy:
+        with pytest.raises(SandboxError, match="read-only to tools"):
+            lazy.write_text(".tak/first", "no")
+    assert not (workspace / ".tak" / "first").exists()

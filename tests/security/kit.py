@@ -27,6 +27,7 @@ from typing import Any
 
 from kernel.executor import run_tool_calls
 from kernel.messages import Observation, ToolCall
+from plugins import remote_tools
 from sandbox import Policy, open_worker_pool
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -171,7 +172,7 @@ class Arena:
         async with open_worker_pool(self.workspace, spare=False) as pool:
             worker = await pool.start(str(PLUGINS / "attack.py"), policy=policy or Policy())
             [observation] = await run_tool_calls(
-                [ToolCall("attempt", tool_name, arguments)], worker.tools
+                [ToolCall("attempt", tool_name, arguments)], remote_tools(worker)
             )
         return observation
 

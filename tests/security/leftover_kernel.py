@@ -12,6 +12,7 @@ from responsive import cgroup_dirs_of
 
 from kernel.executor import run_tool_calls
 from kernel.messages import ToolCall
+from plugins import remote_tools
 from sandbox import Policy, open_worker_pool
 
 
@@ -20,7 +21,7 @@ async def main(workspace: str) -> None:
         worker = await pool.start("plugins.shell", policy=Policy(subprocess=True))
         command = "sleep 1000 >/dev/null 2>&1 & echo $!"
         call = ToolCall("c", "run_command", {"command": command})
-        [observation] = await run_tool_calls([call], worker.tools)
+        [observation] = await run_tool_calls([call], remote_tools(worker))
         # "exit code 0\nstdout:\n<pid>\n"
         sleep_pid = int(observation.content.split("stdout:")[1].split()[0])
         report = {"worker": worker.pid, "sleep": sleep_pid, "cgroups": cgroup_dirs_of(sleep_pid)}

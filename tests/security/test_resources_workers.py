@@ -22,6 +22,7 @@ from responsive import cgroup_dirs_of, dirs_removed, wait_gone, while_responsive
 
 from kernel.executor import run_tool_calls
 from kernel.messages import Observation, ToolCall
+from plugins import remote_tools
 from sandbox import Limits, Policy, Worker, open_worker_pool, probe_isolation
 
 pytestmark = pytest.mark.usefixtures("confined")
@@ -42,7 +43,7 @@ async def hog(arena: Arena, policy: Policy) -> AsyncIterator[Worker]:
 
 
 async def call(worker: Worker, tool: str, **arguments: object) -> Observation:
-    [observation] = await run_tool_calls([ToolCall("c", tool, arguments)], worker.tools)
+    [observation] = await run_tool_calls([ToolCall("c", tool, arguments)], remote_tools(worker))
     return observation
 
 

@@ -25,7 +25,7 @@ from kernel.executor import run_tool_calls
 from kernel.home import TakHome
 from kernel.messages import Observation, ToolCall
 from kernel.plugin import use_context
-from plugins import open_plugin_host
+from plugins import open_plugin_host, remote_tools
 from sandbox import Policy, open_worker_pool
 
 T = TypeVar("T")
@@ -101,14 +101,16 @@ async def _storm(arena: Arena, seconds: float) -> tuple[str, Observation]:
         box: list[Observation] = []
 
         async def attack() -> None:
-            [obs] = await run_tool_calls([ToolCall("a", "attack", {"code": code})], attacker.tools)
+            [obs] = await run_tool_calls(
+                [ToolCall("a", "attack", {"code": code})], remote_tools(attacker)
+            )
             box.append(obs)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(attack)
             await trio.sleep(seconds / 2)
             [check] = await run_tool_calls(
-                [ToolCall("b", "attack", {"code": "result = 1"})], bystander.tools
+                [ToolCall("b", "attack", {"code": "result = 1"})], remote_tools(bystander)
             )
     return box[0].content, check
 
@@ -260,7 +262,7 @@ async def test_the_walk_never_runs_while_a_worker_runs(arena: Arena) -> None:
     async with open_worker_pool(arena.workspace, spare=False) as pool:
         worker = await pool.start(str(PLUGINS / "attack.py"), policy=_WIDE)
         [obs] = await run_tool_calls(
-            [ToolCall("a", "attack", {"code": _UNFREEZABLE})], worker.tools
+            [ToolCall("a", "attack", {"code": _UNFREEZABLE})], remote_tools(worker)
         )
         assert obs.content == "ALLOWED: 'started'", obs.content
         witness = arena.workspace / "witness"
@@ -368,7 +370,7 @@ async def test_log_floods_from_four_workers_at_once_do_not_freeze_the_kernel(
 
             async def one(i: int) -> None:
                 [obs] = await run_tool_calls(
-                    [ToolCall(str(i), "attack", {"code": _LOG_FLOOD})], workers[i].tools
+                    [ToolCall(str(i), "attack", {"code": _LOG_FLOOD})], remote_tools(workers[i])
                 )
                 out.append(obs)
 

@@ -30,6 +30,7 @@ from kit import PLUGINS, Arena
 
 from kernel.executor import run_tool_calls
 from kernel.messages import Observation, ToolCall
+from plugins import remote_tools
 from sandbox import Policy, open_worker_pool
 
 T = TypeVar("T")
@@ -66,10 +67,12 @@ async def _attack_then_second_worker(arena: Arena, code: str) -> tuple[Observati
     """The attempt in one worker, then a call in a second worker of the same pool."""
     async with open_worker_pool(arena.workspace, spare=False) as pool:
         first = await pool.start(str(PLUGINS / "attack.py"), policy=_WIDE)
-        [attempt] = await run_tool_calls([ToolCall("a", "attack", {"code": code})], first.tools)
+        [attempt] = await run_tool_calls(
+            [ToolCall("a", "attack", {"code": code})], remote_tools(first)
+        )
         second = await pool.start(str(PLUGINS / "attack.py"), name="second")
         [check] = await run_tool_calls(
-            [ToolCall("b", "attack", {"code": "result = 1"})], second.tools
+            [ToolCall("b", "attack", {"code": "result = 1"})], remote_tools(second)
         )
     return attempt, check
 
