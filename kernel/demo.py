@@ -42,7 +42,7 @@ async def run_demo_turn(k: Kernel, session: Session) -> tuple[list[Observation],
         if isinstance(event, CallFinished):
             finished.append(event.index)
 
-    await session.set_title("demo: five parallel calls")
+    await session.record_title("demo: five parallel calls")
     await session.append(Message("user", [Text(DEMO_PROMPT)]))
     started = time.perf_counter()
     observations = await k.call_tools(session, DEMO_CALLS, limits=DEMO_LIMITS, on_event=on_event)
