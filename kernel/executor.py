@@ -47,6 +47,9 @@ from .tools import (
     describe_exception,
 )
 
+#: The runners' context of a batch without sync tools: nothing to lend, nothing to make.
+_NO_THREADS = RunContext()
+
 #: How many tool names an ``unknown_tool`` message lists before it says "and N more".
 _MAX_LISTED_NAMES = 40
 
@@ -362,10 +365,10 @@ class _Batch:
         self.limiter = (
             trio.CapacityLimiter(limits.max_concurrency) if limits.max_concurrency else None
         )
-        self.context = RunContext(
-            thread_limiter=(
-                trio.CapacityLimiter(min(n_sync, limits.max_threads)) if n_sync else None
-            )
+        self.context = (
+            RunContext(thread_limiter=trio.CapacityLimiter(min(n_sync, limits.max_threads)))
+            if n_sync
+            else _NO_THREADS
         )
         self.started_at: dict[int, float] = {}
         # Only a handle can cancel one call, and only a concurrency limit makes calls

@@ -652,3 +652,26 @@ def test_schema_checks_send_the_object_as_is_when_nothing_is_filled_in() -> None
     assert filled == {"path": "a", "mode": "r"}
     # Numbers become what the schema says, as the converter makes them.
     assert remote.validate({"path": "a", "meta": {"x": 1}})["meta"] == {"x": 1.0}
+
+
+@given(place_arguments, st.sampled_from([*place.parameters["properties"], "nope"]), json_values)
+def test_the_fast_path_structures_as_cattrs_generated_code_does(
+    arguments: dict[str, Any], key: str, value: Any
+) -> None:
+    # Tool.validate skips making an instance of the arguments class; the instance's
+    # own (generated) structuring code is the reference, values and errors alike.
+    from kernel.tools._strict import STRUCTURE_ERRORS, describe_argument_error
+    from kernel.tools._strict import converter as strict
+
+    arguments = {**arguments, key: value}
+    cls: Any = place._arguments_class
+    try:
+        instance = strict.structure(arguments, cls)
+        expected: Any = {f.name: getattr(instance, f.name) for f in attrs.fields(cls)}
+    except STRUCTURE_ERRORS as exc:
+        expected = describe_argument_error(exc)
+    try:
+        got: Any = place.validate(arguments)
+    except ArgumentError as exc:
+        got = str(exc)
+    assert got == expected

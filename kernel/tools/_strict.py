@@ -22,6 +22,7 @@ from cattrs.errors import ForbiddenExtraKeysError, IterableValidationError, Iter
 
 from ..messages import converter as _messages_converter
 from ..messages import structure_error_paths
+from ._failures import ArgumentError
 from ._hints import (
     is_annotated,
     is_array_hint,
@@ -215,3 +216,52 @@ def fresh_default(default: Any) -> Any:
     if isinstance(default, list | dict | set):
         return attrs.Factory(functools.partial(copy.deepcopy, default))
     return default
+
+
+def kwargs_structurer(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """A function from JSON arguments to the keyword arguments of a tool function whose
+    parameters ``cls`` (an attrs class made from the signature) describes.
+
+    The hot path structures each argument with its field's own hook and fills in
+    the defaults, without making an instance of ``cls`` and reading it back (what
+    cattrs' generated code would do, at twice the cost). Anything unusual (an
+    unknown or missing argument, a value a hook refuses) goes to that generated
+    code, so that errors are its errors, word for word.
+
+    Raises:
+        ArgumentError: (from the returned function) each failing path and why.
+    """
+    full = converter.get_structure_hook(cls)
+    fields = [f for f in attrs.fields(cls) if f.init]
+    hooks = {f.alias or f.name: (converter.get_structure_hook(f.type), f.type) for f in fields}
+    required = [f.alias or f.name for f in fields if f.default is attrs.NOTHING]
+    defaults = [(f.alias or f.name, f.default) for f in fields if f.default is not attrs.NOTHING]
+    count = len(fields)
+
+    def slow(arguments: Any) -> dict[str, Any]:
+        try:
+            structured = full(arguments, cls)
+        except STRUCTURE_ERRORS as exc:
+            raise ArgumentError(describe_argument_error(exc)) from exc
+        return {f.name: getattr(structured, f.name) for f in fields}
+
+    def structure(arguments: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        try:
+            for key, value in arguments.items():
+                hook, hint = hooks[key]
+                kwargs[key] = hook(value, hint)
+        except Exception:
+            return slow(arguments)
+        if len(kwargs) < count:
+            for name in required:
+                if name not in kwargs:
+                    return slow(arguments)
+            for name, default in defaults:
+                if name not in kwargs:
+                    kwargs[name] = (
+                        default.factory() if isinstance(default, attrs.Factory) else default  # type: ignore[arg-type]
+                    )
+        return kwargs
+
+    return structure

@@ -13,7 +13,6 @@ import attrs
 
 from ..errors import UsageError
 from ._docstrings import parse_docstring
-from ._failures import ArgumentError
 from ._remote import SchemaValidator
 from ._runners import (
     AsyncFunctionRunner,
@@ -23,7 +22,7 @@ from ._runners import (
     _NothingToRun,
 )
 from ._schema import parameters_of
-from ._strict import STRUCTURE_ERRORS, converter, describe_argument_error
+from ._strict import converter, kwargs_structurer
 
 TOOL_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
 """What a tool name must match (in full).
@@ -89,10 +88,9 @@ class Tool:
     )
 
     # Worked out once: validation and the runner are on the executor's hot path.
-    _structure_hook: Callable[[Any, Any], Any] | None = attrs.field(
+    _structure: Callable[[Any], dict[str, Any]] | None = attrs.field(
         init=False, eq=False, repr=False, default=None
     )
-    _field_names: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False, default=())
     _schema_validator: SchemaValidator | None = attrs.field(
         init=False, eq=False, repr=False, default=None
     )
@@ -107,8 +105,7 @@ class Tool:
         else:
             # cattrs generates the structuring code on first use; do it now so
             # that a definition it cannot handle fails here, not at the first call.
-            object.__setattr__(self, "_structure_hook", converter.get_structure_hook(cls))
-            object.__setattr__(self, "_field_names", tuple(f.name for f in attrs.fields(cls)))
+            object.__setattr__(self, "_structure", kwargs_structurer(cls))
         runner: ToolRunner
         if self.runner is not None:
             runner = self.runner
@@ -142,12 +139,8 @@ class Tool:
         """
         if self._schema_validator is not None:
             return self._schema_validator(arguments)
-        assert self._structure_hook is not None
-        try:
-            structured: Any = self._structure_hook(arguments, self._arguments_class)
-        except STRUCTURE_ERRORS as exc:
-            raise ArgumentError(describe_argument_error(exc)) from exc
-        return {name: getattr(structured, name) for name in self._field_names}
+        assert self._structure is not None
+        return self._structure(arguments)
 
     def validate_json(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check JSON arguments and return them as JSON, defaults filled in.
