@@ -14,6 +14,11 @@
    observation in every unfinished slot; one call can be cancelled by id;
 7. ``on_event`` sees calls start and finish in completion order, and
    ``ordered_observations`` releases them in declared order.
+
+A call's arguments are validated once, in ``_check`` (``Tool.prepare``), and
+the tool runs in one place, ``_Batch.call_tool``, through its runner
+(``kernel.tools.ToolRunner``: a function in this task or in a thread, or a
+worker): whatever runs a tool, points 3 to 5 hold the same way.
 """
 
 from __future__ import annotations
