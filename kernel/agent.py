@@ -38,6 +38,7 @@ from .messages import Message, Observation, Text, recordable
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
 from .session import Session
+from .session import usage_entry_fields as usage_entry_fields
 from .tools import Tool, ToolFailure, ToolRegistry, tool
 
 TurnEnd: TypeAlias = Literal[
@@ -106,16 +107,6 @@ class TurnFinished:
 
 AgentEvent: TypeAlias = ModelDelta | CallStarted | CallFinished | TurnFinished
 AgentEventCallback: TypeAlias = Callable[[AgentEvent], None]
-
-
-def usage_entry_fields(usage: Usage) -> dict[str, Any]:
-    """What a transcript entry records of a model's usage (the summary folds it)."""
-    return {
-        "input_tokens": usage.total_input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cache_read_tokens": usage.cache_read_tokens,
-        "cache_write_tokens": usage.cache_write_tokens,
-    }
 
 
 async def load_history(session: Session) -> list[Message]:

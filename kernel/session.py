@@ -39,7 +39,7 @@ from __future__ import annotations
 import uuid as uuid_module
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import attrs
 import cattrs
@@ -53,6 +53,9 @@ from .history import messages_from_entries as messages_from_entries
 from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
 from .messages import Message, Observation, converter, describe_structure_error, recordable
 from .store import SessionKey, SessionStore
+
+if TYPE_CHECKING:
+    from .models import Usage
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
@@ -120,6 +123,17 @@ class CompactionEntry:
 
 
 TranscriptEntry: TypeAlias = MessageEntry | TitleEntry | CompactionEntry
+
+
+def usage_entry_fields(usage: Usage) -> dict[str, int]:
+    """What an entry's ``usage`` records of a model response (the store's summary sums it)."""
+    return {
+        "input_tokens": usage.total_input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+    }
+
 
 _ENTRY_CLASSES: dict[str, type[TranscriptEntry]] = {
     **dict.fromkeys(("system", "user", "assistant", "tool"), MessageEntry),
