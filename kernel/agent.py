@@ -412,22 +412,13 @@ class Agent:
             raise UsageError(f"keep_last_turns must be at least 1, got {keep_last_turns}")
         if self.compact_after_tokens is None:
             return False
-        # From the entry the latest compaction summarised through: what is
-        # before it is in that summary already.
-        entries = await session.entries_since_cut()
-        if _prompt_tokens(entries) < self.compact_after_tokens:
+        candidate = await session.compaction_candidate(
+            keep_last_turns=keep_last_turns, min_prompt_tokens=self.compact_after_tokens
+        )
+        if candidate is None:
             return False
-        start = _after_latest_compaction(entries)
-        user_positions = [i for i in range(start, len(entries)) if entries[i].get("type") == "user"]
-        if len(user_positions) <= keep_last_turns:
-            return False
-        cut = user_positions[-keep_last_turns]
-        through = entries[cut - 1].get("uuid")
         request = ModelRequest(
-            messages=(
-                *history_from_entries(entries[:cut]),
-                Message("user", [Text(COMPACTION_PROMPT)]),
-            ),
+            messages=(*candidate.messages, Message("user", [Text(COMPACTION_PROMPT)])),
             system=self.system,
         )
         response = await self.model.complete(request)
@@ -435,41 +426,12 @@ class Agent:
             return False
         await session.record_compaction(
             response.message.text,
-            through=through if isinstance(through, str) else None,
+            through=candidate.through,
             usage=usage_entry_fields(response.usage),
             model=response.model or self.model.name,
             cost_usd=response.usage.cost_usd,
         )
         return True
-
-
-def _after_latest_compaction(entries: Sequence[Mapping[str, Any]]) -> int:
-    for position in range(len(entries) - 1, -1, -1):
-        if entries[position].get("type") == "compaction":
-            return position + 1
-    return 0
-
-
-def _prompt_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
-    """How big the next prompt is: the provider's own count from the latest response.
-
-    Falls back to about four characters a token when no entry carries usage.
-    """
-    for entry in reversed(entries):
-        if entry.get("type") == "compaction":
-            break  # counts from before it are stale
-        usage = entry.get("usage")
-        if entry.get("type") == "assistant" and isinstance(usage, Mapping):
-            counted = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
-            if counted > 0:  # zero: the model reported nothing (a scripted one, say)
-                return counted
-            break
-    characters = sum(
-        len(part.text) if isinstance(part, Text) else len(str(part))
-        for message in history_from_entries(entries)
-        for part in message.parts
-    )
-    return characters // 4
 
 
 def _ignore(event: AgentEvent) -> None:

@@ -47,11 +47,11 @@ from cattrs.gen import make_dict_unstructure_fn, override
 
 from .errors import StoreError, UsageError
 from .history import KERNEL_STOPPED as KERNEL_STOPPED
-from .history import HistoryCache
+from .history import HistoryCache, history_from_entries
 from .history import message_from_entry as message_from_entry
 from .history import messages_from_entries as messages_from_entries
 from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
-from .messages import Message, Observation, converter, describe_structure_error, recordable
+from .messages import Message, Observation, Text, converter, describe_structure_error, recordable
 from .store import SessionKey, SessionStore
 
 if TYPE_CHECKING:
@@ -123,6 +123,22 @@ class CompactionEntry:
 
 
 TranscriptEntry: TypeAlias = MessageEntry | TitleEntry | CompactionEntry
+
+
+@attrs.frozen
+class CompactionCandidate:
+    """What a compaction would summarise (``Session.compaction_candidate``).
+
+    Attributes:
+        messages: the model's view of the conversation before the last turns
+            kept (what the summary stands for from then on).
+        through: the uuid of the last entry it covers (``CompactionEntry.through``).
+        prompt_tokens: how big the next prompt is.
+    """
+
+    messages: tuple[Message, ...]
+    through: str | None
+    prompt_tokens: int
 
 
 def usage_entry_fields(usage: Usage) -> dict[str, int]:
@@ -280,6 +296,36 @@ class Session:
         """
         return await self.cache.since_cut(self.store, self.key)
 
+    async def compaction_candidate(
+        self, *, keep_last_turns: int, min_prompt_tokens: int
+    ) -> CompactionCandidate | None:
+        """What to summarise so that the last ``keep_last_turns`` user prompts stay as they are.
+
+        ``None`` when the next prompt is smaller than ``min_prompt_tokens`` or
+        there are no more user prompts than that since the latest compaction.
+        Reads from the entry the latest compaction summarised through: what is
+        before it is in that summary already.
+
+        Raises:
+            StoreError: a message entry's payload is not a message.
+            CorruptTranscript: the transcript is damaged mid-file.
+        """
+        entries = await self.entries_since_cut()
+        tokens = _prompt_tokens(entries)
+        if tokens < min_prompt_tokens:
+            return None
+        start = _after_latest_compaction(entries)
+        user_positions = [i for i in range(start, len(entries)) if entries[i].get("type") == "user"]
+        if len(user_positions) <= keep_last_turns:
+            return None
+        cut = user_positions[-keep_last_turns]
+        through = entries[cut - 1].get("uuid")
+        return CompactionCandidate(
+            messages=tuple(history_from_entries(entries[:cut])),
+            through=through if isinstance(through, str) else None,
+            prompt_tokens=tokens,
+        )
+
     async def append_entries(self, entries: Sequence[Mapping[str, Any]]) -> None:
         """Add raw transcript ``entries`` in one atomic append (see ``SessionStore.append``).
 
@@ -434,3 +480,32 @@ class Session:
         return MessageEntry.of(
             recordable(Message("tool", ordered)), timestamp=self._timestamp(), answers=answers
         )
+
+
+def _after_latest_compaction(entries: Sequence[Mapping[str, Any]]) -> int:
+    for position in range(len(entries) - 1, -1, -1):
+        if entries[position].get("type") == "compaction":
+            return position + 1
+    return 0
+
+
+def _prompt_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
+    """How big the next prompt is: the provider's own count from the latest response.
+
+    Falls back to about four characters a token when no entry carries usage.
+    """
+    for entry in reversed(entries):
+        if entry.get("type") == "compaction":
+            break  # counts from before it are stale
+        usage = entry.get("usage")
+        if entry.get("type") == "assistant" and isinstance(usage, Mapping):
+            counted = int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0))
+            if counted > 0:  # zero: the model reported nothing (a scripted one, say)
+                return counted
+            break
+    characters = sum(
+        len(part.text) if isinstance(part, Text) else len(str(part))
+        for message in history_from_entries(entries)
+        for part in message.parts
+    )
+    return characters // 4
