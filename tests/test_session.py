@@ -223,3 +223,22 @@ async def test_record_compaction_and_title_go_through_the_session() -> None:
         "Research",
         {"title": 1, "compaction": 1},
     )
+
+
+async def test_compaction_candidate_keeps_the_last_turns() -> None:
+    store = MemoryStore()
+    session = Session(store, KEY, now=lambda: NOW)
+    for n in range(3):
+        await session.append(Message("user", [Text(f"q{n}")]))
+        await session.record_turn(Message("assistant", [Text(f"a{n}")]), usage={"input_tokens": 90})
+    assert await session.compaction_candidate(keep_last_turns=1, min_prompt_tokens=91) is None
+    assert await session.compaction_candidate(keep_last_turns=3, min_prompt_tokens=1) is None
+    candidate = await session.compaction_candidate(keep_last_turns=1, min_prompt_tokens=90)
+    assert candidate is not None
+    assert [m.text for m in candidate.messages] == ["q0", "a0", "q1", "a1"]
+    entries = await session.entries()
+    assert candidate.through == entries[3]["uuid"]  # the assistant entry before "q2"
+    assert candidate.prompt_tokens == 90
+    await session.record_compaction("sum", through=candidate.through, usage={}, model="m")
+    # Since the compaction: one user prompt (q2), so nothing more to summarise.
+    assert await session.compaction_candidate(keep_last_turns=1, min_prompt_tokens=0) is None
