@@ -4,8 +4,13 @@ One-call `call_tools` batches (the `echo` tool) against a real server on
 127.0.0.1: the latency of one round trip (median, p99) with one client, and
 calls per second with 1, 10 and 100 concurrent clients, each sending its next
 request when the previous one replied. The in-process rows run the same
-`Kernel.call_tools` (transcript append included) without the socket. A
-`MemoryStore` keeps the disk out of the numbers. Target: median under 2 ms.
+`Kernel.call_tools` (transcript append included) without the socket. The
+`websocket` rows are the server seen by a bare JSON client (one `json.dumps`
+and one `json.loads` a frame); the `open_client` rows are the same calls made
+with `kernel.wire.open_client` (typed records, a reader task routing frames),
+so the difference is what the client costs: clients and server share this
+process. A `MemoryStore` keeps the disk out of the numbers. Target: median
+under 2 ms.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ import trio
 from trio_websocket import open_websocket_url
 
 from kernel import Kernel, ToolCall, open_kernel, tool
-from kernel.server import ServerLimits, serve_websocket
 from kernel.store import MemoryStore
+from kernel.wire import ServerLimits, open_client, serve_websocket
 
 ROUNDS = 2000
 
@@ -48,13 +53,21 @@ def request(i: int) -> str:
     )
 
 
-async def client(url: str, rounds: int, latencies: list[float]) -> None:
+async def json_client(url: str, rounds: int, latencies: list[float]) -> None:
     async with open_websocket_url(url) as ws:
         for i in range(rounds):
             started = time.perf_counter()
             await ws.send_message(request(i))
             while json.loads(await ws.get_message())["type"] != "reply":
                 pass
+            latencies.append(time.perf_counter() - started)
+
+
+async def typed_client(url: str, rounds: int, latencies: list[float]) -> None:
+    async with open_client(url) as client:
+        for i in range(rounds):
+            started = time.perf_counter()
+            await client.call_tools("bench", [ToolCall(f"c{i}", "echo", {"text": "hi"})])
             latencies.append(time.perf_counter() - started)
 
 
@@ -91,7 +104,8 @@ async def main() -> None:
                 for clients in (1, 10, 100):
                     for name, run in (
                         ("in process", functools.partial(in_process, k)),
-                        ("websocket", functools.partial(client, url)),
+                        ("websocket", functools.partial(json_client, url)),
+                        ("open_client", functools.partial(typed_client, url)),
                     ):
                         latencies: list[float] = []
                         rounds = max(ROUNDS // clients, 20)

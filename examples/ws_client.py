@@ -1,75 +1,68 @@
-"""A client of `tak serve` in plain JSON: hello, a batch of tool calls, then an agent turn.
+"""A client of `tak serve` with `kernel.wire.open_client`: hello, a batch of tool calls, a turn.
 
     tak serve --port 0                       # prints ws://127.0.0.1:PORT/?token=...
     python examples/ws_client.py 'ws://127.0.0.1:PORT/?token=...'
 
 Every request gets `event` frames (which carry its id in `re`) and then exactly
-one `reply`; see docs/protocol.md. This client sends one request at a time, so
-every frame it reads is about that request.
+one `reply`; see docs/protocol.md, which also shows the JSON for clients in
+other languages. `open_client` says `hello`, routes each frame to its request,
+and gives events and results as records.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import trio
-from trio_websocket import WebSocketConnection, open_websocket_url
+
+from kernel import ToolCall
+from kernel.wire import (
+    CallFinishedEvent,
+    CallStartedEvent,
+    EventData,
+    ModelDeltaEvent,
+    TurnFinishedEvent,
+    open_client,
+)
 
 
-async def request(ws: WebSocketConnection, frame: dict[str, Any]) -> dict[str, Any]:
-    """Send a request, print its events as they come, return its reply."""
-    await ws.send_message(json.dumps({"v": 1, **frame}))
-    while True:
-        message = json.loads(await ws.get_message())
-        if message["type"] in ("reply", "error"):
-            return dict(message)
-        if message["kind"] == "model_delta":
-            print(message["text"], end="", flush=True)
-        elif message["kind"] == "call_started":
-            call = message["call"]
-            print(f"  started  [{message['index']}] {call['name']} {json.dumps(call['arguments'])}")
-        elif message["kind"] == "call_finished":
-            o = message["observation"]
-            print(f"  finished [{o['index']}] {o['name']}: {o['content']}")
-        elif message["kind"] == "turn_finished":
-            print(f"\n  turn finished: {message['reason']} after {message['steps']} step(s)")
+def show(event: EventData) -> None:
+    """Print an event as it comes."""
+    if isinstance(event, ModelDeltaEvent):
+        print(event.text, end="", flush=True)
+    elif isinstance(event, CallStartedEvent):
+        call = event.call
+        print(f"  started  [{event.index}] {call.name} {json.dumps(call.arguments)}")
+    elif isinstance(event, CallFinishedEvent):
+        o = event.observation
+        print(f"  finished [{o.index}] {o.name}: {o.content}")
+    elif isinstance(event, TurnFinishedEvent):
+        print(f"\n  turn finished: {event.reason} after {event.steps} step(s)")
 
 
 async def main(url: str) -> int:
-    async with open_websocket_url(url) as ws:
-        hello = await request(ws, {"type": "hello", "id": "1"})
-        info = hello["result"]
-        print(f"connected: {info['server']} {info['version']}, model {info['model']}")
+    async with open_client(url) as client:
+        info = client.info
+        print(f"connected: {info.server} {info.version}, model {info.model}")
 
         print("call_tools:")
-        reply = await request(
-            ws,
-            {
-                "type": "call_tools",
-                "id": "2",
-                "session": "ws-example",
-                "calls": [
-                    {"id": "a", "name": "add", "arguments": {"a": 2, "b": 40}},
-                    {"id": "b", "name": "divide", "arguments": {"a": 1, "b": 0}},
-                ],
-            },
+        result = await client.call_tools(
+            "ws-example",
+            [
+                ToolCall("a", "add", {"a": 2, "b": 40}),
+                ToolCall("b", "divide", {"a": 1, "b": 0}),
+            ],
+            on_event=show,
         )
-        for o in reply["result"]["observations"]:
-            print(f"  reply    [{o['index']}] {o['content']}")
+        for o in result.observations:
+            print(f"  reply    [{o.index}] {o.content}")
 
         print("run:")
-        reply = await request(
-            ws,
-            {
-                "type": "run",
-                "id": "3",
-                "session": "ws-example",
-                "prompt": '/call echo {"text": "hello over websocket"}',
-            },
+        turn = await client.run(
+            "ws-example", '/call echo {"text": "hello over websocket"}', on_event=show
         )
-        print(f"  reply: {reply['status']}, {reply['result']['reason']}")
+        print(f"  reply: ok, {turn.reason}")
     return 0
 
 

@@ -25,39 +25,34 @@ Exit status: 0; 1 when a request failed or the connection was lost.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-import math
 import os
 import signal
 import sys
 import threading
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qs, urlsplit
 
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    ConnectionRejected,
-    HandshakeError,
-    WebSocketConnection,
-    open_websocket_url,
-)
 
 from . import __version__
 from .errors import ProtocolError
-from .messages import ToolCall
-from .protocol import (
+from .messages import Observation, ToolCall
+from .wire._client import (
+    MAX_SERVER_FRAME,
+    Client,
+    ConnectionLost,
+    RequestFailed,
+    open_client,
+)
+from .wire._frames import (
     DEFAULT_PROJECT,
     CallTools,
     Cancel,
     ErrorFrame,
-    Event,
-    Hello,
     History,
     Reply,
     Request,
@@ -65,15 +60,20 @@ from .protocol import (
     ServerFrame,
     Sessions,
     Tools,
-    decode_server_frame,
-    encode,
+)
+from .wire._payloads import (
+    CallFinishedEvent,
+    CallStartedEvent,
+    EventData,
+    HistoryResult,
+    ModelDeltaEvent,
+    SessionsResult,
+    ToolsResult,
+    TurnFinishedEvent,
 )
 
 PROMPT = "tak> "
 HISTORY_LINES = 1000
-#: Replies such as a long history are big; the server bounds what it sends, not us.
-MAX_SERVER_FRAME = 256 << 20
-
 HELP = """\
 a line              run an agent turn with it as the prompt
 /call TOOL {json}   run one tool call
@@ -85,67 +85,12 @@ a line              run an agent turn with it as the prompt
 /quit               leave (Ctrl-D too)"""
 
 
-class _Client:
-    """Requests over one connection; each request's frames reach its own channel."""
-
-    def __init__(self, ws: WebSocketConnection) -> None:
-        self.ws = ws
-        self.closed: str | None = None
-        self._routes: dict[str, trio.MemorySendChannel[ServerFrame]] = {}
-        self._ids = itertools.count(1)
-
-    def new_id(self, prefix: str = "r") -> str:
-        return f"{prefix}{next(self._ids)}"
-
-    async def read_frames(self, on_unrouted: Callable[[ServerFrame], None]) -> None:
-        """Route frames until the connection closes, then end every open request."""
-        try:
-            while True:
-                frame = decode_server_frame(await self.ws.get_message())
-                route = self._routes.get(frame.re) if frame.re is not None else None
-                if route is not None:
-                    route.send_nowait(frame)
-                else:
-                    on_unrouted(frame)
-        except ConnectionClosed as exc:
-            reason = exc.reason
-            self.closed = (
-                f"{reason.code} {reason.reason or reason.name}" if reason is not None else "closed"
-            )
-        except ProtocolError as exc:
-            self.closed = f"the server broke the protocol: {exc}"
-        finally:
-            for route in self._routes.values():
-                route.close()
-
-    async def send(self, request: Request) -> None:
-        await self.ws.send_message(encode(request))
-
-    @contextlib.asynccontextmanager
-    async def request(self, request: Request) -> AsyncIterator[AsyncIterator[ServerFrame]]:
-        """Send ``request``; iterate its events and then its reply (or refusal)."""
-        send, receive = trio.open_memory_channel[ServerFrame](math.inf)
-        self._routes[request.id] = send
-        try:
-            await self.send(request)
-
-            async def frames() -> AsyncIterator[ServerFrame]:
-                async for frame in receive:
-                    yield frame
-                    if isinstance(frame, Reply | ErrorFrame):
-                        return
-
-            yield frames()
-        finally:
-            del self._routes[request.id]
-
-
 class Repl:
     """The REPL's state and commands; ``out`` gets results, ``err`` diagnostics."""
 
     def __init__(
         self,
-        client: _Client,
+        client: Client,
         *,
         out: IO[str],
         err: IO[str],
@@ -263,14 +208,16 @@ class Repl:
                 if self._lines is not None and not self._eof:
                     nursery.start_soon(self._read_while_running, self._lines)
                 try:
-                    async with self.client.request(request) as frames:
-                        async for frame in frames:
-                            self._show(request, frame)
-                except ConnectionClosed as exc:
-                    if self.client.closed is None:
-                        self.client.closed = str(exc.reason)
-                # The frames end with the reply, or early when the connection is gone
-                # (run_repl says so once).
+                    async with self.client.request(request) as exchange:
+                        async for event in exchange.events():
+                            self._show_event(event)
+                            self.out.flush()
+                        self._show(request, await exchange.reply())
+                except ConnectionLost:
+                    pass  # run_repl says once that the connection is gone
+                except ProtocolError as exc:
+                    self._diag(f"the server broke the protocol: {exc}")
+                    self.failed = True
                 self._end_line()
                 nursery.cancel_scope.cancel()
         finally:
@@ -292,7 +239,7 @@ class Repl:
         """Ask the server to cancel the running request (its reply says ``cancelled``)."""
         if self.running is None or self.client.closed is not None:
             return
-        with contextlib.suppress(ConnectionClosed):
+        with contextlib.suppress(ConnectionLost):
             await self.client.send(Cancel(id=self.client.new_id("cancel"), target=self.running))
 
     # --- output ------------------------------------------------------------------
@@ -320,10 +267,8 @@ class Repl:
             self._diag(f"error ({frame.error.code}): {frame.error.message}")
         # Anything else is the reply to a /cancel we sent and forgot: nothing to say.
 
-    def _show(self, request: Request, frame: ServerFrame) -> None:
-        if isinstance(frame, Event):
-            self._show_event(frame)
-        elif isinstance(frame, ErrorFrame) or frame.status == "error":
+    def _show(self, request: Request, frame: Reply | ErrorFrame) -> None:
+        if isinstance(frame, ErrorFrame) or frame.status == "error":
             error = frame.error
             assert error is not None
             self._diag(f"error ({error.code}): {error.message}")
@@ -331,43 +276,41 @@ class Repl:
         elif frame.status == "cancelled":
             self._line("(cancelled)")
         else:
-            self._show_result(request, frame.result or {})
+            self._show_result(request, frame)
         self.out.flush()
 
-    def _show_event(self, event: Event) -> None:
-        data = event.data
-        if event.kind == "model_delta":
-            self._write(str(data.get("text", "")))
-        elif event.kind == "call_started":
-            call = data.get("call") or {}
-            arguments = call.get("arguments")
-            shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
-            self._line(f"→ [{data.get('index')}] {call.get('name')} {_clip(shown, 120)}")
-        elif event.kind == "call_finished":
-            self._line(_observation_line(data.get("observation") or {}))
-        elif event.kind == "turn_finished":
+    def _show_event(self, event: EventData) -> None:
+        if isinstance(event, ModelDeltaEvent):
+            self._write(event.text)
+        elif isinstance(event, CallStartedEvent):
+            call = event.call
+            shown = (
+                call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+            )
+            self._line(f"→ [{event.index}] {call.name} {_clip(shown, 120)}")
+        elif isinstance(event, CallFinishedEvent):
+            self._line(_observation_line(event.observation))
+        elif isinstance(event, TurnFinishedEvent):
             self._end_line()
-            if data.get("reason") != "final":
-                error = f": {data['error']}" if data.get("error") else ""
-                self._line(f"(turn ended: {data.get('reason')}{error})")
+            if event.reason != "final":
+                error = f": {event.error}" if event.error else ""
+                self._line(f"(turn ended: {event.reason}{error})")
+        # An event of a kind this REPL does not know (a newer server): nothing to show.
 
-    def _show_result(self, request: Request, result: dict[str, Any]) -> None:
+    def _show_result(self, request: Request, reply: Reply) -> None:
         if isinstance(request, Tools):
-            for spec in result.get("tools", []):
+            for spec in reply.result_as(ToolsResult).tools:
                 description = (spec.get("description") or "").strip().splitlines()
                 self._line(f"{spec.get('name')}  {description[0] if description else ''}")
         elif isinstance(request, Sessions):
-            sessions = result.get("sessions", [])
+            sessions = reply.result_as(SessionsResult).sessions
             if not sessions:
                 self._line(f"no sessions in project {self.project!r}")
             for summary in sessions:
-                data = summary.get("data") or {}
-                title = data.get("title") or ""
-                self._line(
-                    f"{summary.get('session_id')}  {data.get('entry_count', 0)} entries  {title}"
-                )
+                title = summary.data.title or ""
+                self._line(f"{summary.session_id}  {summary.data.entry_count} entries  {title}")
         elif isinstance(request, History):
-            entries = result.get("entries", [])
+            entries = reply.result_as(HistoryResult).entries
             if not entries:
                 self._line(f"session {self.session} is empty")
             for entry in entries:
@@ -378,16 +321,16 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _observation_line(o: dict[str, Any]) -> str:
-    error = o.get("error")
-    mark = (
-        f"✗ [{o.get('index')}] {o.get('name')} {error.get('kind')}"
-        if error
-        else (f"✓ [{o.get('index')}] {o.get('name')}")
-    )
-    content = str(o.get("content", ""))
-    duration = float(o.get("duration_s") or 0.0)
-    return f"{mark} ({duration:.2f}s): {_indent_rest(content)}"
+def _observation_line(o: Observation) -> str:
+    error = o.error.kind if o.error is not None else None
+    return _result_line(o.index, o.name, error, o.content, o.duration_s)
+
+
+def _result_line(
+    index: object, name: object, error_kind: object, content: str, duration_s: float
+) -> str:
+    mark = f"✗ [{index}] {name} {error_kind}" if error_kind else f"✓ [{index}] {name}"
+    return f"{mark} ({duration_s:.2f}s): {_indent_rest(content)}"
 
 
 def _indent_rest(text: str) -> str:
@@ -408,7 +351,17 @@ def _entry_text(entry: dict[str, Any]) -> str:
             shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
             pieces.append(f"→ {part.get('name')} {_clip(shown, 120)}")
         elif part.get("type") == "observation":
-            pieces.append(_observation_line(part))
+            # Transcript entries are the store's dicts, not records: read them by key.
+            error = part.get("error")
+            pieces.append(
+                _result_line(
+                    part.get("index"),
+                    part.get("name"),
+                    error.get("kind") if error else None,
+                    str(part.get("content", "")),
+                    float(part.get("duration_s") or 0.0),
+                )
+            )
     return f"{kind}: " + _indent_rest("\n".join(pieces))
 
 
@@ -494,8 +447,12 @@ async def run_repl(
     stopping the program.
     """
     try:
-        async with open_websocket_url(url, max_message_size=MAX_SERVER_FRAME) as ws:
-            client = _Client(ws)
+        async with open_client(
+            url,
+            token=_token_from(url),
+            name=f"tak-repl/{__version__}",
+            max_frame_bytes=MAX_SERVER_FRAME,
+        ) as client:
             repl = Repl(
                 client,
                 out=out,
@@ -504,55 +461,42 @@ async def run_repl(
                 project=project,
                 interactive=interactive,
             )
+            client.on_unrouted = repl.show_unrouted
+            info = client.info
+            repl._diag(
+                f"connected to {info.server} {info.version} (model {info.model}); "
+                f"session {repl.session}; /help for commands"
+            )
             async with trio.open_nursery() as nursery:
 
-                async def read_until_closed() -> None:
-                    await client.read_frames(repl.show_unrouted)
+                async def stop_when_closed() -> None:
+                    await client.wait_closed()
                     # The server is gone: stop waiting for input too.
                     nursery.cancel_scope.cancel()
 
-                nursery.start_soon(read_until_closed)
+                nursery.start_soon(stop_when_closed)
                 if handle_sigint:
                     nursery.start_soon(_cancel_on_sigint, repl)
-                if await _greet(client, repl, _token_from(url)):
-                    await repl.loop(lines)
+                await repl.loop(lines)
                 nursery.cancel_scope.cancel()
             if client.closed is not None:
                 repl._diag(f"connection closed: {client.closed}")
                 return 1
             return 1 if repl.failed else 0
-    except (OSError, ProtocolError, HandshakeError) as exc:
-        why = (
-            f"refused: HTTP {exc.status_code} {(exc.body or b'').decode(errors='replace').strip()}"
-            if isinstance(exc, ConnectionRejected)
-            else str(exc)
-        )
-        print(f"tak repl: cannot talk to {_without_token(url)}: {why}", file=err, flush=True)
+    except RequestFailed as exc:
+        # hello refused: a wrong token in the URL or $TAK_TOKEN, or a full server
+        error = exc.error
+        why = f"({error.code}): {error.message}" if error is not None else exc.status
+        print(f"refused {why}", file=err, flush=True)
+        return 1
+    except (OSError, ProtocolError) as exc:
+        print(f"tak repl: cannot talk to {_without_token(url)}: {exc}", file=err, flush=True)
         return 1
 
 
 def _without_token(url: str) -> str:
     parts = urlsplit(url)
     return parts._replace(query="").geturl()
-
-
-async def _greet(client: _Client, repl: Repl, token: str | None) -> bool:
-    async with client.request(
-        Hello(id=client.new_id("hello"), token=token, client=f"tak-repl/{__version__}")
-    ) as frames:
-        async for frame in frames:
-            if isinstance(frame, Reply) and frame.status == "ok" and frame.result is not None:
-                info = frame.result
-                repl._diag(
-                    f"connected to {info.get('server')} {info.get('version')} "
-                    f"(model {info.get('model')}); session {repl.session}; /help for commands"
-                )
-                return True
-            if isinstance(frame, Reply | ErrorFrame) and frame.error is not None:
-                repl._diag(f"refused ({frame.error.code}): {frame.error.message}")
-                repl.failed = True
-                return False
-    return False
 
 
 async def _cancel_on_sigint(repl: Repl) -> None:

@@ -105,10 +105,13 @@ class RequestFailed(ProtocolError):
 class Exchange:
     """One request on the wire: its events as they come, then its reply."""
 
-    def __init__(self, request: Request, frames: trio.MemoryReceiveChannel[dict[str, Any]]):
+    def __init__(self, request: Request) -> None:
         self.request = request
-        self._frames = frames
+        self._route, self._frames = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._final: Reply | ErrorFrame | None = None
+        # Once the caller waits for the reply only, events are dropped by the reader
+        # instead of waking the caller for each one.
+        self._skip_events = False
 
     async def events(self) -> AsyncIterator[EventData]:
         """The request's event payloads, until its reply (or the connection's end).
@@ -134,6 +137,7 @@ class Exchange:
         """
         if self._final is not None:
             return self._final
+        self._skip_events = True
         async for value in self._frames:
             if value.get("type") != "event":
                 frame = structure_server_frame(value)
@@ -158,7 +162,7 @@ class Client:
         self.closed: str | None = None
         self.on_unrouted: Callable[[ServerFrame], None] | None = None
         self._ws = ws
-        self._routes: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
+        self._routes: dict[str, Exchange] = {}
         self._ids = itertools.count(1)
         self._gone = trio.Event()
 
@@ -189,14 +193,13 @@ class Client:
         Raises:
             ConnectionLost: the connection is closed.
         """
-        send, receive = trio.open_memory_channel[dict[str, Any]](math.inf)
-        self._routes[request.id] = send
+        exchange = self._routes[request.id] = Exchange(request)
         try:
             if self.closed is not None:
-                send.close()
+                exchange._route.close()
             else:
                 await self.send(request)
-            yield Exchange(request, receive)
+            yield exchange
         finally:
             del self._routes[request.id]
 
@@ -303,15 +306,42 @@ class Client:
 
     # --- the reader ----------------------------------------------------------------------
 
+    async def _hello(self, token: str | None, name: str) -> ServerInfo:
+        """Say ``hello`` before the reader starts (nothing else is in flight yet).
+
+        Raises:
+            RequestFailed: the server refused it.
+            ConnectionLost: the server closed the connection first.
+            ProtocolError: the server broke the protocol.
+        """
+        hello = Hello(id=self.new_id("hello"), token=token, client=name)
+        await self.send(hello)
+        try:
+            while True:
+                value = parse_server_frame(await self._ws.get_message())
+                if value.get("re") == hello.id and value.get("type") != "event":
+                    break
+        except ConnectionClosed as exc:
+            self._lost(_reason(exc))
+            raise ConnectionLost(f"connection closed: {self.closed}") from None
+        final = structure_server_frame(value)
+        assert not isinstance(final, Event)
+        if isinstance(final, ErrorFrame):
+            raise RequestFailed(hello.id, "refused", final.error)
+        if final.status != "ok":
+            raise RequestFailed(hello.id, final.status, final.error)
+        return final.result_as(ServerInfo)
+
     async def _read_frames(self) -> None:
         """Route frames until the connection closes, then end every open request."""
         try:
             while True:
                 value = parse_server_frame(await self._ws.get_message())
                 re = value.get("re")
-                route = self._routes.get(re) if isinstance(re, str) else None
-                if route is not None:
-                    route.send_nowait(value)
+                exchange = self._routes.get(re) if isinstance(re, str) else None
+                if exchange is not None:
+                    if not (exchange._skip_events and value.get("type") == "event"):
+                        exchange._route.send_nowait(value)
                 elif self.on_unrouted is not None:
                     self.on_unrouted(structure_server_frame(value))
         except ConnectionClosed as exc:
@@ -324,8 +354,8 @@ class Client:
     def _lost(self, why: str) -> None:
         if self.closed is None:
             self.closed = why
-        for route in self._routes.values():
-            route.close()
+        for exchange in self._routes.values():
+            exchange._route.close()
         self._gone.set()
 
 
@@ -356,13 +386,18 @@ async def open_client(
     try:
         async with open_websocket_url(url, max_message_size=max_frame_bytes) as ws:
             client = Client(ws)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(client._read_frames)
-                client.info = await client.call(
-                    Hello(id=client.new_id("hello"), token=token, client=name), ServerInfo, None
-                )
-                yield client
-                nursery.cancel_scope.cancel()
+            client.info = await client._hello(token, name)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(client._read_frames)
+                    yield client
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # The reader raises nothing: a group holds the caller's own exception,
+                # which the caller should see as it raised it.
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
     except ConnectionRejected as exc:
         raise HandshakeRefused(exc.status_code, exc.body or b"") from None
     except HandshakeError as exc:

@@ -1,4 +1,10 @@
-"""What the server tests share: a kernel, a server on 127.0.0.1:0, a small JSON client."""
+"""What the server tests share: a kernel, a server on 127.0.0.1:0, and two clients.
+
+``open_test_client`` is the real client (``kernel.wire.open_client``), for
+tests of well-formed requests. ``connect`` is a raw JSON client over
+trio-websocket: tests of what the server does with frames no real client
+sends (not JSON, unknown types, no ``hello``, reused ids, floods) need it.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +19,10 @@ from typing import Any
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from kernel import CallLimits, Kernel, Tool, open_kernel, tool
+from kernel import CallLimits, Kernel, Tool, open_kernel, tool, wire
 from kernel.models import ScriptedModel
 from kernel.models._scripted import demo_script
-from kernel.server import ServerLimits, serve_websocket
+from kernel.wire import ServerLimits, open_client, serve_websocket
 from plugins.demo import plugin as demo_plugin
 
 TOKEN = "test-token-3f9a1c"
@@ -112,3 +118,11 @@ async def connect(
         url, extra_headers=headers, max_message_size=256 << 20, **options
     ) as ws:
         yield Client(ws)
+
+
+@contextlib.asynccontextmanager
+async def open_test_client(url: str, **options: Any) -> AsyncIterator[wire.Client]:
+    """``kernel.wire.open_client``; the whole exchange fails the test after 10 s."""
+    with trio.fail_after(10):
+        async with open_client(url, **options) as client:
+            yield client
