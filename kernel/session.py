@@ -196,7 +196,8 @@ def entry_from_json(data: Mapping[str, Any]) -> TranscriptEntry | None:
         StoreError: the entry has a known type but is not that record
             (``entry <uuid>: $.path: reason``).
     """
-    cls = _ENTRY_CLASSES.get(data.get("type"))  # type: ignore[arg-type]
+    kind = data.get("type")
+    cls = _ENTRY_CLASSES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         return None
     try:
