@@ -2,10 +2,23 @@
 running in the background; it prints the worker's pid, the sleep's pid and the
 cgroup directories they are in, then waits to be killed."""
 
+# ruff: noqa: E402 (the plugins package is imported before this directory is on the path)
+
 from __future__ import annotations
 
 import json
+import os
 import sys
+
+# This directory's plugins/ (the attack plugins) is on sys.path (the script's directory,
+# PYTHONPATH) and would shadow the plugins package as a namespace package: the real
+# one is found by the editable install's finder, which comes after the path.
+_PATH = list(sys.path)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in _PATH if os.path.abspath(p or ".") != _HERE]
+import plugins  # noqa: F401
+
+sys.path[:] = _PATH
 
 import trio
 from responsive import cgroup_dirs_of
