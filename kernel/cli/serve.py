@@ -1,4 +1,4 @@
-"""``tak serve`` (the kernel over WebSocket) and ``tak repl URL`` (a client for it)."""
+"""``tak serve`` (the kernel over WebSocket, ``kernel.wire``) and ``tak repl URL`` (its client)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import trio
+
+from ..home import DEFAULT_PROJECT
 
 DEFAULT_PORT = 8765
 
@@ -58,7 +60,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("url", help="the ws://HOST:PORT/?token=TOKEN line tak serve printed")
     p.add_argument("--session", help="session id (default: a new session)")
-    p.add_argument("--project", default="default", help="project the sessions belong to")
+    p.add_argument("--project", default=DEFAULT_PROJECT, help="project the sessions belong to")
     p.set_defaults(func=cmd_repl)
 
 
@@ -86,7 +88,7 @@ def read_token(path: Path) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..errors import KernelError
     from ..kernel import open_kernel
-    from ..server import serve_websocket
+    from ..wire import serve_websocket
 
     logging.basicConfig(
         level=logging.INFO,

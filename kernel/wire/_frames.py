@@ -32,6 +32,7 @@ import cattrs
 from cattrs.strategies import configure_tagged_union
 
 from ..errors import ProtocolError
+from ..home import DEFAULT_PROJECT
 from ..messages import (
     Part,
     ToolCall,
@@ -64,7 +65,6 @@ def _copy_shared_converter() -> cattrs.Converter:
 wire_converter = _copy_shared_converter()
 
 PROTOCOL_VERSION: Final = 1
-DEFAULT_PROJECT: Final = "default"
 #: Request ids are echoed in every frame about the request: keep them short.
 MAX_ID_LENGTH: Final = 128
 
@@ -116,7 +116,12 @@ class CallTools:
 
 @attrs.frozen(kw_only=True)
 class Run:
-    """One agent turn on ``session``; ``model``, when given, must be the server's model."""
+    """One agent turn on ``session``.
+
+    ``model`` (``provider:model``), when given, runs this turn on that model
+    instead of the server's (same tools and limits); one the server cannot
+    use (unknown provider, missing API key) is ``invalid_request``.
+    """
 
     id: str
     session: str

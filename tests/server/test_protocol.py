@@ -1,15 +1,17 @@
-"""kernel.protocol: frames to JSON text and back, and what a bad frame is told."""
+"""kernel.wire's frames: to JSON text and back, typed payloads, and what a bad frame is told."""
 
 from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernel import ProtocolError, ToolCall, UsageError
+from kernel import Observation, ProtocolError, ToolCall, UsageError, converter
+from kernel.models import Usage
 from kernel.protocol import (
     CallTools,
     Cancel,
@@ -28,6 +30,17 @@ from kernel.protocol import (
     encode,
 )
 from kernel.server import ServerLimits
+from kernel.wire import (
+    EVENT_KINDS,
+    CallFinishedEvent,
+    CallStartedEvent,
+    CancelResult,
+    EventData,
+    ModelDeltaEvent,
+    OtherEvent,
+    RunResult,
+    TurnFinishedEvent,
+)
 
 ids = st.text(min_size=1, max_size=20)
 texts = st.text(max_size=30)
@@ -149,8 +162,73 @@ def test_public_surface() -> None:
     import kernel.protocol
     import kernel.repl
     import kernel.server
+    import kernel.wire
 
     assert kernel.server.__all__ == ["ServerLimits", "serve_websocket"]
     assert set(kernel.repl.__all__) == {"Repl", "history_path", "main", "run_repl"}
     for name in kernel.protocol.__all__:
-        assert hasattr(kernel.protocol, name)
+        # the old paths are the new objects
+        assert getattr(kernel.protocol, name) is getattr(kernel.wire, name)
+    assert kernel.server.serve_websocket is kernel.wire.serve_websocket
+    assert kernel.server.ServerLimits is kernel.wire.ServerLimits
+    for name in kernel.wire.__all__:
+        assert hasattr(kernel.wire, name)
+    assert set(kernel.wire.EVENT_CLASSES) == set(EVENT_KINDS)
+
+
+USAGE = Usage(input_tokens=3, output_tokens=4)
+CALL = ToolCall(id="a", name="add", arguments={"a": 1}, index=0)
+OBSERVATION = Observation(call_id="a", name="add", index=0, content="1", duration_s=0.5)
+
+
+@pytest.mark.parametrize(
+    ("payload", "data"),
+    [
+        (ModelDeltaEvent(step=1, text="Hi"), {"step": 1, "text": "Hi"}),
+        (
+            CallStartedEvent(index=0, call=CALL),
+            {"index": 0, "call": {"id": "a", "name": "add", "arguments": {"a": 1}, "index": 0}},
+        ),
+        (
+            CallFinishedEvent(index=0, observation=OBSERVATION),
+            {"index": 0, "observation": converter.unstructure(OBSERVATION)},
+        ),
+        (
+            TurnFinishedEvent(reason="final", text="t", steps=1, usage=USAGE),
+            {"reason": "final", "text": "t", "steps": 1, "usage": converter.unstructure(USAGE)},
+        ),
+        (
+            TurnFinishedEvent(reason="model_error", text="", steps=2, usage=USAGE, error="503"),
+            {
+                "reason": "model_error",
+                "text": "",
+                "steps": 2,
+                "usage": converter.unstructure(USAGE),
+                "error": "503",
+            },
+        ),
+        (OtherEvent(kind="from_the_future", data={"x": 1}), {"x": 1}),
+    ],
+)
+def test_event_payloads_are_records_with_the_wire_format_unchanged(
+    payload: EventData, data: dict[str, Any]
+) -> None:
+    event = Event.of("r", payload)
+    assert (event.kind, event.data) == (payload.kind, data)
+    decoded = decode_server_frame(encode(event))
+    assert isinstance(decoded, Event)
+    assert decoded.payload() == payload
+
+
+def test_a_known_event_kind_with_bad_fields_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match=r"bad model_delta event: \$\.step"):
+        Event(re="r", kind="model_delta", data={"text": "x"}).payload()
+
+
+def test_results_are_records() -> None:
+    reply = Reply.ok("r", RunResult(session="s", reason="final", text="t", steps=1, usage=USAGE))
+    assert reply.result is not None and "error" not in reply.result
+    assert reply.result_as(RunResult).usage == USAGE
+    assert Reply.ok("c", CancelResult(found=True)).result == {"found": True}
+    with pytest.raises(ProtocolError, match="has no result"):
+        Reply(re="r", status="cancelled").result_as(RunResult)
