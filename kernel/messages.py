@@ -146,30 +146,49 @@ class Message:
 _PART_TAGS: dict[type, str] = {Text: "text", ToolCall: "tool_call", Observation: "observation"}
 
 
-def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True, unstruct_collection_overrides={Sequence: list})
+def _structure_arguments(value: Any, _: Any) -> dict[str, Any] | str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return dict(value)
+    raise TypeError(f"expected an object or a JSON string, got {type(value).__name__}")
 
-    def structure_arguments(value: Any, _: Any) -> dict[str, Any] | str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-            return dict(value)
-        raise TypeError(f"expected an object or a JSON string, got {type(value).__name__}")
 
-    conv.register_structure_hook(dict[str, Any] | str, structure_arguments)
+def _structure_strict(expected: type) -> Any:
+    def hook(value: Any, _: Any) -> Any:
+        # bool is an int in Python, and cattrs would turn "3" into 3: refuse both.
+        if type(value) is not expected and not (expected is float and type(value) is int):
+            raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
+        return cast(Any, expected)(value)
 
-    def structure_strict(expected: type) -> Any:
-        def hook(value: Any, _: Any) -> Any:
-            # bool is an int in Python, and cattrs would turn "3" into 3: refuse both.
-            if type(value) is not expected and not (expected is float and type(value) is int):
-                raise TypeError(f"expected {expected.__name__}, got {type(value).__name__}")
-            return cast(Any, expected)(value)
+    return hook
 
-        return hook
 
-    for t in (str, int, float, bool):
-        conv.register_structure_hook(t, structure_strict(t))
+def _register_unions(conv: cattrs.Converter) -> None:
+    conv.register_structure_hook(dict[str, Any] | str, _structure_arguments)
     configure_tagged_union(Part, conv, tag_name="type", tag_generator=lambda cl: _PART_TAGS[cl])
+
+
+class _Converter(cattrs.Converter):
+    """A converter whose ``copy()`` keeps the union hooks.
+
+    cattrs' ``copy()`` drops hooks registered for a union type (the tool
+    call's arguments, the message parts); each floor makes its own converter
+    as a copy of the shared one, so the copy registers them again.
+    """
+
+    def copy(self, *args: Any, **kwargs: Any) -> _Converter:
+        new = super().copy(*args, **kwargs)
+        assert isinstance(new, _Converter)
+        _register_unions(new)
+        return new
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = _Converter(forbid_extra_keys=True, unstruct_collection_overrides={Sequence: list})
+    for t in (str, int, float, bool):
+        conv.register_structure_hook(t, _structure_strict(t))
+    _register_unions(conv)
     return conv
 
 

@@ -123,3 +123,21 @@ def test_observation_is_error_must_match_error() -> None:
         Observation("a", "b", 0, "x", is_error=True)
     with pytest.raises(ValueError, match="is_error"):
         Observation("a", "b", 0, "x", error=ToolError("timeout", "Timeout", "late"))
+
+
+def test_a_copy_of_the_converter_keeps_the_union_hooks() -> None:
+    """Each floor's converter is ``converter.copy()``; cattrs' copy drops hooks
+    registered for union types unless the kernel's converter registers them again."""
+    from kernel.messages import Message, ToolCall, converter
+
+    copy = converter.copy()
+    for conv in (converter, copy):
+        assert (
+            conv.structure({"id": "a", "name": "n", "arguments": "{}"}, ToolCall).arguments == "{}"
+        )
+        message = conv.structure(
+            {"role": "user", "parts": [{"type": "text", "text": "x"}]}, Message
+        )
+        assert conv.unstructure(message) == converter.unstructure(message)
+    with pytest.raises(Exception, match="While structuring ToolCall"):
+        copy.structure({"id": "a", "name": "n", "arguments": 3}, ToolCall)
