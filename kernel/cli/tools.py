@@ -126,7 +126,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         async with open_kernel(home=home, workspace=workspace, plugins=DEMO_PLUGINS) as k:
             session = k.session(datetime.now(UTC).strftime("demo-%Y%m%d-%H%M%S-%f"))
             observations, finished, wall = await run_demo_turn(k, session)
-            transcript = k.home.sessions / "default" / session.key.session_id / "transcript.jsonl"
+            transcript = (
+                k.home.sessions / session.key.project / session.key.session_id / "transcript.jsonl"
+            )
         print("One turn, five calls declared by the model, run concurrently:\n")
         print(format_table(observations))
         total = sum(o.duration_s for o in observations)

@@ -18,7 +18,7 @@ def open_store(
 ) -> FileStore | PostgresStore:
     """The store of ``home``: a ``PostgresStore`` when a URL is set, else a ``FileStore``.
 
-    ``config`` is ``home.load_config()``. The store connects (or opens files)
+    ``config`` is the parsed ``tak.toml`` (``home.read_config().to_toml()``). The store connects (or opens files)
     on first use; close it with ``aclose`` or ``async with``.
 
     Raises:
