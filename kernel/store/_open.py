@@ -18,8 +18,9 @@ def open_store(
 ) -> FileStore | PostgresStore:
     """The store of ``home``: a ``PostgresStore`` when a URL is set, else a ``FileStore``.
 
-    ``config`` is the parsed ``tak.toml`` (``home.read_config().to_toml()``). The store connects (or opens files)
-    on first use; close it with ``aclose`` or ``async with``.
+    ``config`` is the parsed ``tak.toml`` (``home.read_config().to_toml()``).
+    The store connects (or opens files) on first use; close it with
+    ``aclose`` or ``async with``.
 
     Raises:
         UsageError: a bad ``[store]`` section or URL, in one line (a password in
