@@ -1,7 +1,7 @@
 """The mechanism floor: confined paths, Landlock/seccomp, worker processes, their frames.
 
 The sandbox knows processes, confinement and frames, not plugins: it imports
-nothing of the project but ``kernel.errors`` (and ``kernel._lazy``). Plugin
+nothing of the project but ``kernel.errors``. Plugin
 loading, the worker's program (``plugins._worker``) and the mapping of a plugin's
 ``Permissions`` onto a ``Policy`` live a floor up, in ``plugins``.
 
@@ -27,9 +27,8 @@ its kin bring in Trio.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from kernel._lazy import lazy_exports
+import importlib
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS: dict[str, str] = {
     "Workspace": "_workspace",
@@ -93,4 +92,16 @@ if TYPE_CHECKING:
     from .pool import open_worker_pool as open_worker_pool
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+# As ``kernel._lazy.lazy_exports`` does, written out: the sandbox imports nothing of
+# the kernel but ``kernel.errors`` (tests/test_layers.py).
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # the next lookup skips this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

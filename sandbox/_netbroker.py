@@ -44,7 +44,7 @@ the network, so its end of the broker channel is sent to it over the call
 channel (``SCM_RIGHTS``) right after its configuration, and only when the
 configuration says ``network``.
 
-The worker side (``receive_channel``, ``install``) runs in ``sandbox.worker``, started by ``plugins._worker``
+The worker side (``receive_channel``, ``install``) runs in ``sandbox.worker.start``
 and never imports Trio; the kernel side (``start``, ``Broker``) runs in the pool.
 """
 
