@@ -41,35 +41,30 @@ import trio
 from . import __version__
 from .errors import ProtocolError
 from .messages import Observation, ToolCall
-from .wire._client import (
-    MAX_SERVER_FRAME,
-    Client,
-    ConnectionLost,
-    RequestFailed,
-    open_client,
-)
-from .wire._frames import (
+from .wire import (
     DEFAULT_PROJECT,
+    CallFinishedEvent,
+    CallStartedEvent,
     CallTools,
     Cancel,
+    Client,
+    ConnectionLost,
     ErrorFrame,
+    EventData,
     History,
+    HistoryResult,
+    ModelDeltaEvent,
     Reply,
     Request,
+    RequestFailed,
     Run,
     ServerFrame,
     Sessions,
-    Tools,
-)
-from .wire._payloads import (
-    CallFinishedEvent,
-    CallStartedEvent,
-    EventData,
-    HistoryResult,
-    ModelDeltaEvent,
     SessionsResult,
+    Tools,
     ToolsResult,
     TurnFinishedEvent,
+    open_client,
 )
 
 PROMPT = "tak> "
@@ -451,7 +446,6 @@ async def run_repl(
             url,
             token=_token_from(url),
             name=f"tak-repl/{__version__}",
-            max_frame_bytes=MAX_SERVER_FRAME,
         ) as client:
             repl = Repl(
                 client,
