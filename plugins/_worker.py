@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ReadyFrame(
             pid=os.getpid(),
             tools=[tool_spec(t) for t in tools],
-            confinement=report.to_json(),
+            confinement=report,
             plugin=converter.unstructure(info) if info is not None else None,
         )
     )

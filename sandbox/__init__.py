@@ -18,7 +18,8 @@ its kin bring in Trio.
 - ``open_worker_pool``, ``WorkerPool``, ``Worker``, ``WorkerCallError``: confined
   processes, and calls to them.
 - ``ToolSpec``, ``CallFrame``, ``ResultFrame``, ``CallError``, ``ReadyFrame``,
-  ``FatalFrame``, ``LogFrame``, ``WorkerConfig``, ``WorkerFrameError``: the frames
+  ``FatalFrame``, ``LogFrame``, ``WorkerConfig``, ``Confinement``,
+  ``WorkerFrameError``: the frames
   between the kernel and a worker (``sandbox._protocol``).
 - ``sandbox.worker``: the worker's side (confine, serve frames with a handler).
 - ``probe_isolation``, ``IsolationSupport``, ``selftest``: what this machine can confine.
@@ -57,13 +58,13 @@ _EXPORTS: dict[str, str] = {
     "FatalFrame": "_protocol",
     "LogFrame": "_protocol",
     "WorkerFrameError": "_protocol",
-    "WorkerConfig": "_confine",
+    "WorkerConfig": "_protocol",
+    "Confinement": "_protocol",
 }
 
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from ._confine import WorkerConfig as WorkerConfig
     from ._logtext import escape_log_text as escape_log_text
     from ._overlap import check_workspace_overlap as check_workspace_overlap
     from ._policy import Limits as Limits
@@ -76,11 +77,13 @@ if TYPE_CHECKING:
     from ._probe import selftest as selftest
     from ._protocol import CallError as CallError
     from ._protocol import CallFrame as CallFrame
+    from ._protocol import Confinement as Confinement
     from ._protocol import FatalFrame as FatalFrame
     from ._protocol import LogFrame as LogFrame
     from ._protocol import ReadyFrame as ReadyFrame
     from ._protocol import ResultFrame as ResultFrame
     from ._protocol import ToolSpec as ToolSpec
+    from ._protocol import WorkerConfig as WorkerConfig
     from ._protocol import WorkerFrameError as WorkerFrameError
     from ._workspace import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
     from ._workspace import Entry as Entry

@@ -25,13 +25,11 @@ import os
 import resource
 import signal
 import sys
-from typing import Any
-
-import attrs
 
 from kernel.errors import SandboxError
 
-from . import _cgroup, _mounts, _protocol, _syscalls, landlock, seccomp
+from . import _cgroup, _mounts, _syscalls, landlock, seccomp
+from ._protocol import Confinement, WorkerConfig
 
 #: The fd number the IPC channel has in a worker.
 IPC_FD = 3
@@ -64,65 +62,6 @@ _NETWORK_READ = (
 #: Where programs may be executed from, for plugins with ``subprocess``.
 _EXECUTABLES = ("/usr/local/bin", "/usr/bin", "/bin", "/usr/libexec")
 _DEVICES_READ = ("/dev/urandom", "/dev/random", "/dev/zero")
-
-
-@attrs.frozen(kw_only=True)
-class WorkerConfig:
-    """What the pool tells a worker in its first frame (``type: config``).
-
-    Attributes:
-        plugin: the code the worker serves (a module name or a path, optionally
-            with ``:attribute``); its directory is readable once confined.
-        path: directories the worker appends to ``sys.path`` before it loads the
-            plugin (where a plugin that is not installed lives).
-    """
-
-    plugin: str
-    workspace: str
-    workspace_access: str = "write"
-    tcp_ports: list[int] = attrs.Factory(list)
-    network: bool = False
-    subprocess: bool = False
-    limits: dict[str, int | None] = attrs.Factory(dict)
-    landlock: bool = True
-    seccomp: bool = True
-    require: bool = True
-    cgroups: list[str] = attrs.Factory(list)
-    kernel_pid: int = 0
-    path: list[str] = attrs.Factory(list)
-    extra_read: list[str] = attrs.Factory(list)
-    env: dict[str, str] = attrs.Factory(dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": "config", **_protocol.converter.unstructure(self)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
-        """Raises: WorkerFrameError: not a configuration (the field is named by path)."""
-        if data.get("type") != "config":
-            raise _protocol.WorkerFrameError(
-                f"$.type: expected a config frame, got {str(data.get('type'))[:40]!r}"
-            )
-        config: WorkerConfig = _protocol.structure_frame(data, cls)
-        return config
-
-
-@attrs.define
-class Confinement:
-    """What a worker applied to itself; ``unconfined`` lists what is missing."""
-
-    landlock: str | None = None
-    seccomp: str | None = None
-    capabilities: str | None = None
-    no_new_privs: bool = False
-    cgroup: str | None = None
-    rlimits: dict[str, int] = attrs.Factory(dict)
-    unconfined: list[str] = attrs.Factory(list)
-    #: How ``.tak/`` is kept read-only (``sandbox._mounts``), or why it is not.
-    protected: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
 
 
 def close_stray_fds(ipc_fd: int) -> None:

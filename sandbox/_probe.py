@@ -177,7 +177,8 @@ def _selftest_child(scratch: str) -> dict[str, str]:
     import errno
     import socket
 
-    from ._confine import Confinement, WorkerConfig, landlock_rules, protect_tak_dir
+    from ._confine import landlock_rules, protect_tak_dir
+    from ._protocol import Confinement, WorkerConfig
 
     results: dict[str, str] = {}
     os.makedirs(os.path.join(scratch, ".tak", "tmp"))

@@ -3,7 +3,7 @@
 Each frame is one record below, tagged by ``type`` (``structure_frame`` checks every
 field and names the one that is wrong, ``$.tools[0].name: ...``):
 
-- kernel to worker: ``ConfigFrame`` once (``sandbox._confine.WorkerConfig``; with
+- kernel to worker: ``WorkerConfig`` once (with
   ``network``, followed by one byte that carries the worker's end of the broker
   channel as ``SCM_RIGHTS``: see ``sandbox._netbroker``), then ``CallFrame`` records;
 - worker to kernel: ``ReadyFrame`` (its ``ToolSpec`` records, what it says about its
@@ -249,24 +249,78 @@ class ResultFrame:
 
 
 @attrs.frozen(kw_only=True)
+class WorkerConfig:
+    """What the pool tells a worker in its first frame (``type: config``).
+
+    Attributes:
+        plugin: the code the worker serves (a module name or a path, optionally
+            with ``:attribute``); its directory is readable once confined.
+        path: directories the worker appends to ``sys.path`` before it loads the
+            plugin (where a plugin that is not installed lives).
+    """
+
+    plugin: str
+    workspace: str
+    workspace_access: str = "write"
+    tcp_ports: list[int] = attrs.Factory(list)
+    network: bool = False
+    subprocess: bool = False
+    limits: dict[str, int | None] = attrs.Factory(dict)
+    landlock: bool = True
+    seccomp: bool = True
+    require: bool = True
+    cgroups: list[str] = attrs.Factory(list)
+    kernel_pid: int = 0
+    path: list[str] = attrs.Factory(list)
+    extra_read: list[str] = attrs.Factory(list)
+    env: dict[str, str] = attrs.Factory(dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "config", **converter.unstructure(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
+        """Raises: WorkerFrameError: not a configuration (the field is named by path)."""
+        if data.get("type") != "config":
+            raise WorkerFrameError(
+                f"$.type: expected a config frame, got {str(data.get('type'))[:40]!r}"
+            )
+        config: WorkerConfig = structure_frame(data, cls)
+        return config
+
+
+@attrs.define
+class Confinement:
+    """What a worker applied to itself; ``unconfined`` lists what is missing."""
+
+    landlock: str | None = None
+    seccomp: str | None = None
+    capabilities: str | None = None
+    no_new_privs: bool = False
+    cgroup: str | None = None
+    rlimits: dict[str, int] = attrs.Factory(dict)
+    unconfined: list[str] = attrs.Factory(list)
+    #: How ``.tak/`` is kept read-only (``sandbox._mounts``), or why it is not.
+    protected: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
 class ReadyFrame:
     """Worker to kernel, once: it is confined and serves ``tools``.
 
     Attributes:
         plugin: what the code the worker serves says about itself (opaque here: the
             host that started the worker reads it), or ``None``.
-        confinement: what the worker applied to itself (``sandbox._confine.Confinement``).
+        confinement: what the worker applied to itself.
     """
 
     pid: int
     tools: list[ToolSpec]
-    confinement: dict[str, Any]
+    confinement: Confinement
     plugin: dict[str, Any] | None = None
-
-    @property
-    def unconfined(self) -> list[str]:
-        """What the worker could not apply (empty when fully confined)."""
-        return [str(reason) for reason in self.confinement.get("unconfined", [])]
 
 
 @attrs.frozen(kw_only=True)

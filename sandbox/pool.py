@@ -56,17 +56,18 @@ import trio
 from kernel.errors import SandboxError
 
 from . import _cgroup, _netbroker, _protocol
-from ._confine import WorkerConfig
 from ._logtext import LogBudget, escape_log_text
 from ._policy import Policy
 from ._probe import IsolationSupport, probe_isolation
 from ._protocol import (
     CallFrame,
+    Confinement,
     FatalFrame,
     FromWorker,
     LogFrame,
     ReadyFrame,
     ToolSpec,
+    WorkerConfig,
     WorkerFrameError,
 )
 from ._workspace import Workspace
@@ -515,6 +516,7 @@ class Worker:
 
     Attributes:
         specs: the tools its first greeting named; empty until it has started.
+        confinement: what the worker last reported it applied to itself.
         plugin_info: what the worker's greeting said about its plugin (the plugin
             host reads it: name, version, description, permissions, in_process),
             or ``None``; ``None`` too until the worker has started.
@@ -540,7 +542,7 @@ class Worker:
         self.config: dict[str, Any] = dict(config or {})
         self.plugin_info: dict[str, Any] | None = None
         self.specs: list[ToolSpec] = []
-        self.confinement: dict[str, Any] = {}
+        self.confinement = Confinement()
         self.unconfined: list[str] = []
         self.starts = 0
         self._conn: _Connection | None = None
@@ -632,7 +634,7 @@ class Worker:
         if isinstance(hello, FatalFrame):
             conn.kill("refused to start")
             raise SandboxError(f"worker for plugin {self.name}: {hello.message}")
-        unconfined = hello.unconfined
+        unconfined = list(hello.confinement.unconfined)
         if unconfined and self.policy.isolate and not self.pool.allow_unsandboxed:
             conn.kill("it is not confined")
             raise SandboxError(

@@ -37,8 +37,16 @@ from typing import Any
 from kernel.errors import SandboxError
 
 from . import _netbroker, _protocol
-from ._confine import IPC_FD, Confinement, WorkerConfig, close_stray_fds, confine
-from ._protocol import CallError, CallFrame, FatalFrame, ResultFrame, WorkerFrameError
+from ._confine import IPC_FD, close_stray_fds, confine
+from ._protocol import (
+    CallError,
+    CallFrame,
+    Confinement,
+    FatalFrame,
+    ResultFrame,
+    WorkerConfig,
+    WorkerFrameError,
+)
 
 #: The longest error message a result carries (an exception's text can be anything).
 MAX_ERROR_TEXT = 64 * 1024

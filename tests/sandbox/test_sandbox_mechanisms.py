@@ -175,7 +175,9 @@ def test_the_greeting_and_every_frame_round_trip_as_records() -> None:
         _protocol.ReadyFrame(
             pid=42,
             tools=[spec],
-            confinement={"landlock": "ABI 6", "unconfined": []},
+            confinement=sandbox.Confinement(
+                landlock="ABI 6", unconfined=["seccomp is not available"]
+            ),
             plugin={"name": "fs", "version": "1.0"},
         ),
         _protocol.FatalFrame(message="cannot load plugin x"),
@@ -285,6 +287,7 @@ def test_public_surface() -> None:
             "LogFrame",
             "WorkerFrameError",
             "WorkerConfig",
+            "Confinement",
         ]
     )
     for name in sandbox.__all__:

@@ -269,7 +269,7 @@ async def test_allow_unsandboxed_marks_every_observation(workspace: Path, canary
     no_landlock = attrs.evolve(probe_isolation(), landlock_abi=0)
     async with open_sandbox(workspace, isolation=no_landlock, allow_unsandboxed=True) as sb:
         assert sb.worker.unconfined == ["Landlock is not available"]
-        assert sb.worker.confinement["seccomp"]  # what could be applied still was
+        assert sb.worker.confinement.seccomp  # what could be applied still was
         ok = await sb.call("read_file", path=str(canary.path))
         failed = await sb.call("fail_here")
     assert ok.content.startswith("[ran unconfined: Landlock is not available]\n")
