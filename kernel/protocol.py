@@ -1,7 +1,10 @@
-"""Moved to ``kernel.wire`` (``kernel/wire/_frames.py``); this path keeps working."""
+"""Moved to ``kernel.wire`` (``kernel/wire/_frames.py``, ``_codec.py``); this path keeps working."""
 
 from __future__ import annotations
 
+from .wire._codec import decode_request as decode_request
+from .wire._codec import decode_server_frame as decode_server_frame
+from .wire._codec import encode as encode
 from .wire._frames import DEFAULT_PROJECT as DEFAULT_PROJECT
 from .wire._frames import ERROR_CODES as ERROR_CODES
 from .wire._frames import EVENT_KINDS as EVENT_KINDS
@@ -25,9 +28,6 @@ from .wire._frames import ServerFrame as ServerFrame
 from .wire._frames import Sessions as Sessions
 from .wire._frames import Status as Status
 from .wire._frames import Tools as Tools
-from .wire._frames import decode_request as decode_request
-from .wire._frames import decode_server_frame as decode_server_frame
-from .wire._frames import encode as encode
 
 __all__ = [
     "DEFAULT_PROJECT",

@@ -4,7 +4,8 @@ Nothing below imports this package; it imports the kernel (``kernel.kernel``)
 and everything under it. docs/protocol.md is the protocol; its modules:
 
 - ``_frames``: the frames (requests, ``reply``, ``event``, ``error``) as
-  records in tagged unions, and their one way to and from JSON text;
+  records in tagged unions, with the protocol's converter;
+- ``_codec``: frames to JSON text and back, and what a bad frame is told;
 - ``_payloads``: each event kind's payload and each request's result;
 - ``_admission``: the accept loop and its connection budgets;
 - ``_handshake``: the HTTP handshake's checks (Host, Origin, token);
@@ -59,9 +60,9 @@ _EXPORTS: dict[str, str] = {
     "Sessions": "_frames",
     "Status": "_frames",
     "Tools": "_frames",
-    "decode_request": "_frames",
-    "decode_server_frame": "_frames",
-    "encode": "_frames",
+    "decode_request": "_codec",
+    "decode_server_frame": "_codec",
+    "encode": "_codec",
     "wire_converter": "_frames",
     "EVENT_CLASSES": "_payloads",
     "CallFinishedEvent": "_payloads",
@@ -89,6 +90,9 @@ if TYPE_CHECKING:
     from ._client import HandshakeRefused as HandshakeRefused
     from ._client import RequestFailed as RequestFailed
     from ._client import open_client as open_client
+    from ._codec import decode_request as decode_request
+    from ._codec import decode_server_frame as decode_server_frame
+    from ._codec import encode as encode
     from ._frames import DEFAULT_PROJECT as DEFAULT_PROJECT
     from ._frames import ERROR_CODES as ERROR_CODES
     from ._frames import EVENT_KINDS as EVENT_KINDS
@@ -112,9 +116,6 @@ if TYPE_CHECKING:
     from ._frames import Sessions as Sessions
     from ._frames import Status as Status
     from ._frames import Tools as Tools
-    from ._frames import decode_request as decode_request
-    from ._frames import decode_server_frame as decode_server_frame
-    from ._frames import encode as encode
     from ._frames import wire_converter as wire_converter
     from ._limits import ServerLimits as ServerLimits
     from ._payloads import EVENT_CLASSES as EVENT_CLASSES

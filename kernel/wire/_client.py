@@ -38,6 +38,7 @@ from trio_websocket import (
 from .. import __version__
 from ..errors import ProtocolError
 from ..messages import ToolCall
+from ._codec import encode, parse_server_frame, structure_server_frame
 from ._frames import (
     DEFAULT_PROJECT,
     CallTools,
@@ -53,9 +54,6 @@ from ._frames import (
     ServerFrame,
     Sessions,
     Tools,
-    encode,
-    parse_server_frame,
-    structure_server_frame,
 )
 from ._payloads import (
     CallToolsResult,

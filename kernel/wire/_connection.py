@@ -34,6 +34,7 @@ from .. import __version__
 from ..errors import KernelError, UsageError
 from ..kernel import Kernel
 from ._admission import Slot
+from ._codec import decode_request, encode
 from ._frames import (
     PROTOCOL_VERSION,
     Cancel,
@@ -46,8 +47,6 @@ from ._frames import (
     Reply,
     Request,
     ServerFrame,
-    decode_request,
-    encode,
 )
 from ._handlers import HANDLERS, Emit
 from ._handshake import Gate
