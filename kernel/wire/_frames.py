@@ -26,12 +26,11 @@ from __future__ import annotations
 from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
 
 import attrs
-import cattrs
 from cattrs.strategies import configure_tagged_union
 
 from ..errors import ProtocolError
 from ..home import DEFAULT_PROJECT
-from ..messages import Part, ToolCall, describe_structure_error
+from ..messages import ToolCall, describe_structure_error
 from ..messages import converter as _shared_converter
 from ._payloads import (
     EVENT_CLASSES,
@@ -42,19 +41,8 @@ from ._payloads import (
     TurnFinishedEvent,
 )
 
-
-def _copy_shared_converter() -> cattrs.Converter:
-    copy = _shared_converter.copy()
-    # cattrs' copy() leaves out hooks registered for a union (they live in a registry
-    # of the original converter): without these, ToolCall.arguments (an object or a
-    # string) and message parts could not be structured by the copy.
-    for union in (dict[str, Any] | str, Part):
-        copy.register_structure_hook(union, _shared_converter.get_structure_hook(union))
-    return copy
-
-
 #: The protocol's converter: the kernel's, plus the hooks below (the shared one is untouched).
-wire_converter = _copy_shared_converter()
+wire_converter = _shared_converter.copy()
 
 PROTOCOL_VERSION: Final = 1
 #: Request ids are echoed in every frame about the request: keep them short.

@@ -141,7 +141,7 @@ def test_the_protocol_has_its_own_converter() -> None:
 
 
 def test_the_copy_structures_string_arguments_in_a_fresh_interpreter() -> None:
-    """cattrs' ``copy()`` drops union hooks unless they are carried over (``_frames``)."""
+    """cattrs' own ``copy()`` drops union hooks; the kernel's converter keeps them."""
     frame = (
         '{"v":1,"type":"call_tools","id":"a","session":"s",'
         '"calls":[{"id":"c","name":"x","arguments":"{}"}]}'
