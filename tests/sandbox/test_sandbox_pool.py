@@ -284,6 +284,7 @@ async def test_allow_unsandboxed_marks_every_observation(workspace: Path, canary
         ('{"type": "result", "id": [1], "ok": true}', -1),  # unhashable id
         ('{"type": "result", "id": 1, "ok": false, "error": "x"}', -1),
         ('{"type": "ready", "tools": []}', -1),  # a second greeting
+        ('{"type": "log", "level": "20", "message": "x"}', -1),  # a field of the wrong type
         ("not json", -1),
         ("", 2**31),  # a frame far over the limit
     ],
@@ -296,6 +297,8 @@ async def test_a_worker_that_breaks_the_protocol_is_killed(
         observation = await sb.call("forge_frame", body=body, announced=announced)
         assert observation.error is not None and observation.error.kind == "crashed"
         assert "broke the protocol" in observation.content
+        if '"20"' in body:
+            assert "malformed log frame: $.level: " in observation.content
         assert pid is not None
         await wait_until_gone_pid(pid)
         assert "pid" in await sb.text("identity")  # the kernel is fine; a new worker serves
