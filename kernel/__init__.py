@@ -46,6 +46,8 @@ _EXPORTS: dict[str, str] = {
     "RunLimits": "agent",
     "TurnFinished": "agent",
     "Session": "session",
+    # the WebSocket protocol's client
+    "open_client": "wire",
     # errors
     "KernelError": "errors",
     "UsageError": "errors",
@@ -94,6 +96,7 @@ if TYPE_CHECKING:
     from .tools import ToolFailure as ToolFailure
     from .tools import ToolRegistry as ToolRegistry
     from .tools import tool as tool
+    from .wire import open_client as open_client
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -14,6 +14,7 @@ EXPECTED = {
     "ordered_observations",
     "Plugin", "Permissions", "ToolContext", "context",
     "Kernel", "open_kernel", "Agent", "RunLimits", "TurnFinished", "Session",
+    "open_client",
     "KernelError", "UsageError", "StoreError", "CorruptTranscript", "SandboxError",
     "ModelAPIError", "ProtocolError",
     "__version__",
