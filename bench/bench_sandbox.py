@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from kernel.tools import tool
+from plugins import remote_tools
 
 
 @tool
@@ -65,7 +66,7 @@ async def _measure(workspace: str) -> dict[str, list[float]]:
 
     async with open_worker_pool(workspace) as pool:
         worker = await pool.start(PLUGIN, policy=policy)
-        remote = worker.tools
+        remote = remote_tools(worker)
         invoke = remote[0].invoke
         assert invoke is not None
         for _ in range(200):  # warm up
@@ -83,7 +84,7 @@ async def _measure(workspace: str) -> dict[str, list[float]]:
             await trio.sleep(0.5)  # time for the next spare to start
             started = time.perf_counter()
             started_worker = await pool.start(PLUGIN, policy=policy)
-            await timed(started_worker.tools)
+            await timed(remote_tools(started_worker))
             results["spare"].append(time.perf_counter() - started)
             await started_worker.aclose()
 
@@ -92,7 +93,7 @@ async def _measure(workspace: str) -> dict[str, list[float]]:
         for _ in range(COLD_STARTS):
             started = time.perf_counter()
             cold = await pool.start(PLUGIN, policy=policy)
-            [observation] = await run_tool_calls(call, cold.tools)
+            [observation] = await run_tool_calls(call, remote_tools(cold))
             results["cold"].append(time.perf_counter() - started)
             assert not observation.is_error, observation
             await cold.aclose()

@@ -1,7 +1,9 @@
 """Lazy re-exports for a package's ``__init__``: a name loads its module on first use.
 
-``import kernel``, ``import sandbox`` and ``import plugins`` stay cheap this way (every
-sandbox worker imports them), while ``from kernel import run_tool_calls`` still works.
+``import kernel`` and ``import plugins`` stay cheap this way (every sandbox
+worker imports them), while ``from kernel import run_tool_calls`` still works.
+(``sandbox`` has its own few lines: it imports nothing of the kernel but
+``kernel.errors``.)
 """
 
 from __future__ import annotations

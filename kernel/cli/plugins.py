@@ -78,14 +78,14 @@ async def open_cli_host(
 
     from ..home import TakHome
 
-    config = TakHome.locate(home).load_config()
-    allow = bool(config.get("sandbox", {}).get("allow_unsandboxed", False))
+    tak_home = TakHome.locate(home)
+    config = await trio.to_thread.run_sync(tak_home.read_config)  # file I/O: off the Trio thread
     async with open_plugin_host(
         workspace,
         extra_plugins=extra_plugins,
-        config=config,
-        allow_unsandboxed=allow,
-        home=TakHome.locate(home),
+        config=config.to_toml(),
+        allow_unsandboxed=config.sandbox.allow_unsandboxed,
+        home=tak_home,
     ) as host:
         yield host
 

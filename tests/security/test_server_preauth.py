@@ -1,4 +1,4 @@
-"""Class 7: denial of service before authentication (DESIGN §11, kernel/_admission.py).
+"""Class 7: denial of service before authentication (DESIGN §11, kernel/wire/_admission.py).
 
 The attacker can reach the port but has no token: it opens idle sockets,
 half-finished handshakes, slow handshakes, upgraded WebSockets that never say
