@@ -129,3 +129,69 @@ def test_demo_prints_the_table_in_declared_order_and_persists_it(home: Path) -> 
     assert "Error (timeout): command did not finish within 1 s" in shown.stdout
     listing = tak(home, "sessions", "ls")
     assert "demo: five parallel calls" in listing.stdout
+
+
+# Printing help must not start the runtime: `tak --help` once took ~400 ms importing trio.
+HEAVY_MODULES = ("trio", "httpx", "cattrs", "trio_websocket")
+
+_HELP_PROBE = """
+import argparse, contextlib, io, json, sys
+from kernel.cli import build_parser, main
+
+def paths(parser, prefix):
+    yield prefix
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from paths(child, [*prefix, name])
+
+out = {}
+for path in [["--version"], *([*p, "--help"] for p in paths(build_parser(), []))]:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        try:
+            main(path)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+    out[" ".join(path)] = [code, buffer.getvalue()]
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
+print(json.dumps({"help": out, "heavy": heavy}))
+"""
+
+
+def test_help_and_version_import_no_runtime_and_every_command_has_help() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _HELP_PROBE, *HEAVY_MODULES],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout)
+    assert probe["heavy"] == []
+    helps = probe["help"]
+    assert helps["--version"] == [0, f"tak {kernel.__version__}\n"]
+    for command in ("run", "tools", "call", "demo", "sessions", "doctor", "plugins", "serve"):
+        assert f"{command} --help" in helps, sorted(helps)
+    assert "sessions ls --help" in helps and "plugins trust --help" in helps
+    for path, (code, text) in helps.items():
+        if path != "--version":
+            assert code == 0 and text.startswith("usage: tak"), path
+
+
+def test_help_from_the_command_line_imports_no_runtime() -> None:
+    # The same check through `python -m kernel.cli`, the way `tak` starts.
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['tak', sys.argv[1]]\n"
+        "try:\n    runpy.run_module('kernel.cli', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY_MODULES!r})))\n"
+    )
+    for flag in ("--help", "--version"):
+        result = subprocess.run(
+            [sys.executable, "-c", probe, flag], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[-1] == "[]", (flag, result.stdout)

@@ -9,13 +9,9 @@ import json
 import os
 import shlex
 import sys
-import tempfile
-import tomllib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import trio
 
 from ..errors import KernelError
 
@@ -74,6 +70,8 @@ async def open_cli_host(
     home: str | None, workspace: Path, extra_plugins: Sequence[str] = ()
 ) -> AsyncIterator[PluginHost]:
     """The plugin host ``tak`` commands use: built-ins, discovered plugins, ``--plugin``."""
+    import trio
+
     from plugins import open_plugin_host
 
     from ..home import TakHome
@@ -132,6 +130,8 @@ def _print_error(error: PluginLoadError, home: str | None) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    import trio
+
     workspace = workspace_or_exit("tak plugins ls", args)
     if workspace is None:
         return 2
@@ -195,6 +195,8 @@ def _named_source(name: str, workspace: Path) -> PluginSource:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
+    import trio
+
     from plugins import trust_plugin
 
     from ..home import TakHome
@@ -274,6 +276,8 @@ def _project_source(project: Path) -> PluginSource:
     Raises:
         UsageError: no ``tak.plugins`` entry point, or more than one.
     """
+    import tomllib
+
     from plugins import ENTRY_POINT_GROUP, PluginSource
 
     from ..errors import UsageError
@@ -292,6 +296,11 @@ def _project_source(project: Path) -> PluginSource:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    import tempfile
+    import tomllib
+
+    import trio
+
     from plugins import PluginSource, open_plugin_host, source_for
 
     path = Path(args.path)

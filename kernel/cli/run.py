@@ -9,8 +9,6 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-import trio
-
 from ..home import DEFAULT_PROJECT
 
 if TYPE_CHECKING:
@@ -41,6 +39,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
     from ..agent import RunLimits
     from ..errors import KernelError
     from ..kernel import open_kernel
@@ -85,6 +85,8 @@ async def stream_turn(
     on_event: Callable[[AgentEvent], None] | None = None,
 ) -> TurnFinished:
     """Run one turn, printing model text, each call and the ending as they happen."""
+    import trio
+
     from ..agent import ModelDelta, TurnFinished
     from ..executor import CallFinished, CallStarted
 
@@ -183,6 +185,8 @@ class _TurnView:
         self._line(f"{mark} ({o.duration_s:.2f}s) {content}")
 
     async def spin(self) -> None:
+        import trio
+
         while True:
             await trio.sleep(0.1)
             self.tick += 1

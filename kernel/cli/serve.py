@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import secrets
 import signal
 import sys
 from pathlib import Path
-
-import trio
 
 from ..home import DEFAULT_PROJECT
 
@@ -70,6 +66,8 @@ def read_token(path: Path) -> str:
     Raises:
         UsageError: the file is empty.
     """
+    import secrets
+
     from ..errors import UsageError
 
     try:
@@ -86,6 +84,10 @@ def read_token(path: Path) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import trio
+
     from ..errors import KernelError
     from ..kernel import open_kernel
     from ..wire import serve_websocket
@@ -145,6 +147,8 @@ def _sole(exc: BaseException) -> BaseException:
 
 async def _until_stopped() -> None:
     """Return on SIGINT or SIGTERM, so the server stops cleanly either way."""
+    import trio
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
             return

@@ -9,8 +9,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from ..errors import CorruptTranscript, KernelError, UsageError
 from ..home import DEFAULT_PROJECT, TakHome
 
@@ -77,6 +75,8 @@ def _help(parser: argparse.ArgumentParser) -> int:
 def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -> int:
     """Run ``body`` with the home's store (``[store] url`` or ``TAK_STORE_URL`` picks
     PostgreSQL, else the files under the home), turning kernel errors into exit codes."""
+    import trio
+
     from ..store import open_store
 
     async def main() -> int:
@@ -244,6 +244,8 @@ async def _busy(store: AnyStore, key: SessionKey, wait_s: float) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    import trio
+
     async def body(store: AnyStore) -> int:
         key = _key(args)
         deleted = None
@@ -261,6 +263,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
+    import trio
+
     async def body(store: AnyStore) -> int:
         from ..store import FileStore
 

@@ -11,11 +11,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
-
-from ..tools import ToolRegistry
+if TYPE_CHECKING:
+    from ..tools import ToolRegistry
 
 PROVIDER_FORMATS = ("openai", "anthropic", "gemini")
 
@@ -44,6 +43,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
+    import trio
+
     from .plugins import open_cli_host, workspace_or_exit
 
     workspace = workspace_or_exit("tak tools", args)
@@ -81,6 +82,8 @@ def provider_tools(registry: ToolRegistry, provider: str) -> list[dict[str, Any]
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    import trio
+
     from ..executor import CallLimits, run_tool_calls
     from ..messages import Observation, ToolCall, converter
     from ..plugin import use_context
@@ -112,6 +115,8 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
+
+    import trio
 
     from ..demo import DEMO_FILE, DEMO_PLUGINS, format_table, run_demo_turn
     from ..home import TakHome

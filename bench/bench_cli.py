@@ -1,0 +1,59 @@
+"""Start-up wall time of `tak --help` and `tak --version` next to `python -c pass`.
+
+Each command runs as a fresh process, as a person types it, with the same
+interpreter as this script; rounds alternate baseline / `--help` / `--version`
+so a busy machine slows all three alike. Printed: the median and the best of
+the rounds, the median over the baseline's median, and the target (< 100 ms
+wall). `tak <command> --help` rows show that a subcommand's help is cheap too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+ROUNDS = 21
+TARGET_MS = 100.0
+
+BASELINE = ("python -c pass", [sys.executable, "-c", "pass"])
+TAK = [sys.executable, "-m", "kernel.cli"]
+COMMANDS = [
+    ("tak --help", [*TAK, "--help"]),
+    ("tak --version", [*TAK, "--version"]),
+    ("tak run --help", [*TAK, "run", "--help"]),
+    ("tak sessions --help", [*TAK, "sessions", "--help"]),
+    ("tak serve --help", [*TAK, "serve", "--help"]),
+]
+
+
+def wall(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    rows = [BASELINE, *COMMANDS]
+    times: dict[str, list[float]] = {name: [] for name, _ in rows}
+    for _, argv in rows:  # warm the page cache and the .pyc files first
+        wall(argv)
+    for _ in range(ROUNDS):
+        for name, argv in rows:
+            times[name].append(wall(argv))
+    base = statistics.median(times[BASELINE[0]])
+    print(f"CLI start-up, {ROUNDS} alternating rounds (fresh process each)")
+    print(f"{'':<22} {'median ms':>9}  {'best ms':>8}  {'vs python -c pass':>17}  target")
+    for name, _ in rows:
+        median = statistics.median(times[name])
+        target = f"< {TARGET_MS:g} ms" if name != BASELINE[0] else "baseline"
+        met = "" if name == BASELINE[0] else ("  met" if median * 1e3 < TARGET_MS else "  NOT met")
+        print(
+            f"{name:<22} {median * 1e3:>9.1f}  {min(times[name]) * 1e3:>8.1f}  "
+            f"{median / base:>16.1f}x  {target}{met}"
+        )
+
+
+if __name__ == "__main__":
+    main()
