@@ -23,6 +23,8 @@ compaction on, extended with what the turn appends.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -256,6 +258,7 @@ class Agent:
             else math.inf
         )
         finished: TurnFinished | None = None
+        token = _current_turn.set(_Turn(self, session))
         try:
             with trio.move_on_at(deadline):
                 history = await load_history(session)
@@ -265,6 +268,8 @@ class Agent:
         except trio.Cancelled:
             emit(state.finish("cancelled"))
             raise
+        finally:
+            _current_turn.reset(token)
         if finished is None:
             finished = state.finish("wall_time")
         emit(finished)
@@ -277,7 +282,7 @@ class Agent:
         state: _TurnState,
         emit: AgentEventCallback,
     ) -> TurnFinished:
-        registry = self._registry_for(session)
+        registry = self._offered_tools()
         while True:
             if state.steps >= self.limits.max_steps:
                 return state.finish("max_steps")
@@ -349,55 +354,12 @@ class Agent:
             cost_usd=response.usage.cost_usd,
         )
 
-    def _registry_for(self, session: Session) -> ToolRegistry:
+    def _offered_tools(self) -> ToolRegistry:
         if not self.subagents:
             return self.tools
-        return ToolRegistry([*self.tools, self._delegate_tool(session)])
-
-    def _delegate_tool(self, session: Session) -> Tool:
-        parent = self
-
-        @tool(name="delegate")
-        async def delegate(task: str, tools: list[str] | None = None) -> str:
-            """Hand a self-contained task to a subagent and get its final answer.
-
-            The subagent starts with no memory of this conversation: say everything it needs.
-
-            Args:
-                task: The task, with all the context the subagent needs.
-                tools: Names of the tools the subagent may use (default: all of yours).
-            """
-            available = parent.tools
-            if tools is not None:
-                unknown = [name for name in tools if name not in available]
-                if unknown:
-                    raise ToolFailure(
-                        "exception",
-                        f"unknown tools {unknown}; available: {', '.join(available.names())}",
-                        type="UnknownTool",
-                    )
-                available = ToolRegistry([t for t in parent.tools if t.name in tools])
-            child = Agent(
-                parent.model,
-                available,
-                system=parent.system,
-                limits=parent.limits,
-                call_limits=parent.call_limits,
-            )
-            child_session = session.child(uuid.uuid4().hex[:12])
-            with _tool_context_for(child_session):
-                result = await child.run_turn(child_session, task)
-            if result.reason != "final":
-                detail = f": {result.error}" if result.error else ""
-                raise ToolFailure(
-                    "exception",
-                    f"the subagent stopped ({result.reason}{detail}) after {result.steps} "
-                    f"steps; its last words: {result.text!r}",
-                    type="SubagentStopped",
-                )
-            return result.text
-
-        return delegate
+        # A new registry each turn (cheap: the tools are shared), so tools added to
+        # ``self.tools`` after construction are offered as they always were.
+        return ToolRegistry([*self.tools, _delegate_tool()])
 
     async def compact(self, session: Session, *, keep_last_turns: int = 1) -> bool:
         """Summarize old messages when the conversation passed ``compact_after_tokens``.
@@ -478,6 +440,75 @@ async def _record_before_running(
             f"{len(assistant.tool_calls)} tool call(s), so none ran: {reason}"
         ) from problem
     return answers
+
+
+@attrs.frozen
+class _Turn:
+    """The agent and session of the turn being run: what ``delegate`` delegates from."""
+
+    agent: Agent
+    session: Session
+
+
+# The tasks that run a turn's calls inherit it (Trio copies the context into each task).
+_current_turn: contextvars.ContextVar[_Turn] = contextvars.ContextVar("tak_agent_turn")
+
+
+@functools.cache
+def _delegate_tool() -> Tool:
+    """The ``delegate`` tool: one per process, built on first use.
+
+    It reads the agent and session it serves from ``_current_turn``. Building
+    it per agent or per turn cost ~60% of a one-call turn (``@tool`` generates
+    an attrs class and its cattrs structuring code) and grew the shared
+    converter's hook cache by one class each time: a leak.
+    """
+
+    @tool(name="delegate")
+    async def delegate(task: str, tools: list[str] | None = None) -> str:
+        """Hand a self-contained task to a subagent and get its final answer.
+
+        The subagent starts with no memory of this conversation: say everything it needs.
+
+        Args:
+            task: The task, with all the context the subagent needs.
+            tools: Names of the tools the subagent may use (default: all of yours).
+        """
+        turn = _current_turn.get(None)
+        if turn is None:  # only an agent's turn offers this tool
+            raise ToolFailure("exception", "delegate runs only inside an agent's turn")
+        parent, session = turn.agent, turn.session
+        available = parent.tools
+        if tools is not None:
+            unknown = [name for name in tools if name not in available]
+            if unknown:
+                raise ToolFailure(
+                    "exception",
+                    f"unknown tools {unknown}; available: {', '.join(available.names())}",
+                    type="UnknownTool",
+                )
+            available = ToolRegistry([t for t in parent.tools if t.name in tools])
+        child = Agent(
+            parent.model,
+            available,
+            system=parent.system,
+            limits=parent.limits,
+            call_limits=parent.call_limits,
+        )
+        child_session = session.child(uuid.uuid4().hex[:12])
+        with _tool_context_for(child_session):
+            result = await child.run_turn(child_session, task)
+        if result.reason != "final":
+            detail = f": {result.error}" if result.error else ""
+            raise ToolFailure(
+                "exception",
+                f"the subagent stopped ({result.reason}{detail}) after {result.steps} "
+                f"steps; its last words: {result.text!r}",
+                type="SubagentStopped",
+            )
+        return result.text
+
+    return delegate
 
 
 @contextlib.contextmanager
