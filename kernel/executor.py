@@ -27,7 +27,7 @@ import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias, cast
 
 import attrs
 import trio
@@ -43,6 +43,7 @@ from .messages import (
 )
 from .tools import (
     ArgumentError,
+    AsyncFunctionRunner,
     RunContext,
     SyncFunctionRunner,
     Tool,
@@ -167,22 +168,43 @@ def _tool_lookup(tools: Sequence[Tool] | ToolRegistry) -> ToolRegistry:
     return ToolRegistry(tools)
 
 
-def _check(
-    calls: Sequence[ToolCall], registry: ToolRegistry
-) -> tuple[list[Observation | None], list[_Planned]]:
+class _Plan(NamedTuple):
+    """What ``_check`` found: each call's slot (filled for a refused call), what runs."""
+
+    slots: list[Observation | None]
+    planned: list[_Planned]
+    # How many calls run in threads (they get a limiter) and whether any runs alone.
+    n_sync: int
+    any_exclusive: bool
+
+
+def _check(calls: Sequence[ToolCall], registry: ToolRegistry) -> _Plan:
     """Point 1: find every bad call before anything runs."""
     slots: list[Observation | None] = [None] * len(calls)
     planned: list[_Planned] = []
-    id_count: dict[str, int] = {}
-    for call in calls:
-        id_count[call.id] = id_count.get(call.id, 0) + 1
+    n_sync = 0
+    any_exclusive = False
+    # Ids need counting only when two calls share one, which a set tells at once.
+    ids_unique = len({call.id for call in calls}) == len(calls)
+    id_count: dict[str, int] | None = None
 
     for index, call in enumerate(calls):
-        error = _call_error(index, call, id_count, registry)
-        if error is not None:
-            slots[index] = Observation.failure(call, index, error)
-            continue
         tool = registry.get(call.name)
+        if (
+            tool is None
+            or not ids_unique
+            or not call.id
+            or not call.id.strip()
+            or (call.index is not None and call.index != index)
+        ):
+            if id_count is None:
+                id_count = {}
+                for c in calls:
+                    id_count[c.id] = id_count.get(c.id, 0) + 1
+            error = _call_error(index, call, id_count, registry)
+            if error is not None:
+                slots[index] = Observation.failure(call, index, error)
+                continue
         assert tool is not None  # _call_error checked it
         try:
             # Structured into a function's parameters, or for a worker (any runner but
@@ -193,8 +215,13 @@ def _check(
                 call, index, ToolError("bad_arguments", "ArgumentError", str(exc))
             )
             continue
-        planned.append(_Planned(index, call, tool, tool.active_runner, arguments))
-    return slots, planned
+        runner = tool.active_runner
+        planned.append(_Planned(index, call, tool, runner, arguments))
+        if isinstance(runner, SyncFunctionRunner):
+            n_sync += 1
+        if tool.exclusive:
+            any_exclusive = True
+    return _Plan(slots, planned, n_sync, any_exclusive)
 
 
 def _call_error(
@@ -252,7 +279,8 @@ def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
     is refused here, with its path, for both forms.
     """
     if isinstance(arguments, dict):
-        _refuse_unrecordable(arguments)
+        if arguments:  # {} holds nothing to refuse: the common call without arguments
+            _refuse_unrecordable(arguments)
         return arguments
     if not isinstance(arguments, str):
         raise ArgumentError(f"$: arguments must be a JSON object, got {_json_type_name(arguments)}")
@@ -358,14 +386,14 @@ class _Batch:
         slots: list[Observation | None],
         limits: CallLimits,
         on_event: EventCallback | None,
-        handle: BatchHandle,
+        handle: BatchHandle | None,
         n_sync: int,
-        handle_given: bool,
     ) -> None:
         self.calls = calls
         self.slots = slots
         self.limits = limits
         self.on_event = on_event
+        # None when the caller gave none: then nothing can cancel one call by id.
         self.handle = handle
         self.limiter = (
             trio.CapacityLimiter(limits.max_concurrency) if limits.max_concurrency else None
@@ -378,11 +406,12 @@ class _Batch:
         self.started_at: dict[int, float] = {}
         # Only a handle can cancel one call, and only a concurrency limit makes calls
         # of a group start at different times: otherwise calls share deadline scopes.
-        self.own_scopes = handle_given or self.limiter is not None
+        self.own_scopes = handle is not None or self.limiter is not None
 
     def finish(self, index: int, observation: Observation) -> None:
         self.slots[index] = observation
-        self.handle._done.add(self.calls[index].id)
+        if self.handle is not None:
+            self.handle._done.add(self.calls[index].id)
         if self.on_event is not None:
             self.on_event(CallFinished(index, observation))
 
@@ -403,8 +432,10 @@ class _Batch:
                     )
             return
         by_timeout: dict[float, list[_Planned]] = {}
+        default_timeout = self.limits.timeout
         for p in group:
-            by_timeout.setdefault(self.timeout_of(p.tool), []).append(p)
+            timeout = p.tool.timeout
+            by_timeout.setdefault(default_timeout if timeout is None else timeout, []).append(p)
         if len(by_timeout) == 1:
             [(timeout, calls)] = by_timeout.items()
             await self.run_sharing_deadline(timeout, calls)
@@ -418,29 +449,21 @@ class _Batch:
 
         A cancel scope per call costs more than the task itself; without a
         concurrency limit or a handle, calls of a group start in the same
-        scheduler pass, so one scope gives each the same deadline.
+        scheduler pass, so one scope (the nursery's own) gives each the same
+        deadline.
         """
-        with trio.CancelScope() as scope:
-            async with trio.open_nursery() as nursery:
-                for p in group:
-                    nursery.start_soon(
-                        self.run_in_shared_scope, p, name=f"tool:{p.call.name}#{p.slot}"
-                    )
-                # The tasks first run after this (the parent has not checkpointed yet).
-                started_at = trio.current_time()
-                scope.deadline = started_at + seconds
-                for p in group:
-                    self.started_at[p.slot] = started_at
-        if scope.cancelled_caught:
+        async with trio.open_nursery() as nursery:
+            for p in group:
+                nursery.start_soon(self.run_call, p, name=f"tool:{p.call.name}#{p.slot}")
+            # The tasks first run after this (the parent has not checkpointed yet).
+            started_at = trio.current_time()
+            nursery.cancel_scope.deadline = started_at + seconds
+            for p in group:
+                self.started_at[p.slot] = started_at
+        if nursery.cancel_scope.cancelled_caught:
             for p in group:
                 if self.slots[p.slot] is None:
                     self.finish(p.slot, self._timed_out(p, seconds, started_at))
-
-    async def run_in_shared_scope(self, p: _Planned) -> None:
-        if self.on_event is not None:
-            self.on_event(CallStarted(p.slot, p.call))
-        observation = await self.call_tool(p, self.started_at[p.slot])
-        self.finish(p.slot, observation)
 
     async def run_in_own_scope(self, p: _Planned) -> None:
         """One call with its own cancel scope: cancellable by id, deadline from its own start."""
@@ -449,61 +472,59 @@ class _Batch:
         if self.limiter is not None:
             # Waiting for a slot can be cancelled by id too.
             with trio.CancelScope() as wait_scope:
-                handle._scopes[call_id] = wait_scope
-                if call_id in handle._requested:
-                    wait_scope.cancel()
+                if handle is not None:
+                    handle._scopes[call_id] = wait_scope
+                    if call_id in handle._requested:
+                        wait_scope.cancel()
                 await self.limiter.acquire_on_behalf_of(call_id)
             if wait_scope.cancelled_caught:
                 self._finish_cancelled_by_request(p, 0.0)
                 return
         timeout = self.timeout_of(p.tool)
-        observation: Observation | None = None
         try:
             # The deadline counts from the start, not from the wait for a slot.
             started_at = self.started_at[p.slot] = trio.current_time()
             with trio.CancelScope(deadline=started_at + timeout) as scope:
-                handle._scopes[call_id] = scope
-                if call_id in handle._requested:
-                    scope.cancel()
-                if self.on_event is not None:
-                    self.on_event(CallStarted(p.slot, p.call))
-                observation = await self.call_tool(p, started_at)
+                if handle is not None:
+                    handle._scopes[call_id] = scope
+                    if call_id in handle._requested:
+                        scope.cancel()
+                await self.run_call(p)
         finally:
             if self.limiter is not None:
                 self.limiter.release_on_behalf_of(call_id)
-        if observation is None:
+        if self.slots[p.slot] is None:
             # Our own scope caught the cancellation: a cancel by id, or the deadline.
-            if call_id in handle._requested:
+            if handle is not None and call_id in handle._requested:
                 self._finish_cancelled_by_request(p, trio.current_time() - started_at)
-                return
-            observation = self._timed_out(p, timeout, started_at)
-        self.finish(p.slot, observation)
+            else:
+                self.finish(p.slot, self._timed_out(p, timeout, started_at))
 
-    async def call_tool(self, p: _Planned, started_at: float) -> Observation:
-        """Run the tool; any ``Exception`` becomes the observation. Cancellation propagates."""
+    async def run_call(self, p: _Planned) -> None:
+        """Run the tool and fill its slot; any ``Exception`` becomes the observation.
+
+        Cancellation propagates and leaves the slot empty, for whoever owns the
+        scope that was cancelled to fill.
+        """
+        started_at = self.started_at[p.slot]
+        if self.on_event is not None:
+            self.on_event(CallStarted(p.slot, p.call))
+        runner = p.runner
         try:
             # The one place a tool runs, whatever runs it (kernel.tools._runners).
-            result = await p.runner.run(p.arguments, self.context)
-        except ToolFailure as exc:
-            return self._failure(p, ToolError(exc.kind, exc.type, exc.message), started_at)
-        except Exception as exc:
-            error = ToolError("exception", type(exc).__name__, describe_exception(exc))
-            return self._failure(p, error, started_at)
-        except BaseExceptionGroup as group:
-            # The tool's own nursery was cancelled (deadline, cancel by id, or the
-            # batch) and some cleanup also failed. The failure is this call's, not
-            # the batch's: report it. A cancellation from outside is still pending
-            # and fires at the next checkpoint, so nothing is swallowed for good.
-            _, failures = group.split(trio.Cancelled)
-            if failures is None or not all(isinstance(e, Exception) for e in _leaves(failures)):
+            if type(runner) is AsyncFunctionRunner:
+                # What its run() does, without a coroutine around it: the common case.
+                result = await runner.fn(**p.arguments)
+            else:
+                result = await runner.run(p.arguments, self.context)
+        except BaseException as exc:
+            error = _error_of(exc)
+            if error is None:
                 raise
-            error = ToolError(
-                "exception",
-                type(failures).__name__,
-                f"failed while being cancelled: {describe_exception(failures)}",
-            )
-            return self._failure(p, error, started_at)
-        return self._success(p, result, started_at)
+            observation = self._failure(p, error, started_at)
+        else:
+            observation = self._success(p, result, started_at)
+        self.finish(p.slot, observation)
 
     def _timed_out(self, p: _Planned, timeout: float, started_at: float) -> Observation:
         error = ToolError(
@@ -533,14 +554,10 @@ class _Batch:
             )
             return Observation.failure(p.call, p.slot, error, duration_s=elapsed)
         max_output = tool.max_output if tool.max_output is not None else self.limits.max_output
-        return Observation(
-            call_id=p.call.id,
-            name=p.call.name,
-            index=p.slot,
-            # A tool (or a worker) may return half of a UTF-16 pair: make it recordable.
-            content=truncate_output(replace_lone_surrogates(content), max_output),
-            duration_s=elapsed,
-        )
+        # A tool (or a worker) may return half of a UTF-16 pair: make it recordable.
+        content = truncate_output(replace_lone_surrogates(content), max_output)
+        # Valid by construction (no error): made without running the validator.
+        return Observation.success(p.call, p.slot, content, duration_s=elapsed)
 
     def cancel_unfinished(self) -> None:
         now = trio.current_time()
@@ -556,6 +573,32 @@ class _Batch:
                         self.calls[index], index, error, duration_s=now - started_at
                     ),
                 )
+
+
+def _error_of(exc: BaseException) -> ToolError | None:
+    """What a tool raised, as its observation's error; ``None``: not the call's to report.
+
+    ``Cancelled``, ``KeyboardInterrupt`` and ``SystemExit`` are not (the caller
+    re-raises them).
+    """
+    if isinstance(exc, ToolFailure):
+        return ToolError(exc.kind, exc.type, exc.message)
+    if isinstance(exc, Exception):
+        return ToolError("exception", type(exc).__name__, describe_exception(exc))
+    if isinstance(exc, BaseExceptionGroup):
+        # The tool's own nursery was cancelled (deadline, cancel by id, or the
+        # batch) and some cleanup also failed. The failure is this call's, not
+        # the batch's: report it. A cancellation from outside is still pending
+        # and fires at the next checkpoint, so nothing is swallowed for good.
+        _, failures = exc.split(trio.Cancelled)
+        if failures is None or not all(isinstance(e, Exception) for e in _leaves(failures)):
+            return None
+        return ToolError(
+            "exception",
+            type(failures).__name__,
+            f"failed while being cancelled: {describe_exception(failures)}",
+        )
+    return None
 
 
 async def run_tool_calls(
@@ -587,19 +630,19 @@ async def run_tool_calls(
         KeyboardInterrupt, SystemExit: raised by a tool; never swallowed.
     """
     registry = _tool_lookup(tools)
-    slots, planned = _check(calls, registry)
-    handle_given = handle is not None
-    handle = handle if handle is not None else BatchHandle()
-    handle._bind([p.call.id for p in planned])
-    n_sync = sum(1 for p in planned if isinstance(p.runner, SyncFunctionRunner))
-    batch = _Batch(calls, slots, limits, on_event, handle, n_sync, handle_given)
-    for index, slot in enumerate(slots):
-        if slot is not None:
-            batch.finish(index, slot)
+    slots, planned, n_sync, any_exclusive = _check(calls, registry)
+    if handle is not None:
+        handle._bind([p.call.id for p in planned])
+    batch = _Batch(calls, slots, limits, on_event, handle, n_sync)
+    if len(planned) < len(calls):
+        for index, slot in enumerate(slots):
+            if slot is not None:
+                batch.finish(index, slot)
 
     try:
-        for group in _groups(planned):
-            await batch.run_group(group)
+        for group in _groups(planned) if any_exclusive else [planned]:
+            if group:
+                await batch.run_group(group)
     except BaseException as exc:
         batch.cancel_unfinished()
         _reraise_unwrapped(exc)
@@ -610,11 +653,8 @@ async def run_tool_calls(
             await trio.lowlevel.checkpoint()
         raise
 
-    result: list[Observation] = []
-    for slot in slots:
-        assert slot is not None, "every slot is written before the nursery closes"
-        result.append(slot)
-    return result
+    assert all(slot is not None for slot in slots), "every slot is written before the end"
+    return cast(list[Observation], slots)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -28,7 +28,7 @@ from kernel import (
 )
 from kernel.errors import UsageError
 from kernel.executor import CallEvent
-from kernel.tools import RunContext, Tool
+from kernel.tools import AsyncFunctionRunner, RunContext, Tool
 
 
 @tool
@@ -785,3 +785,25 @@ async def test_sync_tools_run_in_threads_bounded_by_the_batch(
     obs = await run_tool_calls([call(i, "where", {}) for i in range(4)], [where])
     assert kinds(obs) == [None] * 4
     assert threading.get_ident() not in seen
+
+
+async def test_a_runner_that_extends_the_async_function_runner_is_called_through_run() -> None:
+    """An ``async def`` tool's runner is awaited inline (what its ``run`` does); a
+    subclass that changes ``run`` is still called through it."""
+
+    @attrs.frozen
+    class Wrapping(AsyncFunctionRunner):
+        async def run(self, arguments: dict[str, Any], ctx: RunContext) -> Any:
+            return f"wrapped {await self.fn(**arguments)}"
+
+    wrapped = Tool(
+        name="echo",
+        description="",
+        parameters=echo.parameters,
+        fn=echo.fn,
+        is_async=True,
+        runner=Wrapping(echo.fn),  # type: ignore[arg-type]
+    )
+    for tools, expected in (([echo], "hi"), ([wrapped], "wrapped hi")):
+        obs = await run_tool_calls([call(0, "echo", {"text": "hi"})], tools)
+        assert [o.content for o in obs] == [expected]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import cattrs
 import pytest
 from hypothesis import given
@@ -123,6 +124,30 @@ def test_observation_is_error_must_match_error() -> None:
         Observation("a", "b", 0, "x", is_error=True)
     with pytest.raises(ValueError, match="is_error"):
         Observation("a", "b", 0, "x", error=ToolError("timeout", "Timeout", "late"))
+
+
+@given(ids, ids, st.integers(0, 1000), st.text(), st.floats(0, 1e6))
+def test_observation_success_is_the_record_init_makes(
+    call_id: str, name: str, index: int, content: str, duration_s: float
+) -> None:
+    """``Observation.success`` skips ``__init__`` (and its validator, which holds by
+    construction): every field, a field added later included, is what ``__init__`` sets."""
+    made = Observation.success(ToolCall(call_id, name), index, content, duration_s=duration_s)
+    expected = Observation(call_id, name, index, content, duration_s=duration_s)
+    assert type(made) is Observation
+    for field in attrs.fields(Observation):
+        assert getattr(made, field.name) == getattr(expected, field.name), field.name
+    assert made == expected and hash(made) == hash(expected)
+    assert round_trip(made, Observation) == made
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        made.content = "changed"  # type: ignore[misc]
+
+
+def test_an_invalid_observation_is_still_refused_after_a_success() -> None:
+    """The shortcut is the success path's alone: ``__init__`` still validates."""
+    Observation.success(ToolCall("a", "b"), 0, "x")
+    with pytest.raises(ValueError, match="is_error"):
+        Observation("a", "b", 0, "x", is_error=True)
 
 
 def test_a_copy_of_the_converter_keeps_the_union_hooks() -> None:

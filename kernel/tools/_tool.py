@@ -95,7 +95,10 @@ class Tool:
         init=False, eq=False, repr=False, default=None
     )
     _active_runner: ToolRunner = attrs.field(init=False, eq=False, repr=False, default=None)
-    _takes_json: bool = attrs.field(init=False, eq=False, repr=False, default=True)
+    # What prepare() does for this tool, chosen once: one call per tool call.
+    _prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = attrs.field(
+        init=False, eq=False, repr=False, default=None
+    )
 
     def __attrs_post_init__(self) -> None:
         cls: Any = self._arguments_class
@@ -120,7 +123,14 @@ class Tool:
         object.__setattr__(self, "_active_runner", runner)
         # Only a function runner wants Python values; the others send JSON on.
         takes_json = not isinstance(runner, AsyncFunctionRunner | SyncFunctionRunner)
-        object.__setattr__(self, "_takes_json", takes_json)
+        prepare: Callable[[dict[str, Any]], dict[str, Any]] | None
+        if self._schema_validator is not None:
+            prepare = self._schema_validator  # validate and validate_json alike
+        elif not takes_json:
+            prepare = self._structure  # validate, without the method around it
+        else:
+            prepare = None  # validate_json (a bound method here would be a cycle)
+        object.__setattr__(self, "_prepare", prepare)
 
     @property
     def active_runner(self) -> ToolRunner:
@@ -162,9 +172,9 @@ class Tool:
         Raises:
             ArgumentError: the message names each failing path and why.
         """
-        if self._takes_json:
-            return self.validate_json(arguments)
-        return self.validate(arguments)
+        if self._prepare is not None:
+            return self._prepare(arguments)
+        return self.validate_json(arguments)
 
 
 def _make_tool(
