@@ -45,6 +45,13 @@ SUMMARY = "summary.json"
 SUB = "sub"
 QUARANTINE = "quarantine"
 SUMMARY_VERSION = 1
+# Beside the summary of a long main transcript: what the scan on open would
+# find (uuids, line count), so reopening it reads only what was appended since.
+CHECKPOINT = "#checkpoint.json"
+CHECKPOINT_VERSION = 1
+# Below this size a transcript is scanned whole on open (a few ms at most);
+# from it on, closing it writes a checkpoint.
+CHECKPOINT_MIN_BYTES = 256 * 1024
 
 _CHUNK = 1 << 20
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -388,19 +395,26 @@ def read_summary(root: str, path: str) -> StoredSummary | None:
 
 def write_summary(root: str, sdir: str, stored: StoredSummary, *, durable: bool) -> None:
     """Replace ``<sdir>/summary.json`` atomically: temp file, fsync, rename."""
-    tmp = f"#summary-{secrets.token_hex(6)}.tmp"
     data = json.dumps(converter.unstructure(stored), separators=(",", ":")).encode()
+    _replace(root, sdir, SUMMARY, data, durable=durable)
+
+
+def _replace(root: str, sdir: str, name: str, data: bytes, *, durable: bool) -> None:
+    """Replace ``<sdir>/<name>`` with ``data`` atomically: temp file, fsync, rename."""
+    tmp = f"#summary-{secrets.token_hex(6)}.tmp"  # swept by that name after a crash
     dfd = open_dir(root, sdir)
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC
         fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
         try:
             try:
-                os.write(fd, data)
+                view = memoryview(data)
+                while view:  # OSError (a full disk) is the caller's
+                    view = view[os.write(fd, view) :]
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, SUMMARY, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=dfd)
@@ -411,6 +425,46 @@ def write_summary(root: str, sdir: str, stored: StoredSummary, *, durable: bool)
             os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+@attrs.define
+class Checkpoint:
+    """#checkpoint.json: the scan of the first ``size`` bytes of the transcript
+    file ``(dev, ino)``. Those bytes never change while the file is that file
+    (appends only add; a repair writes a new file), so it stays true for it."""
+
+    version: int
+    dev: int
+    ino: int
+    size: int
+    lines: int
+    last_len: int
+    uuids: list[str]
+
+
+def read_checkpoint(root: str, sdir: str) -> Checkpoint | None:
+    """The checkpoint in ``sdir``; ``None`` when missing, unreadable or of another version."""
+    try:
+        with open(open_regular(root, os.path.join(sdir, CHECKPOINT), os.O_RDONLY), "rb") as f:
+            raw = json.loads(f.read())
+        if not (isinstance(raw, dict) and raw.get("version") == CHECKPOINT_VERSION):
+            return None
+        uuids = raw["uuids"]
+        fields = (raw["dev"], raw["ino"], raw["size"], raw["lines"], raw["last_len"])
+        if not (
+            all(type(v) is int and v >= 0 for v in fields)
+            and type(uuids) is list
+            and all(type(u) is str for u in uuids)
+        ):
+            return None
+        return Checkpoint(CHECKPOINT_VERSION, *fields, uuids)
+    except Exception:  # missing, torn, hand-edited: all mean "scan it all"
+        return None
+
+
+def write_checkpoint(root: str, sdir: str, checkpoint: Checkpoint, *, durable: bool) -> None:
+    data = json.dumps(attrs.asdict(checkpoint), separators=(",", ":")).encode()
+    _replace(root, sdir, CHECKPOINT, data, durable=durable)
 
 
 @attrs.define
@@ -455,6 +509,29 @@ def _scan(
     return reader.good_end, reader.good_lines, len(reader.good_line), uuids, summary
 
 
+def _resume(
+    root: str, key: SessionKey, fd: int, path: str, stored: StoredSummary, *, durable: bool
+) -> tuple[int, int, int, set[str], SummaryBuilder] | None:
+    """What ``_scan`` would find, from the checkpoint and the stored summary of
+    the same first bytes plus a scan of what follows them; ``None``: scan it all."""
+    checkpoint = read_checkpoint(root, session_dir(root, key))
+    if checkpoint is None or checkpoint.size != stored.transcript_size:
+        return None
+    st = os.fstat(fd)
+    if (checkpoint.dev, checkpoint.ino) != (st.st_dev, st.st_ino) or st.st_size < checkpoint.size:
+        return None  # another file (repaired), or cut shorter than we know: not ours to trust
+    uuids = set(checkpoint.uuids)
+    summary = SummaryBuilder(stored.data)
+    tail = read_tail(fd, path, checkpoint.size, checkpoint.lines, durable=durable)
+    for entry in tail.entries:
+        uuid = entry.get("uuid")
+        if isinstance(uuid, str):
+            uuids.add(uuid)
+        summary.add(entry)
+    last_len = tail.last_len if tail.entries else checkpoint.last_len
+    return tail.end, tail.lines, last_len, uuids, summary
+
+
 def open_transcript(
     root: str, key: SessionKey, *, durable: bool, create: bool = True, truncate: bool = True
 ) -> Opened:
@@ -487,7 +564,15 @@ def open_transcript(
         size = lines = last_len = 0
         uuids: set[str] = set()
         summary = SummaryBuilder() if key.is_main else None
-        if not created:
+        stored = None
+        if summary is not None and not created:
+            stored = read_summary(root, os.path.join(session_dir(root, key), SUMMARY))
+        resumed = None
+        if stored is not None and truncate:  # only a lock holder may cut a torn tail
+            resumed = _resume(root, key, fd, path, stored, durable=durable)
+        if resumed is not None:
+            size, lines, last_len, uuids, summary = resumed
+        elif not created:
             size, lines, last_len, uuids, summary = _scan(
                 fd, path, main=key.is_main, truncate=truncate, durable=durable
             )
@@ -495,7 +580,6 @@ def open_transcript(
         mtime_ms = st.st_mtime_ns // 1_000_000 if size else 0
         dirty = False
         if summary is not None:
-            stored = read_summary(root, os.path.join(session_dir(root, key), SUMMARY))
             if stored is not None:
                 mtime_ms = max(mtime_ms, stored.mtime_ms)
             dirty = size > 0 and (
@@ -549,23 +633,37 @@ def close_transcript(
     mtime_ms: int,
     dirty: bool,
     durable: bool,
+    lines: int = 0,
+    last_len: int = 0,
+    uuids: set[str] | None = None,
 ) -> None:
-    """Stamp the file's mtime, store the summary, close. Best effort: the
-    summary and mtime are derived data, rebuilt on the next open if lost.
+    """Stamp the file's mtime, store the summary (and, for a long transcript
+    with its ``uuids`` given, the checkpoint), close. Best effort: the summary,
+    checkpoint and mtime are derived data, rebuilt on the next open if lost.
 
     Only when the file is still ``size`` bytes long: if another process
     appended since, this summary is behind and its mtime older than the
     file's, and leaving both alone lets the next listing rebuild them.
     """
     try:
-        if dirty and size and os.fstat(fd).st_size == size:
+        st = os.fstat(fd)
+        if dirty and size and st.st_size == size:
             ns = mtime_ms * 1_000_000
             os.utime(fd, ns=(ns, ns))
             if summary is not None:
+                sdir = session_dir(root, key)
+                if uuids is not None and size >= CHECKPOINT_MIN_BYTES:
+                    # Before the summary: a checkpoint is used only beside a
+                    # summary of the same size, so a crash between leaves none.
+                    checkpoint = Checkpoint(
+                        CHECKPOINT_VERSION, st.st_dev, st.st_ino, size, lines, last_len,
+                        list(uuids),
+                    )  # fmt: skip
+                    write_checkpoint(root, sdir, checkpoint, durable=durable)
                 stored = StoredSummary(
                     SUMMARY_VERSION, key.session_id, size, mtime_ms, summary.data()
                 )
-                write_summary(root, session_dir(root, key), stored, durable=durable)
+                write_summary(root, sdir, stored, durable=durable)
     except OSError:
         pass
     finally:

@@ -207,6 +207,9 @@ class FileStore(BaseStore):
                 mtime_ms=h.mtime_ms,
                 dirty=h.dirty,
                 durable=self._durable,
+                lines=h.lines,
+                last_len=h.last_len,
+                uuids=h.uuids,
             )
 
     def _discard(self, handle: _OpenTranscript) -> None:
