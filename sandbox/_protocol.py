@@ -375,14 +375,22 @@ def strict_converter() -> cattrs.Converter:
     return conv
 
 
-def _make_converter() -> cattrs.Converter:
-    conv = strict_converter()
-    configure_tagged_union(FromWorker, conv, tag_name="type", tag_generator=_TAGS.__getitem__)
-    return conv
-
-
-converter: Final = _make_converter()
+converter: Final = strict_converter()
 """Structures and unstructures the frame records; private to the worker protocol."""
+
+#: Whether ``converter`` knows the ``FromWorker`` union yet. Only the kernel reads that
+#: union, so it is taught on first use: the code cattrs generates for it would cost
+#: every worker's start a few milliseconds for nothing.
+_from_worker_ready = False
+
+
+def _union_converter() -> cattrs.Converter:
+    global _from_worker_ready
+    if not _from_worker_ready:
+        tag_of = _TAGS.__getitem__
+        configure_tagged_union(FromWorker, converter, tag_name="type", tag_generator=tag_of)
+        _from_worker_ready = True
+    return converter
 
 
 def structure_error(exc: BaseException, root: str = "$") -> str:
@@ -438,12 +446,15 @@ def structure_frame(message: dict[str, Any], kind: Any) -> Any:
             names it by path (``$.tools[0].name``).
     """
     tag = message.get("type")
+    conv = converter
     if kind is not FromWorker:
         message = {k: v for k, v in message.items() if k != "type"}
     elif tag not in _TAGS.values() or tag == "call":
         raise WorkerFrameError(f"$.type: unexpected frame type {str(tag)[:40]!r}")
+    else:
+        conv = _union_converter()
     try:
-        return converter.structure(message, kind)
+        return conv.structure(message, kind)
     except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
         raise WorkerFrameError(f"malformed {str(tag)[:40]} frame: {structure_error(exc)}") from None
 

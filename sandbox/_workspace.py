@@ -27,7 +27,6 @@ import builtins
 import ctypes
 import errno
 import os
-import secrets
 import stat as stat_module
 import threading
 from collections.abc import Sequence
@@ -437,7 +436,9 @@ class Workspace:
                     freed = _disk_bytes(existing)
             reserved = len(data) - freed
             self._reserve(rel, reserved)
-            tmp = f".{name[:200]}.{secrets.token_hex(6)}.tmp"
+            # os.urandom as secrets.token_hex does: ``secrets`` (hmac, hashlib) would
+            # cost every worker's start its import.
+            tmp = f".{name[:200]}.{os.urandom(6).hex()}.tmp"
             try:
                 fd = os.open(
                     tmp,

@@ -11,8 +11,9 @@ confinement and frames. The program calls, in order:
    names or connects by itself;
 2. whatever it loads (only now: the code runs confined), then sends a
    ``ReadyFrame`` or a ``FatalFrame``;
-3. ``serve(channel, handle)``: each ``CallFrame`` runs ``handle`` in its own thread,
-   and the result frames go back in completion order, tagged with the call's id;
+3. ``serve(channel, handle)``: each ``CallFrame`` runs ``handle`` in the call thread
+   that read it (another one reads on), and the result frames go back in completion
+   order, tagged with the call's id;
 4. ``exit_group()`` once the kernel closed the channel: every program its calls
    started ends with it.
 
@@ -36,7 +37,7 @@ from typing import Any
 
 from kernel.errors import SandboxError
 
-from . import _netbroker, _protocol
+from . import _protocol
 from ._confine import IPC_FD, close_stray_fds, confine
 from ._protocol import (
     CallError,
@@ -104,10 +105,16 @@ def start(fd: int, program: str) -> tuple[Channel, WorkerConfig, Confinement]:
     close_stray_fds(fd)
     ipc = socket.socket(fileno=IPC_FD)
     channel = Channel(ipc)
+    broker = None
     try:
         config = WorkerConfig.from_json(channel.receive())
-        # With network, the kernel sends the broker channel right after the configuration.
-        broker = _netbroker.receive_channel(ipc) if config.network else None
+        if config.network:
+            # Imported only here: the broker's records and addresses cost a worker
+            # without network several milliseconds of start.
+            from . import _netbroker
+
+            # The kernel sends the broker channel right after the configuration.
+            broker = _netbroker.receive_channel(ipc)
     except (EOFError, OSError, WorkerFrameError) as exc:
         print(f"{program}: no usable configuration: {exc!r}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -117,6 +124,8 @@ def start(fd: int, program: str) -> tuple[Channel, WorkerConfig, Confinement]:
         channel.send(FatalFrame(message=str(exc)))
         raise SystemExit(1) from None
     if broker is not None:
+        from . import _netbroker
+
         _netbroker.install(broker)  # before any plugin code: it never resolves or connects
     return channel, config, report
 
@@ -149,77 +158,128 @@ def _result_bytes(call: CallFrame, result: ResultFrame) -> bytes:
     return _protocol.encode_frame(replaced, _protocol.FROM_WORKER)
 
 
-def _serve_call(
-    channel: Channel, handle: Callable[[CallFrame], ResultFrame], call: CallFrame
-) -> None:
-    frame = _result_bytes(call, handle(call))
-    try:
-        channel.send_frame(frame)
-    except OSError:
-        pass  # the kernel is gone; the main thread will notice
-
-
 #: How often, and how long apart, a call thread is tried when the worker is out of tasks.
 _THREAD_TRIES = 20
 _THREAD_RETRY_S = 0.005
+#: Threads kept between calls (beyond the main thread): one reading the next frame,
+#: one ready to take over from it. Fewer would start a thread per call again; every
+#: one kept is a task the plugin's process limit counts.
+_IDLE_THREADS = 2
 
 
-def _start_call_thread(
-    channel: Channel, handle: Callable[[CallFrame], ResultFrame], call: CallFrame
-) -> RuntimeError | None:
-    """Start the call's thread; the error when the worker is out of tasks or memory.
+class _CallThreads:
+    """Leader/follower call threads: the one that reads a call runs it.
 
-    A call that just answered has a thread that is still ending: at its process
-    limit the worker waits for that task to be free (a few milliseconds) before it
-    says it is exhausted.
+    Starting a thread per call cost a clone and, with the machine busy, a wait for
+    the new thread to be scheduled before the call even began. Here the thread that
+    reads a frame hands the reading over (a lock another idle thread waits on) and
+    runs the call itself: a call costs one wakeup in the worker, and calls still run
+    in parallel (a new thread is started only when none is left to read).
     """
-    for attempt in range(_THREAD_TRIES):
+
+    def __init__(self, channel: Channel, handle: Callable[[CallFrame], ResultFrame]) -> None:
+        self._channel = channel
+        self._handle = handle
+        self._reading = threading.Lock()  # held by the thread that reads the next frame
+        self._count_lock = threading.Lock()
+        self._free = 0  # threads not running a call: the reader and those waiting to read
+        self.closed = threading.Event()
+
+    def start(self) -> RuntimeError | None:
+        """Start the first call thread; the error when there is no task for it."""
+        return self._add_thread()
+
+    def _add_thread(self) -> RuntimeError | None:
+        """One more free thread; the error when the worker is out of tasks or memory.
+
+        At its process limit the worker waits a few milliseconds for a thread that is
+        ending to be gone before it says it is exhausted.
+        """
+        with self._count_lock:
+            self._free += 1
+        for attempt in range(_THREAD_TRIES):
+            try:
+                threading.Thread(target=self._run, name="call", daemon=True).start()
+                return None
+            except RuntimeError as exc:
+                if attempt == _THREAD_TRIES - 1:
+                    with self._count_lock:
+                        self._free -= 1
+                    return exc
+                time.sleep(_THREAD_RETRY_S)
+        return None
+
+    def _run(self) -> None:
+        ended = True  # the channel closed, or this thread failed: the worker ends
         try:
-            threading.Thread(
-                target=_serve_call,
-                args=(channel, handle, call),
-                name=f"call-{call.id}",
-                daemon=True,
-            ).start()
-            return None
-        except RuntimeError as exc:
-            if attempt == _THREAD_TRIES - 1:
-                return exc
-            time.sleep(_THREAD_RETRY_S)
-    return None
+            while True:
+                with self._reading:
+                    call = self._next_call()
+                if call is None:
+                    return
+                frame = _result_bytes(call, self._handle(call))
+                try:
+                    self._channel.send_frame(frame)
+                except OSError:
+                    pass  # the kernel is gone; the reader will notice
+                with self._count_lock:
+                    if self._free >= _IDLE_THREADS:
+                        ended = False
+                        return  # enough threads wait already: this task goes back
+                    self._free += 1
+        finally:
+            if ended:
+                self.closed.set()
+
+    def _next_call(self) -> CallFrame | None:
+        """Read frames until a call this thread runs (``None``: the channel closed).
+
+        Before returning a call it makes sure another thread reads the next frame;
+        what it cannot run (a malformed call, no task left for a thread) it answers.
+        """
+        while True:
+            try:
+                message = self._channel.receive()
+            except (EOFError, OSError, WorkerFrameError):
+                return None
+            if message["type"] != "call":
+                continue
+            try:
+                call: CallFrame = _protocol.structure_frame(message, CallFrame)
+            except WorkerFrameError as exc:
+                call_id = message.get("id")
+                if type(call_id) is not int:
+                    continue  # nothing to answer: the kernel never sends this
+                reply = error_result(call_id, "bad_arguments", "WorkerFrameError", str(exc))
+            else:
+                with self._count_lock:
+                    self._free -= 1
+                    alone = self._free == 0
+                error = self._add_thread() if alone else None
+                if error is None:
+                    return call
+                with self._count_lock:
+                    self._free += 1  # it keeps reading: it runs no call
+                reply = error_result(
+                    call.id, "exception", "RuntimeError", f"the worker is exhausted: {error}"
+                )
+            try:
+                self._channel.send(reply)
+            except OSError:
+                return None
 
 
 def serve(channel: Channel, handle: Callable[[CallFrame], ResultFrame]) -> None:
     """Answer calls until the kernel closes the channel.
 
-    ``handle`` runs in a thread of its own per call and must not raise: it turns
-    every failure into an error result (``error_result``).
+    ``handle`` runs in a call thread (``_CallThreads``: calls run in parallel, each
+    in the thread that read it) and must not raise: it turns every failure into an
+    error result (``error_result``). The main thread only waits for the end.
     """
-    while True:
-        try:
-            message = channel.receive()
-        except (EOFError, OSError, WorkerFrameError):
-            return
-        if message["type"] != "call":
-            continue
-        try:
-            call: CallFrame = _protocol.structure_frame(message, CallFrame)
-        except WorkerFrameError as exc:
-            call_id = message.get("id")
-            if type(call_id) is not int:
-                continue  # nothing to answer: the kernel never sends this
-            reply = error_result(call_id, "bad_arguments", "WorkerFrameError", str(exc))
-        else:
-            error = _start_call_thread(channel, handle, call)
-            if error is None:
-                continue
-            reply = error_result(
-                call.id, "exception", "RuntimeError", f"the worker is exhausted: {error}"
-            )
-        try:
-            channel.send(reply)
-        except OSError:
-            return
+    threads = _CallThreads(channel, handle)
+    if threads.start() is not None:
+        return  # not even one thread: nothing can be served
+    threads.closed.wait()
 
 
 def exit_group() -> None:
