@@ -162,6 +162,10 @@ class _Planned(NamedTuple):
     arguments: dict[str, Any]
 
 
+# A NamedTuple's own __new__ is a Python function around this: one per call, at twice the cost.
+_new_planned = tuple.__new__
+
+
 def _tool_lookup(tools: Sequence[Tool] | ToolRegistry) -> ToolRegistry:
     if isinstance(tools, ToolRegistry):
         return tools
@@ -173,9 +177,11 @@ class _Plan(NamedTuple):
 
     slots: list[Observation | None]
     planned: list[_Planned]
-    # How many calls run in threads (they get a limiter) and whether any runs alone.
+    # How many calls run in threads (they get a limiter), whether any runs alone,
+    # whether any has a timeout of its own (else all share the batch's).
     n_sync: int
     any_exclusive: bool
+    any_own_timeout: bool
 
 
 def _check(calls: Sequence[ToolCall], registry: ToolRegistry) -> _Plan:
@@ -183,7 +189,7 @@ def _check(calls: Sequence[ToolCall], registry: ToolRegistry) -> _Plan:
     slots: list[Observation | None] = [None] * len(calls)
     planned: list[_Planned] = []
     n_sync = 0
-    any_exclusive = False
+    any_exclusive = any_own_timeout = False
     # Ids need counting only when two calls share one, which a set tells at once.
     ids_unique = len({call.id for call in calls}) == len(calls)
     id_count: dict[str, int] | None = None
@@ -216,12 +222,14 @@ def _check(calls: Sequence[ToolCall], registry: ToolRegistry) -> _Plan:
             )
             continue
         runner = tool.active_runner
-        planned.append(_Planned(index, call, tool, runner, arguments))
+        planned.append(_new_planned(_Planned, (index, call, tool, runner, arguments)))
         if isinstance(runner, SyncFunctionRunner):
             n_sync += 1
         if tool.exclusive:
             any_exclusive = True
-    return _Plan(slots, planned, n_sync, any_exclusive)
+        if tool.timeout is not None:
+            any_own_timeout = True
+    return _Plan(slots, planned, n_sync, any_exclusive, any_own_timeout)
 
 
 def _call_error(
@@ -388,6 +396,7 @@ class _Batch:
         on_event: EventCallback | None,
         handle: BatchHandle | None,
         n_sync: int,
+        any_own_timeout: bool,
     ) -> None:
         self.calls = calls
         self.slots = slots
@@ -404,9 +413,12 @@ class _Batch:
             else _NO_THREADS
         )
         self.started_at: dict[int, float] = {}
+        # self.now() without the two calls around it: read once per call.
+        self.now = trio.lowlevel.current_clock().current_time
         # Only a handle can cancel one call, and only a concurrency limit makes calls
         # of a group start at different times: otherwise calls share deadline scopes.
         self.own_scopes = handle is not None or self.limiter is not None
+        self.any_own_timeout = any_own_timeout
 
     def finish(self, index: int, observation: Observation) -> None:
         self.slots[index] = observation
@@ -431,11 +443,12 @@ class _Batch:
                         self.run_in_own_scope, p, name=f"tool:{p.call.name}#{p.slot}"
                     )
             return
+        if not self.any_own_timeout:
+            await self.run_sharing_deadline(self.limits.timeout, group)
+            return
         by_timeout: dict[float, list[_Planned]] = {}
-        default_timeout = self.limits.timeout
         for p in group:
-            timeout = p.tool.timeout
-            by_timeout.setdefault(default_timeout if timeout is None else timeout, []).append(p)
+            by_timeout.setdefault(self.timeout_of(p.tool), []).append(p)
         if len(by_timeout) == 1:
             [(timeout, calls)] = by_timeout.items()
             await self.run_sharing_deadline(timeout, calls)
@@ -452,11 +465,12 @@ class _Batch:
         scheduler pass, so one scope (the nursery's own) gives each the same
         deadline.
         """
+        run_call = self.run_call
         async with trio.open_nursery() as nursery:
             for p in group:
-                nursery.start_soon(self.run_call, p, name=f"tool:{p.call.name}#{p.slot}")
+                nursery.start_soon(run_call, p, name=f"tool:{p.call.name}#{p.slot}")
             # The tasks first run after this (the parent has not checkpointed yet).
-            started_at = trio.current_time()
+            started_at = self.now()
             nursery.cancel_scope.deadline = started_at + seconds
             for p in group:
                 self.started_at[p.slot] = started_at
@@ -483,7 +497,7 @@ class _Batch:
         timeout = self.timeout_of(p.tool)
         try:
             # The deadline counts from the start, not from the wait for a slot.
-            started_at = self.started_at[p.slot] = trio.current_time()
+            started_at = self.started_at[p.slot] = self.now()
             with trio.CancelScope(deadline=started_at + timeout) as scope:
                 if handle is not None:
                     handle._scopes[call_id] = scope
@@ -496,7 +510,7 @@ class _Batch:
         if self.slots[p.slot] is None:
             # Our own scope caught the cancellation: a cancel by id, or the deadline.
             if handle is not None and call_id in handle._requested:
-                self._finish_cancelled_by_request(p, trio.current_time() - started_at)
+                self._finish_cancelled_by_request(p, self.now() - started_at)
             else:
                 self.finish(p.slot, self._timed_out(p, timeout, started_at))
 
@@ -506,17 +520,17 @@ class _Batch:
         Cancellation propagates and leaves the slot empty, for whoever owns the
         scope that was cancelled to fill.
         """
-        started_at = self.started_at[p.slot]
+        slot, call, _, runner, arguments = p
+        started_at = self.started_at[slot]
         if self.on_event is not None:
-            self.on_event(CallStarted(p.slot, p.call))
-        runner = p.runner
+            self.on_event(CallStarted(slot, call))
         try:
             # The one place a tool runs, whatever runs it (kernel.tools._runners).
             if type(runner) is AsyncFunctionRunner:
                 # What its run() does, without a coroutine around it: the common case.
-                result = await runner.fn(**p.arguments)
+                result = await runner.fn(**arguments)
             else:
-                result = await runner.run(p.arguments, self.context)
+                result = await runner.run(arguments, self.context)
         except BaseException as exc:
             error = _error_of(exc)
             if error is None:
@@ -524,7 +538,7 @@ class _Batch:
             observation = self._failure(p, error, started_at)
         else:
             observation = self._success(p, result, started_at)
-        self.finish(p.slot, observation)
+        self.finish(slot, observation)
 
     def _timed_out(self, p: _Planned, timeout: float, started_at: float) -> Observation:
         error = ToolError(
@@ -537,22 +551,25 @@ class _Batch:
         self.finish(p.slot, Observation.failure(p.call, p.slot, error, duration_s=elapsed))
 
     def _failure(self, p: _Planned, error: ToolError, started_at: float) -> Observation:
-        elapsed = trio.current_time() - started_at
+        elapsed = self.now() - started_at
         return Observation.failure(p.call, p.slot, error, duration_s=elapsed)
 
     def _success(self, p: _Planned, result: Any, started_at: float) -> Observation:
-        elapsed = trio.current_time() - started_at
+        elapsed = self.now() - started_at
         tool = p.tool
-        try:
-            content = render_result(result)
-        except (TypeError, ValueError, RecursionError) as exc:
-            error = ToolError(
-                "exception",
-                type(exc).__name__,
-                f"{tool.name} returned a {type(result).__name__} that cannot be "
-                f"serialized to JSON: {exc}",
-            )
-            return Observation.failure(p.call, p.slot, error, duration_s=elapsed)
+        if type(result) is str:
+            content = result  # as render_result gives it, one call sooner: the common case
+        else:
+            try:
+                content = render_result(result)
+            except (TypeError, ValueError, RecursionError) as exc:
+                error = ToolError(
+                    "exception",
+                    type(exc).__name__,
+                    f"{tool.name} returned a {type(result).__name__} that cannot be "
+                    f"serialized to JSON: {exc}",
+                )
+                return Observation.failure(p.call, p.slot, error, duration_s=elapsed)
         max_output = tool.max_output if tool.max_output is not None else self.limits.max_output
         # A tool (or a worker) may return half of a UTF-16 pair: make it recordable.
         content = truncate_output(replace_lone_surrogates(content), max_output)
@@ -560,7 +577,7 @@ class _Batch:
         return Observation.success(p.call, p.slot, content, duration_s=elapsed)
 
     def cancel_unfinished(self) -> None:
-        now = trio.current_time()
+        now = self.now()
         error = ToolError(
             "cancelled", "Cancelled", "the turn was cancelled before this call finished"
         )
@@ -630,10 +647,10 @@ async def run_tool_calls(
         KeyboardInterrupt, SystemExit: raised by a tool; never swallowed.
     """
     registry = _tool_lookup(tools)
-    slots, planned, n_sync, any_exclusive = _check(calls, registry)
+    slots, planned, n_sync, any_exclusive, any_own_timeout = _check(calls, registry)
     if handle is not None:
         handle._bind([p.call.id for p in planned])
-    batch = _Batch(calls, slots, limits, on_event, handle, n_sync)
+    batch = _Batch(calls, slots, limits, on_event, handle, n_sync, any_own_timeout)
     if len(planned) < len(calls):
         for index, slot in enumerate(slots):
             if slot is not None:
