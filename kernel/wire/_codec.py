@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ProtocolError
@@ -22,11 +23,9 @@ from ._frames import (
     MAX_ID_LENGTH,
     PROTOCOL_VERSION,
     REQUEST_CLASSES,
+    REQUEST_TYPES,
     SERVER_TAGS,
-    ErrorFrame,
-    Event,
     FrameError,
-    Reply,
     Request,
     ServerFrame,
     wire_converter,
@@ -42,16 +41,44 @@ def encode(frame: Request | ServerFrame) -> str:
     never has them (``decode_request`` refuses them), but a tool's or a
     model's output might.
     """
-    union: Any = ServerFrame if isinstance(frame, Reply | Event | ErrorFrame) else Request
-    body: dict[str, Any] = wire_converter.unstructure(frame, union)
-    head = {"v": body.pop("v"), "type": body.pop("type")}
-    value = {**head, **body}
+    return _to_json(_body(frame))
+
+
+def encode_numbered(frame: ServerFrame, seq: int) -> str:
+    """``encode(attrs.evolve(frame, seq=seq))``, without building the copy: the server
+    numbers every frame it sends."""
+    body = _body(frame)
+    # Server frames always carry "seq" (never omitted): assigning keeps its place.
+    body["seq"] = seq
+    return _to_json(body)
+
+
+def _body(frame: Request | ServerFrame) -> dict[str, Any]:
+    """The frame as a dict, ``v`` and ``type`` first, then its fields in their order."""
+    cls = type(frame)
+    hook = _HOOKS.get(cls)
+    if hook is None:
+        # The class's own hook, as the tagged unions call it (they add "type" after).
+        hook = _HOOKS[cls] = wire_converter.get_unstructure_hook(cls)
+    body: dict[str, Any] = hook(frame)
+    return {"v": body.pop("v"), "type": _TAGS[cls], **body}
+
+
+_TAGS: dict[type, str] = {**REQUEST_TYPES, **SERVER_TAGS}
+_HOOKS: dict[type, Callable[[Any], dict[str, Any]]] = {}
+# One encoder for every frame: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _to_json(value: dict[str, Any]) -> str:
     try:
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = _ENCODER.encode(value)
     except ValueError:
         text = None
-    if text is None or _LONE_SURROGATE_ESCAPE.search(text):
-        text = json.dumps(_recordable(value), separators=(",", ":"), allow_nan=False)
+    # ensure_ascii writes a surrogate as a lowercase "\\udXXX" escape: without one
+    # in the text there is nothing for the regular expression to find.
+    if text is None or ("\\ud" in text and _LONE_SURROGATE_ESCAPE.search(text)):
+        text = _ENCODER.encode(_recordable(value))
     return text
 
 
@@ -246,6 +273,7 @@ __all__ = [
     "decode_request",
     "decode_server_frame",
     "encode",
+    "encode_numbered",
     "parse_server_frame",
     "structure_server_frame",
 ]

@@ -26,15 +26,15 @@ from __future__ import annotations
 import logging
 import math
 
-import attrs
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
+from wsproto.events import TextMessage
 
 from .. import __version__
 from ..errors import KernelError, UsageError
 from ..kernel import Kernel
 from ._admission import Slot
-from ._codec import decode_request, encode
+from ._codec import decode_request, encode_numbered
 from ._frames import (
     PROTOCOL_VERSION,
     Cancel,
@@ -54,6 +54,9 @@ from ._limits import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN
 from ._payloads import CancelResult, EventData, ServerInfo
 
 logger = logging.getLogger("tak.server")
+
+#: Queued frames sent in one write, up to about this many bytes.
+_BATCH_BYTES = 1 << 16
 
 
 class Connection:
@@ -124,7 +127,7 @@ class Connection:
         if self._discard:
             return
         self._seq += 1
-        text = encode(attrs.evolve(frame, seq=self._seq))
+        text = encode_numbered(frame, self._seq)
         # Frames are ASCII (encode escapes the rest): characters are bytes.
         if self._queued_bytes and self._queued_bytes + len(text) > self._limits.outbox_bytes:
             logger.warning(
@@ -146,10 +149,21 @@ class Connection:
                 async for text in self._outbox_recv:
                     if self._discard:
                         break
+                    batch = [text]
+                    size = len(text)
+                    # What was queued meanwhile goes out in the same write: one send for
+                    # the batch, and one wake-up of the client's reader instead of several.
+                    while size < _BATCH_BYTES:
+                        try:
+                            text = self._outbox_recv.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                        batch.append(text)
+                        size += len(text)
                     self._sending_since = trio.current_time()
-                    await self._ws.send_message(text)
+                    await _send_messages(self._ws, batch)
                     self._sending_since = None
-                    self._queued_bytes -= len(text)
+                    self._queued_bytes -= size
                 await self._ws.aclose(self._close_code or CLOSE_NORMAL, self._close_reason)
             except ConnectionClosed:
                 self._close(CLOSE_NORMAL, "closed by the client")
@@ -318,43 +332,67 @@ class Connection:
     # --- requests --------------------------------------------------------------
 
     async def _serve_request(self, request: Request, scope: trio.CancelScope) -> None:
-        """Run ``request`` in its own nursery; reply once that nursery has closed."""
-        outcome: list[Reply] = []
+        """Run ``request`` under ``scope``; reply once it has returned.
+
+        The handler's tasks live in nurseries it opens and closes itself, so when it
+        returns nothing about the request is left to follow the reply.
+        """
+        reply: Reply | None = None
         try:
             with scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._answer, request, outcome)
+                reply = await self._answer(request)
         finally:
             del self._inflight[request.id]
             self._last_activity = trio.current_time()
-            reply = outcome[0] if outcome else Reply(re=request.id, status="cancelled")
+            if reply is None:
+                reply = Reply(re=request.id, status="cancelled")
             self._push(reply)
             if reply.error is not None and reply.error.code == "internal":
                 self._close(CLOSE_INTERNAL, "internal error")
 
-    async def _answer(self, request: Request, outcome: list[Reply]) -> None:
+    async def _answer(self, request: Request) -> Reply:
         re = request.id
         try:
             # KeyError: hello and cancel are answered by the reader, never here.
             handler = HANDLERS[type(request)]
             result = await handler(self._kernel, request, self._emitter(re))
         except UsageError as exc:
-            outcome.append(_error_reply(re, "invalid_request", str(exc)))
+            return _error_reply(re, "invalid_request", str(exc))
         except KernelError as exc:
-            outcome.append(_error_reply(re, "kernel_error", f"{type(exc).__name__}: {exc}"))
+            return _error_reply(re, "kernel_error", f"{type(exc).__name__}: {exc}")
         except Exception:
             logger.exception("%s: request %r (%s) failed", self._label, re, type(request).__name__)
-            outcome.append(
-                _error_reply(re, "internal", "internal error; the server closes this connection")
-            )
-        else:
-            outcome.append(Reply.ok(re, result))
+            return _error_reply(re, "internal", "internal error; the server closes this connection")
+        return Reply.ok(re, result)
 
     def _emitter(self, re: str) -> Emit:
         def emit(payload: EventData) -> None:
             self._push(Event.of(re, payload))
 
         return emit
+
+
+async def _send_messages(ws: WebSocketConnection, texts: list[str]) -> None:
+    """``ws.send_message`` of each text in turn, written to the socket at once.
+
+    Raises:
+        ConnectionClosed: the connection is closed or closing (as ``send_message``).
+    """
+    if len(texts) == 1:
+        await ws.send_message(texts[0])
+        return
+    # trio-websocket sends one message per write; its own send path, for several
+    # (private names, pinned with the version in pyproject.toml).
+    if ws._close_reason:
+        raise ConnectionClosed(ws._close_reason)
+    data = b"".join([ws._wsproto.send(TextMessage(data=text)) for text in texts])
+    async with ws._stream_lock:
+        try:
+            await ws._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await ws._abort_web_socket()
+            assert ws._close_reason is not None
+            raise ConnectionClosed(ws._close_reason) from None
 
 
 def _error_reply(re: str, code: ErrorCode, message: str) -> Reply:
