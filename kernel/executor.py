@@ -570,9 +570,13 @@ class _Batch:
                     f"serialized to JSON: {exc}",
                 )
                 return Observation.failure(p.call, p.slot, error, duration_s=elapsed)
+        # The guards of the two calls below, inline: the common content needs neither.
+        if not content.isascii():
+            # A tool (or a worker) may return half of a UTF-16 pair: make it recordable.
+            content = replace_lone_surrogates(content)
         max_output = tool.max_output if tool.max_output is not None else self.limits.max_output
-        # A tool (or a worker) may return half of a UTF-16 pair: make it recordable.
-        content = truncate_output(replace_lone_surrogates(content), max_output)
+        if max_output is not None and len(content) * 4 > max_output:
+            content = truncate_output(content, max_output)
         # Valid by construction (no error): made without running the validator.
         return Observation.success(p.call, p.slot, content, duration_s=elapsed)
 
