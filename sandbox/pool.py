@@ -192,6 +192,7 @@ class _Connection:
         err: trio.lowlevel.FdStream,
         *,
         descriptors_refused: bool,
+        raw: socket.socket,
     ) -> None:
         self.pool = pool
         self.worker: Worker | None = None
@@ -199,6 +200,9 @@ class _Connection:
         self.popen = popen
         self.pid = popen.pid
         self.stream = stream
+        # The stdlib socket the stream wraps (the same object, non-blocking): ``_send``
+        # tries it first. Closed with the stream.
+        self._raw = raw
         self.out = out
         self.err = err
         self.cgroups: list[str] = []
@@ -283,9 +287,8 @@ class _Connection:
             except WorkerFrameError as exc:
                 raise WorkerCallError("bad_arguments", f"arguments too large: {exc}") from None
             try:
-                async with self.send_lock:
-                    await self.stream.send_all(frame)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self._send(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass  # the worker is dying; the supervisor fails this call
             await pending.done.wait()
         except trio.Cancelled:
@@ -300,6 +303,33 @@ class _Connection:
         if pending.failure is not None:
             raise pending.failure
         return pending.value
+
+    async def _send(self, frame: bytes) -> None:
+        """Send one whole frame, in order with the other calls' frames.
+
+        When no other frame is being sent, the frame goes straight into the socket
+        (a call frame fits its buffer): no trip through Trio's run loop before the
+        call waits for its result, which is a checkpoint anyway. What does not fit
+        goes on through the stream, the lock held.
+
+        Raises:
+            trio.BrokenResourceError, trio.ClosedResourceError, OSError: the
+                channel is gone.
+        """
+        if self.send_lock.locked():
+            async with self.send_lock:
+                await self.stream.send_all(frame)
+            return
+        self.send_lock.acquire_nowait()
+        try:
+            try:
+                sent = self._raw.send(frame)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(frame):
+                await self.stream.send_all(memoryview(frame)[sent:])
+        finally:
+            self.send_lock.release()
 
     def _label(self) -> str:
         return f"worker for plugin {self.name} (pid {self.pid})"
@@ -566,10 +596,15 @@ class Worker:
             WorkerCallError: the tool failed (its kind), or the worker crashed, could
                 not be restarted, or was killed (``crashed``).
         """
-        try:
-            conn = await self._running()
-        except SandboxError as exc:
-            raise WorkerCallError("crashed", f"worker for plugin {self.name}: {exc}") from None
+        conn = self._conn
+        if conn is None or not conn.alive or self._closed or self._start_lock.locked():
+            # Not running, or a start under way: wait for it in turn (``_running``).
+            # A warm call skips the lock, which would cost it a trip through the
+            # run loop for nothing.
+            try:
+                conn = await self._running()
+            except SandboxError as exc:
+                raise WorkerCallError("crashed", f"worker for plugin {self.name}: {exc}") from None
         try:
             value = await conn.call(tool, arguments, session, self.config)
         except WorkerCallError as exc:
@@ -783,6 +818,7 @@ class WorkerPool:
             trio.lowlevel.FdStream(out_r),
             trio.lowlevel.FdStream(err_r),
             descriptors_refused=refused,
+            raw=ours,
         )
         self._processes.add(conn)
         self._nursery.start_soon(self._supervise, conn)

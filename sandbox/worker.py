@@ -218,15 +218,19 @@ class _CallThreads:
                 if call is None:
                     return
                 frame = _result_bytes(call, self._handle(call))
+                # Counted free before the result goes: the kernel's next call may be
+                # read before this thread is back, and must not start a thread for it.
+                with self._count_lock:
+                    stays = self._free < _IDLE_THREADS
+                    if stays:
+                        self._free += 1
                 try:
                     self._channel.send_frame(frame)
                 except OSError:
                     pass  # the kernel is gone; the reader will notice
-                with self._count_lock:
-                    if self._free >= _IDLE_THREADS:
-                        ended = False
-                        return  # enough threads wait already: this task goes back
-                    self._free += 1
+                if not stays:
+                    ended = False
+                    return  # enough threads wait already: this task goes back
         finally:
             if ended:
                 self.closed.set()
