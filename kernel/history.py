@@ -8,18 +8,21 @@ time, so that a transcript already read is never read again: a
 entries from the latest compaction's cut on, and extends it, always with
 entries read from the store:
 
-1. before each use, with what was appended since it last looked (by this
+1. at each use, with what was appended since it last looked (by this
    process or others), read with ``iter_entries(key, start=n - 1)``: the
    first entry read must be the last one folded, otherwise the transcript
    was deleted, repaired or rewritten, and the fold is rebuilt from the
    store;
-2. right after each append made through it (``append``), the same way. The
-   cache never folds this process's entries unread: after another process
-   deletes the session and writes as many entries as were folded, our next
-   append lands where the cache expects it, and the entry at ``n - 1`` would
-   then be our own, so checking only before each use would keep the deleted
-   conversation. Read right after the append, the entry at ``n - 1`` is the
-   other process's, and the fold is rebuilt;
+2. never with entries unread: what this process appends (``append``) is
+   folded at the next use, read back like anyone else's. Folding our own
+   entries unread would break the check of 1: after another process deletes
+   the session and writes as many entries as were folded, our next append
+   lands where the cache expects it, and the entry at ``n - 1`` would then
+   be our own, so the deleted conversation would be kept. Read from the
+   entry before them, the entry at ``n - 1`` is the other process's, and
+   the fold is rebuilt. Reading at the next use rather than right after
+   each append gives the same answer with one read a turn instead of five
+   (a turn appends four times, and reads its history once);
 3. when a ``compaction`` entry arrives, the fold is rebuilt from the new cut
    (reading only the entries since the previous cut).
 
@@ -331,28 +334,20 @@ class HistoryCache:
     async def append(
         self, store: SessionStore, key: SessionKey, entries: Sequence[Mapping[str, Any]]
     ) -> None:
-        """``store.append(key, entries)``, then what is known of ``key`` brought up to date.
+        """``store.append(key, entries)``; the next use of ``key`` folds them.
 
-        One read after the append, from the last entry folded (which must still
-        be there, or the fold is rebuilt): it folds these entries as the store
-        holds them, with whatever others appended before or after them. Not
-        done for a session this cache does not hold (its next use reads it).
-        Reading back cannot fail the append: an entry that does not read as a
-        message (only entries not made by a ``Session`` can) or a damaged
-        transcript drops the session from the cache, and its next use says so.
+        Nothing is folded here (see the module docstring, 2): the next use
+        reads them back from the last entry folded (which must still be there,
+        or the fold is rebuilt), with whatever others appended before or after
+        them. So reading back cannot fail the append: an entry that does not
+        read as a message (only entries not made by a ``Session`` can) is
+        reported by that use.
 
         Raises:
             UsageError: an entry is not a JSON object with a string ``type``.
             StoreError: the store could not write (nothing was appended).
         """
         await store.append(key, entries)
-        state = self._sessions.get(key.name)
-        if state is None or state.store is not store:
-            return
-        try:
-            await self._current(store, key)
-        except StoreError:
-            self.forget(key)
 
     async def history(self, store: SessionStore, key: SessionKey) -> list[Message]:
         """``history_from_entries`` of ``key``'s transcript as ``store`` holds it now.
@@ -400,7 +395,9 @@ class HistoryCache:
             state = None
         while True:
             if state is None:
+                # Read whole just now: nothing to read again before using it.
                 state = await self._build(store, key, hint=0)
+                return self._used(key, state)
             count = state.count
             new = [
                 e async for e in store.iter_entries(key, start=max(0, count - 1))
@@ -421,11 +418,12 @@ class HistoryCache:
             self._entries += state.count - before
             if state.recut:
                 state = await self._build(store, key, hint=state.cut)
-                if state.recut:  # yet another compaction meanwhile
-                    continue
-            self._sessions.move_to_end(key.name)
-            self._evict(keep=key.name)
-            return state
+            return self._used(key, state)
+
+    def _used(self, key: SessionKey, state: _Folded) -> _Folded:
+        self._sessions.move_to_end(key.name)
+        self._evict(keep=key.name)
+        return state
 
     async def _build(self, store: SessionStore, key: SessionKey, *, hint: int) -> _Folded:
         """Fold ``key``'s transcript from scratch; ``hint``: the latest cut is not before it."""

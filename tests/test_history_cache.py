@@ -192,7 +192,7 @@ def turn(i: int) -> list[dict[str, Any]]:
     ]
 
 
-async def test_each_append_and_each_use_read_from_the_last_known_entry_only() -> None:
+async def test_each_use_reads_from_the_last_known_entry_only_and_an_append_not_at_all() -> None:
     store = CountingStore()
     session = Session(store, KEY)
     for i in range(50):
@@ -203,9 +203,9 @@ async def test_each_append_and_each_use_read_from_the_last_known_entry_only() ->
         await session.append_entries(turn(i))
         history = await session.history()
         assert history == history_from_entries(await store.load(KEY) or [])
-    # An append reads back the last entry it knew and its own four; a use, that last
-    # entry alone: nothing of the history.
-    assert store.reads == [r for i in range(50, 60) for r in [(4 * i - 1, 5), (4 * i + 3, 1)]]
+    # An append reads nothing; the use after it, the last entry it knew and the four
+    # appended since: nothing of the history.
+    assert store.reads == [(4 * i - 1, 5) for i in range(50, 60)]
 
 
 async def test_another_writers_appends_are_picked_up_from_the_last_known_entry() -> None:
@@ -251,16 +251,16 @@ async def test_a_turn_reads_from_the_latest_compaction_not_from_the_start() -> N
     history = await session.history()
     assert history == history_from_entries(await store.load(KEY) or [])
     assert history[0].text.endswith("S") and len(history) == 1 + 20 + 4
-    # The compaction read back from the last entry, then the entries since the cut
-    # (none before it); the next append and the use from the last entry only.
-    assert [start for start, _ in store.reads] == [119, 0, 120, 124]
+    # The use read from the last entry (the compaction and the turn after it), then
+    # the entries since the cut (none before it); the appends read nothing.
+    assert [start for start, _ in store.reads] == [119, 0]
     store.reads.clear()
     await session.append_entries(
         [{"type": "compaction", "uuid": "k2", "summary": "T", "through": "k1"}]
     )
     history = await session.history()
     assert history == history_from_entries(await store.load(KEY) or [])
-    assert [start for start, _ in store.reads] == [124, 100, 125]  # from the previous cut only
+    assert [start for start, _ in store.reads] == [124, 100]  # from the previous cut only
     assert await session.messages() == messages_from_entries(await store.load(KEY) or [])
 
 
