@@ -172,13 +172,20 @@ def decode_request(text: str) -> Request:
     """
     non_finite: list[str] = []
     try:
-        value = json.loads(text, parse_constant=functools.partial(_flag_constant, non_finite))
+        # Only a frame that spells NaN or Infinity can hold one (and "-Infinity" holds
+        # "Infinity"): the others skip building a decoder that flags them.
+        if "NaN" in text or "Infinity" in text:
+            value = json.loads(text, parse_constant=functools.partial(_flag_constant, non_finite))
+        else:
+            value = json.loads(text)
     except (ValueError, RecursionError) as exc:
         # RecursionError: deeply nested arrays are valid JSON but not a request
         raise FrameError("bad_json", f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise FrameError("bad_message", f"$: expected an object, got {_json_type(value)}")
-    if _deeper_than(value, MAX_NESTING):
+    # Each level opens with a bracket: a frame with few of them (counting those in
+    # strings too) cannot nest too deep, and skips the walk.
+    if text.count("{") + text.count("[") > MAX_NESTING and _deeper_than(value, MAX_NESTING):
         # The kernel records what a client sends (tool arguments go into the
         # transcript); nesting this deep would overflow the recursion there.
         raise FrameError(
