@@ -518,3 +518,21 @@ async def test_frozen_stops_every_worker_for_the_block(workspace: Path) -> None:
                 assert not answered.is_set()  # the worker is stopped: no answer
             with trio.fail_after(5):
                 await answered.wait()  # thawed: the call completes
+
+
+async def test_a_warm_worker_runs_calls_on_the_threads_it_keeps(workspace: Path) -> None:
+    # A thread per call cost a clone and a wait for it to be scheduled: the call
+    # threads stay, one running a call while another reads the next frame.
+    async with open_sandbox(workspace, "basic") as sb:
+        idents = {await sb.text("thread") for _ in range(30)}
+        assert len(idents) <= 2
+        # A burst takes more threads (test_calls_run_concurrently_in_one_worker: in
+        # parallel); between calls, few are kept.
+        calls = [ToolCall(str(i), "block", {"seconds": 0.1}) for i in range(5)]
+        observations = await run_tool_calls(calls, remote_tools(sb.worker))
+        assert all(o.content == "done" for o in observations)
+        await sb.text("pid")
+        pid = sb.worker.pid
+        assert pid is not None
+        # The main thread, and the call threads kept between calls.
+        assert len(os.listdir(f"/proc/{pid}/task")) <= 3

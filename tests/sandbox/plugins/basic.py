@@ -43,6 +43,14 @@ def pid() -> int:
 
 
 @tool
+def thread() -> int:
+    """The identity of the worker thread that runs this call."""
+    import threading
+
+    return threading.get_ident()
+
+
+@tool
 def crash(code: int = 0) -> str:
     """End the worker at once (as a segfault would)."""
     os._exit(code)
