@@ -64,9 +64,18 @@ def compare(
     return best[0], best[1]
 
 
+#: Issue 13's target: per call, run_tool_calls within this factor of the bare nursery.
+TARGET_RATIO = 1.5
+
+
 def per_call_table() -> None:
-    print("per-call overhead, no-op async tool (best of alternating rounds)")
-    print(f"{'N':>6}  {'bare nursery':>14}  {'run_tool_calls':>15}  {'ratio':>6}  target")
+    """Issue 13's row: ``run_tool_calls`` of N no-op calls beside a bare nursery doing them.
+
+    Per call, best of alternating rounds; N = 1 and 10,000 are shown for the shape
+    (a batch of one runs without a nursery; its own target is the whole batch).
+    """
+    print("per call, no-op async tool, best of alternating rounds")
+    print(f"{'row':<44}{'baseline':>14}{'measured':>14}{'ratio':>9}  target")
     for n in (1, 10, 100, 1000, 10000):
         rounds = max(10, min(3000, 30000 // n))
         calls = [ToolCall(f"c{i}", "noop", {}, i) for i in range(n)]
@@ -76,15 +85,15 @@ def per_call_table() -> None:
             rounds,
         )
         bare_us, ours_us = bare / n * 1e6, ours / n * 1e6
+        ratio = ours_us / bare_us
         if n == 1:
             target = f"batch < 50 µs: {'met' if ours * 1e6 < 50 else 'MISSED'}"
-        elif n in (100, 1000):
-            target = f"ratio <= 3: {'met' if ours_us <= 3 * bare_us else 'MISSED'}"
+        elif n in (10, 100, 1000):
+            target = f"<= {TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'MISSED'}"
         else:
             target = ""
-        print(
-            f"{n:>6}  {bare_us:>11.2f} µs  {ours_us:>12.2f} µs  {ours_us / bare_us:>5.2f}x  {target}"
-        )
+        row = f"run_tool_calls, N={n:,} (vs bare nursery)"
+        print(f"{row:<44}{bare_us:>11.2f} µs{ours_us:>11.2f} µs{ratio:>8.2f}x  {target}")
 
 
 @tool
