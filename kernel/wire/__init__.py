@@ -10,6 +10,7 @@ and everything under it. docs/protocol.md is the protocol; its modules:
 - ``_admission``: the accept loop and its connection budgets;
 - ``_handshake``: the HTTP handshake's checks (Host, Origin, token);
 - ``_connection``: one WebSocket's reader, writer, keep-alive and requests;
+- ``_send``: several text messages in one write (the writer's and the client's);
 - ``_handlers``: what the server does for each request type (``HANDLERS``);
 - ``_server``: ``serve_websocket``, which puts them together;
 - ``_client``: ``open_client``, the Trio client ``tak repl`` uses.

@@ -65,6 +65,7 @@ from ._payloads import (
     SessionsResult,
     ToolsResult,
 )
+from ._send import send_messages
 
 #: Replies such as a long history are big; the server bounds what it sends, not us.
 MAX_SERVER_FRAME = 256 << 20
@@ -179,7 +180,7 @@ class Client:
             ConnectionLost: the connection is closed.
         """
         try:
-            await self._ws.send_message(encode(request))
+            await send_messages(self._ws, [encode(request)])
         except ConnectionClosed as exc:
             self._lost(_reason(exc))
             raise ConnectionLost(f"connection closed: {self.closed}") from None

@@ -28,7 +28,6 @@ import math
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
-from wsproto.events import TextMessage
 
 from .. import __version__
 from ..errors import KernelError, UsageError
@@ -52,6 +51,7 @@ from ._handlers import HANDLERS, Emit
 from ._handshake import Gate
 from ._limits import CLOSE_INTERNAL, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN
 from ._payloads import CancelResult, EventData, ServerInfo
+from ._send import send_messages
 
 logger = logging.getLogger("tak.server")
 
@@ -161,7 +161,7 @@ class Connection:
                         batch.append(text)
                         size += len(text)
                     self._sending_since = trio.current_time()
-                    await _send_messages(self._ws, batch)
+                    await send_messages(self._ws, batch)
                     self._sending_since = None
                     self._queued_bytes -= size
                 await self._ws.aclose(self._close_code or CLOSE_NORMAL, self._close_reason)
@@ -370,29 +370,6 @@ class Connection:
             self._push(Event.of(re, payload))
 
         return emit
-
-
-async def _send_messages(ws: WebSocketConnection, texts: list[str]) -> None:
-    """``ws.send_message`` of each text in turn, written to the socket at once.
-
-    Raises:
-        ConnectionClosed: the connection is closed or closing (as ``send_message``).
-    """
-    if len(texts) == 1:
-        await ws.send_message(texts[0])
-        return
-    # trio-websocket sends one message per write; its own send path, for several
-    # (private names, pinned with the version in pyproject.toml).
-    if ws._close_reason:
-        raise ConnectionClosed(ws._close_reason)
-    data = b"".join([ws._wsproto.send(TextMessage(data=text)) for text in texts])
-    async with ws._stream_lock:
-        try:
-            await ws._stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            await ws._abort_web_socket()
-            assert ws._close_reason is not None
-            raise ConnectionClosed(ws._close_reason) from None
 
 
 def _error_reply(re: str, code: ErrorCode, message: str) -> Reply:

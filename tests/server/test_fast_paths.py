@@ -142,13 +142,13 @@ async def test_frames_queued_together_still_arrive_one_per_message_in_order(
     kernel: Kernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     writes: list[int] = []
-    send_messages = _connection._send_messages
+    send_messages = _connection.send_messages
 
     async def counted(ws: Any, texts: list[str]) -> None:
         writes.append(len(texts))
         await send_messages(ws, texts)
 
-    monkeypatch.setattr(_connection, "_send_messages", counted)
+    monkeypatch.setattr(_connection, "send_messages", counted)
     # 40 calls in one batch: their events are queued faster than they are sent, so
     # the writer sends several per write; the client must still see each as its own
     # message, numbered one after the other, the reply last.
