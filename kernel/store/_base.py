@@ -161,6 +161,8 @@ class BaseStore(ClosableStore):
         if self._closed:
             raise StoreError("the store is closed")
         if not batch:
+            if self._writes_park:
+                await trio.lowlevel.cancel_shielded_checkpoint()  # it yields no other way
             return
         # locks.hold(name) spelled out: this is the hot path.
         locks = self._locks

@@ -230,16 +230,20 @@ class SessionFlock:
     (``F_OFD_SETLKW``), not ``flock``: asking whether anyone queues is then
     one ``F_OFD_GETLK``, which takes nothing, where a ``flock`` probe took
     and gave back a shared lock (two calls). It is opened once per
-    ``SessionFlock`` and kept: opening it on every attempt cost a third of
-    a durable append. (Something put at ``#lock`` later only costs
-    fairness: waiters then race, as without it.)
+    ``SessionFlock`` and kept (opening it on every attempt cost a third of
+    a durable append); a kept one found deleted is opened again, and one
+    that cannot be opened (something else at ``#lock``) is tried again at
+    the next fresh take.
 
-    A hold whose last holder leaves after the scheduler has run (a durable
-    append, parked in a group-commit round) lingers until the scheduler
-    next runs, like a lease: the same writer's next append, which follows
-    without yielding, rejoins it after one look at the turnstile, instead
-    of a new ``flock`` and a new check of its file. A waiter seen there
-    ends the lingering hold at once.
+    A hold stays "fresh" until the scheduler next runs; after that, joining
+    it (another task's append while a durable append waits in its round)
+    first asks the turnstile. A hold whose last holder leaves after that
+    lingers until the scheduler next runs: the same writer's next append,
+    which follows without yielding, rejoins it the same way, instead of a
+    new ``flock`` and a new check of its file. When another process queues
+    — or no turnstile can tell — the hold drains: no task joins it any
+    more, the last holder out unlocks at once, and the tasks turned away
+    wait for the lock like another process would.
 
     The first attempt never blocks (``LOCK_NB`` on the shared descriptor).
     Waiting for another process is done by a worker thread on a private open
@@ -251,9 +255,10 @@ class SessionFlock:
 
     __slots__ = (
         "_closed",
+        "_draining",
+        "_fresh",
         "_held_fd",
-        "_leased",
-        "_lingering",
+        "_scheduled",
         "_turnstile",
         "dead",
         "dev",
@@ -275,8 +280,9 @@ class SessionFlock:
         self.handles = 0  # transcripts of this session open for appending here
         self.dead = False  # the directory was deleted: never lock it again
         self._held_fd: int | None = None
-        self._leased = False  # held past its last holder, until the scheduler runs
-        self._lingering = False  # the lease ended and then the last holder left
+        self._fresh = False  # taken since the scheduler last ran: join without asking
+        self._draining = False  # another process queues: no joins, unlock when empty
+        self._scheduled = False  # an end_lease callback is pending
         self._closed = False
         # The turnstile's descriptor (opened by the caller, in a worker thread:
         # creating it waits for the journal); -1: none usable; None: not opened yet.
@@ -284,17 +290,20 @@ class SessionFlock:
 
     def try_acquire(self) -> bool:
         """Take (or join) the lock without waiting; whether it is now held."""
-        turnstile = self._turnstile
-        if turnstile is None:
-            turnstile = self._turnstile = open_turnstile(self.fd)
         if self._held_fd is not None:
-            if self._lingering and self.holders == 0:
-                self._lingering = False
-                if turnstile >= 0 and _queued(turnstile):  # another process: its turn
+            if self._draining:
+                return False
+            if not self._fresh and not self._nobody_queues():
+                if self.holders == 0:
                     self._unlock()
-                    return False
+                else:
+                    self._draining = True  # the last holder out unlocks
+                return False
             self.holders += 1
             return True
+        turnstile = self._turnstile
+        if turnstile is None or turnstile < 0:
+            turnstile = self._turnstile = open_turnstile(self.fd)
         if turnstile >= 0 and _queued(turnstile):
             return False
         try:
@@ -304,21 +313,41 @@ class SessionFlock:
         self._taken(self.fd)
         return True
 
+    def _nobody_queues(self) -> bool:
+        """Whether the turnstile says no other process waits (``False``: it cannot say)."""
+        turnstile = self._turnstile
+        if turnstile is None or turnstile < 0:
+            return False
+        try:
+            if os.fstat(turnstile).st_nlink == 0:  # deleted: waiters queue on a new one
+                os.close(turnstile)
+                self._turnstile = None  # opened again at the next fresh take
+                return False
+            return not _queued(turnstile)
+        except OSError:
+            return False
+
     def _taken(self, fd: int) -> None:
         self._held_fd = fd
         self.holders = 1
         self.hold += 1
-        self._leased = True
-        _lease(self)
+        self._fresh = True
+        self._schedule_end()
+
+    def _schedule_end(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            _lease(self)
 
     def end_lease(self) -> None:
-        """The scheduler ran since the lock was taken: the last holder out unlocks."""
-        self._leased = False
-        self._lingering = False
+        """The scheduler ran: the hold is no longer fresh, and with no holder it ends."""
+        self._scheduled = False
+        self._fresh = False
         if self.holders == 0:
             self._unlock()
 
     def _unlock(self) -> None:
+        self._draining = False
         fd, self._held_fd = self._held_fd, None
         if fd is None:
             return
@@ -352,11 +381,14 @@ class SessionFlock:
             return
 
     def release(self) -> None:
-        """Leave the hold; the last holder unlocks, unless the lease still runs."""
+        """Leave the hold; the last holder out unlocks when the hold drains, and
+        otherwise lets it linger until the scheduler next runs."""
         self.holders -= 1
-        if self.holders == 0 and not self._leased:
-            self._leased = self._lingering = True  # see the class docstring
-            _lease(self)
+        if self.holders == 0:
+            if self._draining:
+                self._unlock()
+            else:
+                self._schedule_end()  # see the class docstring
 
     def close(self) -> None:
         """Close the directory (and any private description), releasing the lock."""

@@ -152,13 +152,6 @@ async def test_a_durable_writer_lets_another_process_take_its_turn(tmp_path: Pat
         assert uuid_counts(await store.load(KEY))["other"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="two tasks appending to one session (main + a child) in fsync mode overlap "
-    "their holds: try_acquire joins a held flock without looking at the turnstile, "
-    "holders never reaches 0, and another process waits forever",
-)
 def test_two_tasks_of_one_session_do_not_starve_another_process(tmp_path: Path) -> None:
     async def main() -> bool:
         async with FileStore(tmp_path, durability="fsync") as store:
@@ -179,12 +172,6 @@ async def test_two_durable_writers_on_two_sessions_do_not_block_a_third(tmp_path
 
 
 @pytest.mark.parametrize("thing", ["dir", "fifo"])
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="with no usable turnstile (a dir/FIFO at #lock) a lingering durable hold is "
-    "rejoined unconditionally and never unlocked: waiters do not even race, they starve",
-)
 def test_something_at_the_turnstile_does_not_starve_another_process(
     tmp_path: Path, thing: str
 ) -> None:
@@ -221,12 +208,6 @@ async def test_something_at_the_turnstile_only_costs_fairness_in_flush_mode(
     assert got
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the turnstile fd is opened once and kept: after #lock is deleted (or "
-    "replaced) waiters queue on a new file the lingering durable hold never looks at",
-)
 def test_a_deleted_turnstile_does_not_starve_another_process(tmp_path: Path) -> None:
     async def main() -> bool:
         async with FileStore(tmp_path, durability="fsync") as store:
@@ -247,13 +228,6 @@ LEASER = """
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the turnstile is opened O_RDWR, which breaks a read lease on #lock "
-    "(EWOULDBLOCK with O_NONBLOCK); the -1 is kept for the session's life and the "
-    "lingering durable hold then starves other processes",
-)
 def test_a_read_lease_on_the_turnstile_does_not_starve_another_process(
     tmp_path: Path,
 ) -> None:
@@ -344,12 +318,6 @@ async def test_empty_appends_in_flush_mode_yield(tmp_path: Path) -> None:
         assert await yields_within(store, [], 300_000) is not None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="fsync mode skips append's periodic yield (_writes_park) but an empty "
-    "batch returns before parking: a loop of append(key, []) never yields",
-)
 def test_empty_appends_in_fsync_mode_yield(tmp_path: Path) -> None:
     async def main() -> int | None:
         async with FileStore(tmp_path, durability="fsync") as store:
