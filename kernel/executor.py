@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import json.scanner
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias, cast
@@ -278,6 +279,27 @@ def _finite_float(text: str) -> float:
 # parse_float runs only for numbers with a fraction or an exponent, parse_constant only
 # for NaN and the infinities: arguments without them decode at full speed.
 _ARGUMENTS_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_refuse_constant)
+# The scanner decode() runs, called without the two whitespace matches around it. (The
+# stub wants a scanner for context; the decoder has every attribute it reads.)
+_scan_arguments = json.scanner.make_scanner(_ARGUMENTS_DECODER)  # type: ignore[arg-type]
+
+
+def _decode(arguments: str) -> Any:
+    """``_ARGUMENTS_DECODER.decode(arguments)``, at a third of its cost when the text is
+    one JSON value with nothing around it, as models send arguments.
+
+    Raises:
+        ValueError, RecursionError: what ``decode`` raises, the same: text that does
+            not start with a value, or has more after it, is decoded by ``decode``
+            itself, and any other error comes from the scanner it runs.
+    """
+    try:
+        value, end = _scan_arguments(arguments, 0)
+    except StopIteration:  # no value at 0 (whitespace first?): decode says what it is
+        return _ARGUMENTS_DECODER.decode(arguments)
+    if end != len(arguments):  # whitespace or more data after it
+        return _ARGUMENTS_DECODER.decode(arguments)
+    return value
 
 
 def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
@@ -296,7 +318,7 @@ def _parse_arguments(arguments: dict[str, Any] | str) -> dict[str, Any]:
         # Some models send "" for a call without arguments.
         return {}
     try:
-        value = _ARGUMENTS_DECODER.decode(arguments)
+        value = _decode(arguments)
     except _NotAJSONNumber as exc:
         raise ArgumentError(_where_not_a_number(arguments, str(exc))) from None
     except ValueError as exc:  # JSONDecodeError, or an integer too long to convert

@@ -807,3 +807,37 @@ async def test_a_runner_that_extends_the_async_function_runner_is_called_through
     for tools, expected in (([echo], "hi"), ([wrapped], "wrapped hi")):
         obs = await run_tool_calls([call(0, "echo", {"text": "hi"})], tools)
         assert [o.content for o in obs] == [expected]
+
+
+ARGUMENT_TEXTS = [
+    '{"a": 1}', '{"a": [1, 2.5, "x"]}', "{}", '{"a": NaN}', '{"a": 1e999}', "[1]", '"s"', "3",
+    '{"a": ', '{"a" 1}', '{"\\ud800": 1}', "nul",
+]  # fmt: skip
+
+
+def _decoded(decode: Any, text: str) -> tuple[str, Any]:
+    try:
+        return "value", decode(text)
+    except (ValueError, RecursionError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@settings(max_examples=400)
+@given(
+    st.one_of(
+        st.text(max_size=30),
+        st.builds(
+            lambda pad, value, tail: pad + value + tail,
+            st.sampled_from(["", " ", "\n\t"]),
+            st.sampled_from(ARGUMENT_TEXTS),
+            st.sampled_from(["", " ", "\n", "x", "{}", ", 1"]),
+        ),
+    )
+)
+def test_arguments_text_decodes_as_the_json_decoder_does(text: str) -> None:
+    """The executor scans one JSON value without ``decode``'s whitespace matches around
+    it (guarantee 1's cost); any text, padded or broken, decodes to the same value or
+    fails with the same error and message as ``decode`` itself."""
+    from kernel.executor import _ARGUMENTS_DECODER, _decode
+
+    assert _decoded(_decode, text) == _decoded(_ARGUMENTS_DECODER.decode, text)
