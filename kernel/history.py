@@ -52,6 +52,9 @@ KERNEL_STOPPED = ToolError(
 
 SUMMARY_PREFIX = "[Summary of the earlier conversation]\n"
 
+#: Known messages a cached session keeps between two uses (``HistoryCache.append``).
+_MAX_KNOWN = 256
+
 
 def message_from_entry(entry: Mapping[str, Any]) -> Message | None:
     """The message an entry holds, or ``None`` for an entry that is not a message.
@@ -109,9 +112,20 @@ class MessageFold:
     them arrives.
     """
 
-    __slots__ = ("_after_calls", "_answers", "_unused", "_waiting", "messages", "system_messages")
+    __slots__ = (
+        "_after_calls",
+        "_answers",
+        "_unused",
+        "_waiting",
+        "known",
+        "messages",
+        "system_messages",
+    )
 
     def __init__(self) -> None:
+        #: By uuid: entries whose message is known already (``HistoryCache.append``),
+        #: each with that message; an entry read equal to one is not structured again.
+        self.known: dict[str, tuple[Mapping[str, Any], Message]] = {}
         self.messages: list[Message] = []
         self.system_messages = 0
         # By assistant uuid (as str): the results of the first "answers" entry
@@ -146,14 +160,14 @@ class MessageFold:
         if kind == "tool" and previous is not None and previous.legacy is None:
             # An older transcript's result, answering the calls just before it
             # unless an "answers" entry does (then it stands on its own).
-            results = message_from_entry(entry)
+            results = self._message_of(entry)
             if results is not None:
                 previous.legacy = results
                 self.messages[previous.slot] = _answer_every_call(previous.calls, results)
             else:
                 previous.legacy = _NO_MESSAGE
             return
-        message = message_from_entry(entry)
+        message = self._message_of(entry)
         if message is None:
             return
         self.messages.append(message)
@@ -164,7 +178,7 @@ class MessageFold:
             return
         key = str(entry.get("uuid"))
         if key in self._unused:
-            self._answers[key] = message_from_entry(self._unused.pop(key))
+            self._answers[key] = self._message_of(self._unused.pop(key))
         if key in self._answers:
             self.messages.append(_answer_every_call(calls, self._answers[key]))
             return
@@ -180,13 +194,21 @@ class MessageFold:
         if waiting is None:
             self._unused[key] = entry  # its assistant entry may come later
             return
-        results = self._answers[key] = message_from_entry(entry)
+        results = self._answers[key] = self._message_of(entry)
         for w in waiting:  # still listed: an insertion moves the later ones too
             self.messages[w.slot] = _answer_every_call(w.calls, results)
             if w.legacy is not None and w.legacy is not _NO_MESSAGE:
                 # The older-format result no longer answers: it stands on its own.
                 self._insert_after(w.slot, w.legacy)
         del self._waiting[key]
+
+    def _message_of(self, entry: Mapping[str, Any]) -> Message | None:
+        """``message_from_entry``, without structuring an entry that reads as it was written."""
+        uuid = entry.get("uuid")
+        known = self.known.pop(uuid, None) if self.known and isinstance(uuid, str) else None
+        if known is not None and known[0] == entry:
+            return known[1]
+        return message_from_entry(entry)
 
     def _insert_after(self, slot: int, message: Message) -> None:
         self.messages.insert(slot + 1, message)
@@ -293,6 +315,8 @@ class _Folded:
                 self.fold.add(entry)
         self.count += len(entries)
         self.last = entries[-1]
+        # What was not read now never will be (the next reads start after these).
+        self.fold.known.clear()
 
 
 def _same_entry(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -332,7 +356,12 @@ class HistoryCache:
             self._entries -= state.count - state.cut
 
     async def append(
-        self, store: SessionStore, key: SessionKey, entries: Sequence[Mapping[str, Any]]
+        self,
+        store: SessionStore,
+        key: SessionKey,
+        entries: Sequence[Mapping[str, Any]],
+        *,
+        messages: Sequence[Message | None] = (),
     ) -> None:
         """``store.append(key, entries)``; the next use of ``key`` folds them.
 
@@ -341,13 +370,25 @@ class HistoryCache:
         or the fold is rebuilt), with whatever others appended before or after
         them. So reading back cannot fail the append: an entry that does not
         read as a message (only entries not made by a ``Session`` can) is
-        reported by that use.
+        reported by that use. ``messages``, when given, are the messages
+        ``entries`` hold (``None`` for an entry that holds none): an entry read
+        back equal to what was written is then not structured again.
 
         Raises:
             UsageError: an entry is not a JSON object with a string ``type``.
             StoreError: the store could not write (nothing was appended).
         """
         await store.append(key, entries)
+        state = self._sessions.get(key.name)
+        if state is None or state.store is not store:
+            return
+        known = state.fold.known
+        if len(known) > _MAX_KNOWN:  # appended to without being used: stop remembering
+            known.clear()
+        for entry, message in zip(entries, messages, strict=False):
+            uuid = entry.get("uuid")
+            if message is not None and isinstance(uuid, str):
+                known[uuid] = (entry, message)
 
     async def history(self, store: SessionStore, key: SessionKey) -> list[Message]:
         """``history_from_entries`` of ``key``'s transcript as ``store`` holds it now.

@@ -28,10 +28,10 @@ observation, so a conversation never holds a call without its result
 without ``"answers"``: a ``tool`` entry right after an assistant entry
 answers it.
 
-Reading messages back goes through a ``kernel.history.HistoryCache``: what a
-``Session`` appends goes through it, which reads back from the store the
-entries since the last one it folded (checking that one is still there), and
-each use reads only what was appended since.
+Reading messages back goes through a ``kernel.history.HistoryCache``: each
+use reads from the store the entries since the last one it folded (checking
+that one is still there), its own appends included; an entry this
+``Session`` wrote and reads back unchanged is not structured again.
 """
 
 from __future__ import annotations
@@ -343,12 +343,19 @@ class Session:
             UsageError: an entry cannot be written as JSON.
             StoreError: the store could not write (nothing was appended).
         """
-        await self.append_entries([entry_to_json(e) for e in entries])
+        # The cache is told each entry's message: read back as written, it is not
+        # structured again.
+        await self.cache.append(
+            self.store,
+            self.key,
+            [entry_to_json(e) for e in entries],
+            messages=[e.message if isinstance(e, MessageEntry) else None for e in entries],
+        )
 
     async def append(self, *messages: Message) -> None:
-        """Add ``messages`` in one atomic append."""
+        """Add ``messages`` in one atomic append (as ``message_entry`` writes them)."""
         timestamp = self._timestamp()
-        await self.append_entries([message_entry(m, timestamp=timestamp) for m in messages])
+        await self.record(*(MessageEntry.of(recordable(m), timestamp=timestamp) for m in messages))
 
     async def record_title(self, title: str) -> None:
         """Name the session (the summary keeps the latest title)."""

@@ -372,3 +372,54 @@ async def test_two_writers_in_random_steps_read_as_the_whole_transcript(seed: in
             stored = await store.load(KEY) or []
             assert await reader.history() == history_from_entries(stored)
             assert await reader.messages() == reference_messages(stored)
+
+
+async def record_a_turn(session: Session, i: int) -> None:
+    """What an agent's one-call turn writes through its ``Session``."""
+    await session.append(Message("user", [Text(f"q{i}")]))
+    calls = Message("assistant", [Text("calling"), ToolCall(f"c{i}", "t", {"n": i}, 0)])
+    answers = await session.record_calls(calls, usage={"input_tokens": 1}, model="m")
+    result = Observation(call_id=f"c{i}", name="t", index=0, content=f"r{i}")
+    await session.record_results(calls, [result], answers=answers)
+    await session.record_turn(Message("assistant", [Text(f"a{i}")]), model="m")
+
+
+async def test_a_sessions_own_entries_read_back_unchanged_are_not_structured_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = MemoryStore()
+    session = Session(store, KEY)
+    await session.history()
+    structured: list[object] = []
+
+    def counting(entry: Mapping[str, Any]) -> Message | None:
+        structured.append(entry.get("uuid"))
+        return message_from_entry(entry)
+
+    monkeypatch.setattr("kernel.history.message_from_entry", counting)
+    for i in range(3):
+        await record_a_turn(session, i)
+        history = await session.history()
+        assert structured == []
+        assert history == history_from_entries(await store.load(KEY) or [])
+        structured.clear()  # the reference reading structures every entry
+    await store.append(KEY, turn(9))  # another writer's entries are structured as read
+    history = await session.history()
+    assert len(structured) == 4
+    assert history == history_from_entries(await store.load(KEY) or [])
+
+
+async def test_an_own_entry_changed_in_the_store_reads_as_the_store_holds_it() -> None:
+    store = MemoryStore()
+    session = Session(store, KEY)
+    await session.history()
+    await record_a_turn(session, 0)
+    # Behind the cache's back: the same entries (same uuids) with other words.
+    entries = await store.load(KEY) or []
+    await store.delete(KEY)
+    changed = [dict(e) for e in entries]
+    changed[-1]["message"] = {"role": "assistant", "parts": [{"type": "text", "text": "other"}]}
+    await store.append(KEY, changed)
+    history = await session.history()
+    assert history == history_from_entries(await store.load(KEY) or [])
+    assert history[-1].text == "other"

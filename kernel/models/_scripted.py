@@ -33,7 +33,8 @@ class ScriptedModel:
     a string, sync or async; or ``responses`` is one such function that
     answers every request. Streaming gives the same response as events:
     text word by word, then each call, then ``ResponseComplete``;
-    ``chunk_delay`` seconds pass between events (for demos).
+    ``chunk_delay`` seconds pass between events (for demos; without it, the
+    request is the stream's one checkpoint).
 
     Tool call ids already used earlier in the conversation get a
     ``-t<turn>`` suffix, so a script may reuse ids (``reply`` numbers calls
@@ -175,10 +176,10 @@ class ScriptedModel:
                 yield event
 
     async def _pause(self) -> None:
+        # Without a delay, ``complete`` was the stream's checkpoint: one more per
+        # event would cost a trip through the scheduler each, several a turn.
         if self.chunk_delay:
             await trio.sleep(self.chunk_delay)
-        else:
-            await trio.lowlevel.checkpoint()
 
 
 def _words(text: str) -> list[str]:
