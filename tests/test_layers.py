@@ -28,6 +28,7 @@ FLOORS: dict[str, int] = {
     "kernel.messages": 2,
     "kernel.tools": 2,
     "kernel.home": 2,
+    "kernel.settings": 2,
     # 3 services: stores, model adapters, the executor, the plugin authoring API
     "kernel.store": 3,
     "kernel.models": 3,

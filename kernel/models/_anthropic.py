@@ -7,17 +7,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..messages import Message
+from ..settings import ModelSettings, check_tool_choice
 from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
-from ._http import HTTPModel, load_json
+from ._http import HTTPModel, load_json, refuse_settings
 from ._sse import SSEEvent
 from ._wire import ToolNameMap, arguments_object, system_text
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
-DEFAULT_MAX_TOKENS = 8192
-"""Sent when the request sets no ``max_tokens``: the Messages API requires one."""
 
 _STOP_REASONS: Mapping[str, StopReason] = {
     "end_turn": "end_turn",
@@ -52,6 +51,25 @@ def anthropic_tools(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any
     ]
 
 
+def _tool_choice(settings: ModelSettings, names: ToolNameMap) -> dict[str, Any] | None:
+    """``tool_choice`` as the Messages API spells it (``parallel_tool_calls: false``
+    is its ``disable_parallel_tool_use``)."""
+    choice = settings.tool_choice
+    if choice is None:
+        spelled: dict[str, Any] | None = None
+    elif choice == "auto":
+        spelled = {"type": "auto"}
+    elif choice == "required":
+        spelled = {"type": "any"}
+    elif choice == "none":
+        return {"type": "none"}  # no calls: nothing to run in parallel
+    else:
+        spelled = {"type": "tool", "name": names.to_wire(choice)}
+    if settings.parallel_tool_calls is False:
+        spelled = {**(spelled or {"type": "auto"}), "disable_parallel_tool_use": True}
+    return spelled
+
+
 class AnthropicModel(HTTPModel):
     """A model behind ``{base_url}/v1/messages``.
 
@@ -80,9 +98,12 @@ class AnthropicModel(HTTPModel):
                 ]
             else:
                 messages.append({"role": role, "content": blocks})
+        settings = request.effective_settings()
+        check_tool_choice(settings, [t.name for t in request.tools])
+        refuse_settings(self.provider, settings, ("seed", "reasoning_effort"))
         body: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
+            "max_tokens": settings.max_tokens,
             "messages": messages,
         }
         system = system_text(request)
@@ -90,8 +111,17 @@ class AnthropicModel(HTTPModel):
             body["system"] = system
         if request.tools:
             body["tools"] = anthropic_tools(ToolRegistry(request.tools).definitions())
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
+            choice = _tool_choice(settings, names)
+            if choice is not None:
+                body["tool_choice"] = choice
+        if settings.temperature is not None:
+            body["temperature"] = settings.temperature
+        if settings.top_p is not None:
+            body["top_p"] = settings.top_p
+        if settings.stop is not None:
+            body["stop_sequences"] = list(settings.stop)
+        if settings.extra:
+            body.update(settings.extra)
         if stream:
             body["stream"] = True
         headers = {"content-type": "application/json", "anthropic-version": ANTHROPIC_VERSION}

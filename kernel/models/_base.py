@@ -10,6 +10,7 @@ import attrs
 
 from ..errors import ModelAPIError
 from ..messages import Message
+from ..settings import DEFAULT_MAX_TOKENS, ModelSettings, merge
 from ..tools import Tool
 
 StopReason: TypeAlias = Literal[
@@ -87,6 +88,18 @@ class ModelRequest:
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools_tuple)
     max_tokens: int | None = None
     temperature: float | None = None
+    #: Every other setting; its ``max_tokens`` / ``temperature`` win over the
+    #: fields above, which stay for callers that set only those.
+    settings: ModelSettings | None = None
+
+    def effective_settings(self) -> ModelSettings:
+        """The settings to send: ``settings`` over ``max_tokens`` / ``temperature``,
+        with the default ``max_tokens`` when none is set."""
+        return merge(
+            ModelSettings(max_tokens=DEFAULT_MAX_TOKENS),
+            ModelSettings(max_tokens=self.max_tokens, temperature=self.temperature),
+            self.settings,
+        )
 
 
 def _assistant_message(instance: object, attribute: object, message: Message) -> None:

@@ -10,11 +10,13 @@ from typing import Any
 
 import httpx
 
+from ..errors import UsageError
 from ..messages import Message
+from ..settings import check_tool_choice
 from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
-from ._http import HTTPModel, load_json
+from ._http import HTTPModel, load_json, refuse_settings
 from ._prices import Price
 from ._retry import RetryPolicy
 from ._sse import SSEEvent
@@ -170,15 +172,32 @@ class GeminiModel(HTTPModel):
         system = system_text(request)
         if system:
             body["systemInstruction"] = {"parts": [{"text": system}]}
+        settings = request.effective_settings()
+        check_tool_choice(settings, [t.name for t in request.tools])
+        refuse_settings(self.provider, settings, ("reasoning_effort",))
+        if settings.parallel_tool_calls is False:
+            raise UsageError(
+                "gemini: parallel_tool_calls false cannot be expressed (the API has no "
+                "such switch); leave it unset"
+            )
         if request.tools:
             body["tools"] = gemini_tools(ToolRegistry(request.tools).definitions())
-        config: dict[str, Any] = {}
-        if request.max_tokens is not None:
-            config["maxOutputTokens"] = request.max_tokens
-        if request.temperature is not None:
-            config["temperature"] = request.temperature
-        if config:
-            body["generationConfig"] = config
+            choice = settings.tool_choice
+            if choice is not None:
+                mode = {"auto": "AUTO", "required": "ANY", "none": "NONE"}.get(choice)
+                calling: dict[str, Any] = {"mode": mode or "ANY"}
+                if mode is None:  # one named tool
+                    calling["allowedFunctionNames"] = [choice]
+                body["toolConfig"] = {"functionCallingConfig": calling}
+        config: dict[str, Any] = {"maxOutputTokens": settings.max_tokens}
+        for name, wire in (("temperature", "temperature"), ("top_p", "topP"), ("seed", "seed")):
+            if (value := getattr(settings, name)) is not None:
+                config[wire] = value
+        if settings.stop is not None:
+            config["stopSequences"] = list(settings.stop)
+        body["generationConfig"] = config
+        if settings.extra:
+            body.update(settings.extra)
         headers = {"content-type": "application/json"}
         if self.api_key:
             headers["x-goog-api-key"] = self.api_key

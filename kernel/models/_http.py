@@ -14,12 +14,14 @@ import contextlib
 import hashlib
 import json
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
 import httpx
 import trio
 
+from ..errors import UsageError
+from ..settings import ModelSettings
 from ._assemble import events_of
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, ResponseComplete
 from ._prices import Price
@@ -81,6 +83,20 @@ def response_shape(provider: str) -> Iterator[None]:
             f"unexpected response: {type(exc).__name__}: {exc}",
             error_type="bad_response",
         ) from exc
+
+
+def refuse_settings(provider: str, settings: ModelSettings, names: Sequence[str]) -> None:
+    """Refuse, before sending, the set fields among ``names`` the provider cannot express.
+
+    Raises:
+        UsageError: one line naming the provider and the fields.
+    """
+    unset = [n for n in names if getattr(settings, n) is not None]
+    if unset:
+        raise UsageError(
+            f"{provider}: {', '.join(unset)} cannot be expressed by this provider; "
+            "leave it unset (or send the provider's own key in settings.extra)"
+        )
 
 
 class HTTPModel:

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..messages import Message
+from ..settings import TOOL_CHOICES, check_tool_choice
 from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
@@ -68,14 +69,31 @@ class OpenAIModel(HTTPModel):
             messages.append({"role": "system", "content": system})
         for message in request.messages:
             messages.extend(_messages(message, names))
+        settings = request.effective_settings()
+        check_tool_choice(settings, [t.name for t in request.tools])
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         if request.tools:
             body["tools"] = openai_tools(ToolRegistry(request.tools).definitions())
-        if request.max_tokens is not None:
-            official = urlsplit(self.base_url).hostname == "api.openai.com"
-            body["max_completion_tokens" if official else "max_tokens"] = request.max_tokens
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
+            choice = settings.tool_choice
+            if choice is not None:
+                body["tool_choice"] = (
+                    choice
+                    if choice in TOOL_CHOICES
+                    else {"type": "function", "function": {"name": names.to_wire(choice)}}
+                )
+            if settings.parallel_tool_calls is not None:  # refused without tools
+                body["parallel_tool_calls"] = settings.parallel_tool_calls
+        official = urlsplit(self.base_url).hostname == "api.openai.com"
+        body["max_completion_tokens" if official else "max_tokens"] = settings.max_tokens
+        for name, wire in (("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed")):
+            if (value := getattr(settings, name)) is not None:
+                body[wire] = value
+        if settings.stop is not None:
+            body["stop"] = list(settings.stop)
+        if settings.reasoning_effort is not None:
+            body["reasoning_effort"] = settings.reasoning_effort
+        if settings.extra:
+            body.update(settings.extra)
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}

@@ -133,7 +133,7 @@ async def test_two_tool_use_blocks_stream_into_two_calls() -> None:
     body = server.body(0)
     assert body["stream"] is True
     assert body["system"] == "Be brief."
-    assert body["max_tokens"] == 8192
+    assert body["max_tokens"] == 4096  # kernel.settings.DEFAULT_MAX_TOKENS
     assert [t["name"] for t in body["tools"]] == ["fs__read", "web__fetch", "calc"]
     assert body["tools"][0]["input_schema"] == TOOLS[0].parameters
 

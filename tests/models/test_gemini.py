@@ -152,7 +152,7 @@ async def test_follow_up_returns_function_responses_in_order_with_signature() ->
             },
         ],
         "systemInstruction": {"parts": [{"text": "Be brief."}]},
-        "generationConfig": {"temperature": 0.2},
+        "generationConfig": {"maxOutputTokens": 4096, "temperature": 0.2},
     }
 
 

@@ -204,6 +204,7 @@ async def test_follow_up_carries_tool_results_in_declared_order() -> None:
             },
             {"role": "tool", "tool_call_id": "call_C", "content": "4"},
         ],
+        "max_completion_tokens": 4096,  # the default: always sent
         "stream": True,
         "stream_options": {"include_usage": True},
     }

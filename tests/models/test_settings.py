@@ -1,0 +1,201 @@
+"""ModelSettings: validated once, merged by level, and each field as each provider
+spells it on the wire — or refused before anything is sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from kernel.errors import UsageError
+from kernel.models import AnthropicModel, GeminiModel, ModelRequest, OpenAIModel
+from kernel.settings import DEFAULT_MAX_TOKENS, ModelSettings, merge, settings_from_mapping
+
+from .wire import NO_RETRY, FakeServer, json_response, schema_tool, user
+
+TOOLS = (schema_tool("fs.read", "path"), schema_tool("calc", "expr"))
+ALL = ModelSettings(
+    temperature=0.3,
+    top_p=0.9,
+    max_tokens=64,
+    stop=("END",),
+    seed=7,
+    tool_choice="fs.read",
+    parallel_tool_calls=False,
+    reasoning_effort="low",
+    extra={"user": "u1"},
+)
+
+
+def request(settings: ModelSettings | None, *, tools: bool = True) -> ModelRequest:
+    return ModelRequest((user("hi"),), tools=TOOLS if tools else (), settings=settings)
+
+
+def build(model: Any, settings: ModelSettings | None, *, tools: bool = True) -> Any:
+    _, _, body = model.build(request(settings, tools=tools), stream=False)
+    return body
+
+
+CLIENT = httpx.AsyncClient()
+OPENAI = OpenAIModel("gpt-4.1-mini", client=CLIENT, api_key="k", retry=NO_RETRY)
+LOCAL = OpenAIModel("local", client=CLIENT, base_url="http://127.0.0.1:9/v1", retry=NO_RETRY)
+ANTHROPIC = AnthropicModel("claude-sonnet-4-5", client=CLIENT, api_key="k", retry=NO_RETRY)
+GEMINI = GeminiModel("gemini-2.5-flash", client=CLIENT, api_key="k", retry=NO_RETRY)
+
+
+# -- the record --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"temperature": 7}, "temperature: expected a number from 0 to 2, got 7"),
+        ({"temperature": True}, "temperature: expected a number"),
+        ({"top_p": 0}, "top_p: expected a number above 0"),
+        ({"max_tokens": 0}, "max_tokens: expected a whole number of at least 1, got 0"),
+        ({"max_tokens": 1.5}, "max_tokens: expected a whole number"),
+        ({"seed": "7"}, "seed: expected a whole number"),
+        ({"tool_choice": ""}, "tool_choice: expected 'auto', 'required', 'none' or a tool"),
+        ({"parallel_tool_calls": 1}, "parallel_tool_calls: expected true or false"),
+        ({"reasoning_effort": "max"}, "reasoning_effort: expected one of minimal, low"),
+        ({"stop": []}, "stop: expected 1 to 16 non-empty strings"),
+        ({"stop": [""]}, "stop: expected 1 to 16 non-empty strings"),
+        ({"extra": {"": 1}}, "extra: expected a mapping"),
+    ],
+)
+def test_bad_values_are_one_line_naming_the_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(UsageError, match="^" + message.replace("(", r"\(")):
+        ModelSettings(**fields)
+
+
+def test_levels_merge_field_by_field_the_nearer_winning() -> None:
+    kernel = ModelSettings(temperature=0.1, max_tokens=100, extra={"a": 1, "b": 1})
+    turn = ModelSettings(max_tokens=10, tool_choice="none", extra={"b": 2})
+    merged = merge(kernel, None, turn)
+    assert merged == ModelSettings(
+        temperature=0.1, max_tokens=10, tool_choice="none", extra={"a": 1, "b": 2}
+    )
+    assert merge() == ModelSettings()
+
+
+def test_settings_from_json_name_their_path() -> None:
+    assert settings_from_mapping({"stop": "X", "seed": 3}) == ModelSettings(stop=("X",), seed=3)
+    with pytest.raises(UsageError, match=r"^\$\.settings\.temperature: expected a number"):
+        settings_from_mapping({"temperature": "hot"}, "$.settings")
+    with pytest.raises(UsageError, match=r"^\$\.settings\.tempreature: unknown model setting"):
+        settings_from_mapping({"tempreature": 1}, "$.settings")
+    with pytest.raises(UsageError, match=r"^\$\.settings: expected an object"):
+        settings_from_mapping([1], "$.settings")
+
+
+def test_a_default_max_tokens_is_always_sent() -> None:
+    assert build(OPENAI, None)["max_completion_tokens"] == DEFAULT_MAX_TOKENS
+    assert build(LOCAL, None)["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert build(ANTHROPIC, None)["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert build(GEMINI, None)["generationConfig"]["maxOutputTokens"] == DEFAULT_MAX_TOKENS
+    # The request's own max_tokens / temperature still count, under settings.
+    legacy = ModelRequest((user("hi"),), max_tokens=5, temperature=0.5)
+    assert OPENAI.build(legacy, stream=False)[2]["max_completion_tokens"] == 5
+    both = ModelRequest((user("hi"),), max_tokens=5, settings=ModelSettings(max_tokens=9))
+    assert OPENAI.build(both, stream=False)[2]["max_completion_tokens"] == 9
+
+
+# -- each provider's wire names ----------------------------------------------------------
+
+
+def test_openai_spells_every_field() -> None:
+    body = build(OPENAI, ALL)
+    assert {k: v for k, v in body.items() if k not in ("model", "messages", "tools")} == {
+        "max_completion_tokens": 64,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "stop": ["END"],
+        "seed": 7,
+        "tool_choice": {"type": "function", "function": {"name": "fs__read"}},
+        "parallel_tool_calls": False,
+        "reasoning_effort": "low",
+        "user": "u1",
+    }
+    for choice in ("auto", "required", "none"):
+        assert build(OPENAI, ModelSettings(tool_choice=choice))["tool_choice"] == choice
+
+
+def test_openai_without_tools_sends_no_tool_fields() -> None:
+    body = build(OPENAI, ModelSettings(tool_choice="auto", parallel_tool_calls=True), tools=False)
+    assert "tool_choice" not in body and "parallel_tool_calls" not in body
+
+
+def test_anthropic_spells_what_it_can_and_refuses_the_rest() -> None:
+    fields = ALL.set_fields()
+    del fields["seed"], fields["reasoning_effort"]
+    body = build(ANTHROPIC, ModelSettings(**fields))
+    assert {k: v for k, v in body.items() if k not in ("model", "messages", "tools")} == {
+        "max_tokens": 64,
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "stop_sequences": ["END"],
+        "tool_choice": {"type": "tool", "name": "fs__read", "disable_parallel_tool_use": True},
+        "user": "u1",
+    }
+    spelled = {
+        "auto": {"type": "auto"},
+        "required": {"type": "any"},
+        "none": {"type": "none"},
+    }
+    for choice, wire in spelled.items():
+        assert build(ANTHROPIC, ModelSettings(tool_choice=choice))["tool_choice"] == wire
+    no_parallel = build(ANTHROPIC, ModelSettings(parallel_tool_calls=False))
+    assert no_parallel["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    with pytest.raises(UsageError, match=r"^anthropic: seed, reasoning_effort cannot be expressed"):
+        build(ANTHROPIC, ALL)
+
+
+def test_gemini_spells_what_it_can_and_refuses_the_rest() -> None:
+    fields = ALL.set_fields()
+    del fields["reasoning_effort"], fields["parallel_tool_calls"]
+    body = build(GEMINI, ModelSettings(**fields))
+    assert body["generationConfig"] == {
+        "maxOutputTokens": 64,
+        "temperature": 0.3,
+        "topP": 0.9,
+        "seed": 7,
+        "stopSequences": ["END"],
+    }
+    assert body["toolConfig"] == {
+        "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["fs.read"]}
+    }
+    assert body["user"] == "u1"
+    for choice, mode in (("auto", "AUTO"), ("required", "ANY"), ("none", "NONE")):
+        config = build(GEMINI, ModelSettings(tool_choice=choice))["toolConfig"]
+        assert config == {"functionCallingConfig": {"mode": mode}}
+    with pytest.raises(UsageError, match=r"^gemini: reasoning_effort cannot be expressed"):
+        build(GEMINI, ModelSettings(reasoning_effort="low"))
+    with pytest.raises(UsageError, match=r"^gemini: parallel_tool_calls false cannot"):
+        build(GEMINI, ModelSettings(parallel_tool_calls=False))
+
+
+@pytest.mark.parametrize("model", [OPENAI, ANTHROPIC, GEMINI], ids=lambda m: m.provider)
+def test_a_tool_choice_the_tools_cannot_meet_is_refused(model: Any) -> None:
+    with pytest.raises(UsageError, match=r"^tool_choice 'web\.fetch': no such tool"):
+        build(model, ModelSettings(tool_choice="web.fetch"))
+    with pytest.raises(UsageError, match=r"^tool_choice 'required': the request has no tools"):
+        build(model, ModelSettings(tool_choice="required"), tools=False)
+
+
+async def test_settings_reach_the_wire_and_a_refusal_sends_nothing() -> None:
+    answer = {
+        "id": "x",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+    server = FakeServer(json_response(200, answer))
+    async with server.client() as client:
+        local = OpenAIModel("local", client=client, base_url="http://127.0.0.1:9/v1")
+        await local.complete(request(ModelSettings(tool_choice="required", max_tokens=64)))
+        assert server.body()["tool_choice"] == "required"
+        assert server.body()["max_tokens"] == 64
+        anthropic = AnthropicModel("claude-sonnet-4-5", client=client, api_key="k")
+        with pytest.raises(UsageError):
+            await anthropic.complete(request(ModelSettings(seed=1)))
+    assert len(server.requests) == 1
