@@ -16,7 +16,7 @@
    ``ordered_observations`` releases them in declared order.
 
 A call's arguments are validated once, in ``_check`` (``Tool.prepare``), and
-the tool runs in one place, ``_Batch.call_tool``, through its runner
+the tool runs in one place, ``_Batch.run_call``, through its runner
 (``kernel.tools.ToolRunner``: a function in this task or in a thread, or a
 worker): whatever runs a tool, points 3 to 5 hold the same way.
 """
@@ -435,7 +435,7 @@ class _Batch:
             else _NO_THREADS
         )
         self.started_at: dict[int, float] = {}
-        # self.now() without the two calls around it: read once per call.
+        # trio.current_time() without the two calls around it: read once per call.
         self.now = trio.lowlevel.current_clock().current_time
         # Only a handle can cancel one call, and only a concurrency limit makes calls
         # of a group start at different times: otherwise calls share deadline scopes.

@@ -54,7 +54,11 @@ class ToolRunner(Protocol):
 
 @attrs.frozen
 class AsyncFunctionRunner:
-    """Awaits an ``async def`` tool function in the call's own task."""
+    """Awaits an ``async def`` tool function in the call's own task.
+
+    The executor awaits ``fn(**arguments)`` itself for this class (what ``run``
+    does, one coroutine less per call); a subclass is called through ``run``.
+    """
 
     fn: Callable[..., Awaitable[Any]]
 
