@@ -12,6 +12,11 @@ from collections.abc import Sequence
 
 from ..errors import KernelError
 
+#: ``kernel.home.DEFAULT_PROJECT``, spelled here: importing ``kernel.home`` (attrs,
+#: tomllib) would cost ``tak --help`` a fifth of its time. tests/test_cli.py checks
+#: that the two agree.
+DEFAULT_PROJECT = "default"
+
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__

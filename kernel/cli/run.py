@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
-from ..home import DEFAULT_PROJECT
+from . import DEFAULT_PROJECT
 
 if TYPE_CHECKING:
     from ..agent import AgentEvent, TurnFinished

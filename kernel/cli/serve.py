@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ..home import DEFAULT_PROJECT
+from . import DEFAULT_PROJECT
 
 DEFAULT_PORT = 8765
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptTranscript, KernelError, UsageError
-from ..home import DEFAULT_PROJECT, TakHome
+from . import DEFAULT_PROJECT
 
 if TYPE_CHECKING:
     from ..store import FileStore, PostgresStore, SessionKey
@@ -77,6 +77,7 @@ def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -
     PostgreSQL, else the files under the home), turning kernel errors into exit codes."""
     import trio
 
+    from ..home import TakHome
     from ..store import open_store
 
     async def main() -> int:
