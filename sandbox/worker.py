@@ -173,8 +173,10 @@ class _CallThreads:
     Starting a thread per call cost a clone and, with the machine busy, a wait for
     the new thread to be scheduled before the call even began. Here the thread that
     reads a frame hands the reading over (a lock another idle thread waits on) and
-    runs the call itself: a call costs one wakeup in the worker, and calls still run
-    in parallel (a new thread is started only when none is left to read).
+    runs the call itself: the call runs in the thread its frame woke, and calls
+    still run in parallel (a new thread is started only when none is left to read).
+    A thread that fails outside ``handle`` (which must not raise) ends the worker,
+    as the channel's end does: its calls fail as crashed rather than never answer.
     """
 
     def __init__(self, channel: Channel, handle: Callable[[CallFrame], ResultFrame]) -> None:
