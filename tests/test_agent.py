@@ -267,6 +267,44 @@ async def test_subagent_runs_on_a_child_transcript(autojump_clock: trio.abc.Cloc
     assert tool_names[1] == ["lookup"]
 
 
+async def test_concurrent_turns_delegate_from_their_own_session_and_agent(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """``delegate`` is one tool for every agent and turn: it finds the turn it serves
+    (its agent and session) in the task's context, so concurrent turns do not mix."""
+
+    def script(name: str) -> Any:
+        def answer(request: ModelRequest) -> ModelResponse | str:
+            last = request.messages[-1]
+            if last.role == "user" and last.text.startswith("child"):
+                return f"{name}'s child did {last.text}"
+            if last.role == "user":
+                return reply(calls=[("delegate", {"task": f"child of {last.text}"})])
+            return last.observations[0].content
+
+        return answer
+
+    store = MemoryStore()
+    agents = [Agent(ScriptedModel(script(n)), TOOLS, subagents=True) for n in ("A", "B")]
+    sessions = [new_session(store, f"s{i}") for i in range(4)]
+    results: dict[int, TurnFinished] = {}
+
+    async def turn(i: int) -> None:
+        results[i] = await agents[i % 2].run_turn(sessions[i], f"task {i}")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(4):
+            nursery.start_soon(turn, i)
+    for i, session in enumerate(sessions):
+        name = "AB"[i % 2]
+        assert results[i].text == f"{name}'s child did child of task {i}"
+        [child_path] = await store.list_subkeys(session.key)
+        child = Session(store, session.key.child(child_path))
+        assert (await child.messages())[0].text == f"child of task {i}"
+    offered = [[t for t in a._offered_tools() if t.name == "delegate"] for a in agents]
+    assert offered[0] == offered[1] and offered[0][0] is offered[1][0]  # built once
+
+
 async def test_subagent_with_unknown_tools_is_an_error_observation(
     autojump_clock: trio.abc.Clock,
 ) -> None:
