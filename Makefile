@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp
 
-.PHONY: demo test stress redteam lint bench clean postgresql
+.PHONY: demo test stress redteam lint bench clean postgresql interop interop-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,21 @@ stress: $(STAMP)-test postgresql
 redteam: $(STAMP)-test
 	$(BIN)/python -m pytest -q tests/security -p no:cacheprovider
 
+# Opt-in, not part of `make test`: the kernel against llama.cpp's llama-server
+# (built from the llama-cpp-python sdist on first use, cached in .interop/,
+# a few minutes on 2 cores) serving SmolLM2-135M-Instruct. docs/models.md.
+interop-tools:
+	@if ! command -v cmake >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q cmake g++ ninja-build; \
+	  else \
+	    echo "cmake and g++ are needed to build llama-server"; exit 1; \
+	  fi; \
+	fi
+
+interop: $(STAMP)-test interop-tools
+	$(BIN)/python -m pytest -q -s --interop tests/interop -p no:cacheprovider
+
 lint: $(STAMP)-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -64,4 +79,4 @@ bench: $(STAMP)-postgres postgresql
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .interop

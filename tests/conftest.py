@@ -20,6 +20,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run stress tests at full size (make stress); default is a bounded version",
     )
+    parser.addoption(
+        "--interop",
+        action="store_true",
+        default=False,
+        help="run the tests against a real model server (make interop; builds it on first use)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--interop"):
+        return
+    skip = pytest.mark.skip(reason="a real model server: run `make interop`")
+    for item in items:
+        if "interop" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -1,0 +1,202 @@
+"""The kernel against a real OpenAI-compatible server (`make interop`, not `make test`).
+
+llama.cpp's llama-server with SmolLM2-135M-Instruct (tests/interop/llama.py
+builds and starts it): a plain streamed turn, a tool call forced with
+``tool_choice`` and its round trip, parallel forced calls, cancellation
+mid-stream, and the server's refusals. A 135M model's words are not checked,
+only what the protocol promises.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from kernel.errors import ModelAPIError
+from kernel.messages import Message, Observation, Text
+from kernel.models import (
+    ModelRequest,
+    OpenAIModel,
+    ResponseComplete,
+    RetryPolicy,
+    TextDelta,
+    open_http_client,
+)
+from kernel.settings import ModelSettings
+from kernel.tools import Tool
+
+from . import llama
+
+pytestmark = pytest.mark.interop
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    with llama.running_server() as url:
+        yield url
+
+
+def list_dir_tool() -> Tool:
+    return Tool(
+        name="list_dir",
+        description="List the files in a directory.",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "The directory."}},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+        fn=None,
+        is_async=True,
+    )
+
+
+def read_file_tool() -> Tool:
+    return Tool(
+        name="read_file",
+        description="Read one file.",
+        parameters={
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+        fn=None,
+        is_async=True,
+    )
+
+
+class Recorder:
+    """The JSON bodies the client sent, in order."""
+
+    def __init__(self) -> None:
+        self.bodies: list[Any] = []
+
+    async def __call__(self, request: httpx.Request) -> None:
+        self.bodies.append(json.loads(request.content))
+
+
+async def client_with(recorder: Recorder) -> AsyncIterator[httpx.AsyncClient]:
+    async with open_http_client() as client:
+        client.event_hooks["request"].append(recorder)
+        yield client
+
+
+def user(text: str) -> Message:
+    return Message("user", (Text(text),))
+
+
+async def stream(model: OpenAIModel, request: ModelRequest) -> tuple[str, Any]:
+    text = ""
+    response = None
+    async with model.stream(request) as events:
+        async for event in events:
+            if isinstance(event, TextDelta):
+                text += event.text
+            elif isinstance(event, ResponseComplete):
+                response = event.response
+    return text, response
+
+
+async def test_a_plain_streamed_turn(base_url: str) -> None:
+    recorder = Recorder()
+    async for client in client_with(recorder):
+        model = OpenAIModel("local", client=client, base_url=base_url)
+        request = ModelRequest(
+            (user("Say hello in five words."),), settings=ModelSettings(max_tokens=24)
+        )
+        text, response = await stream(model, request)
+    assert text and response is not None and response.message.text == text
+    assert response.stop_reason in ("end_turn", "max_tokens")
+    assert response.usage.output_tokens > 0
+    assert recorder.bodies[0]["max_tokens"] == 24
+
+
+async def test_a_forced_tool_call_and_its_round_trip(base_url: str) -> None:
+    recorder = Recorder()
+    tools = (list_dir_tool(),)
+    settings = ModelSettings(tool_choice="required", max_tokens=64, temperature=0)
+    async for client in client_with(recorder):
+        model = OpenAIModel("local", client=client, base_url=base_url)
+        first = ModelRequest((user("List the files in /tmp."),), tools=tools, settings=settings)
+        _, response = await stream(model, first)
+        calls = response.message.tool_calls
+        assert calls and calls[0].name == "list_dir"
+        results = Message(
+            "tool",
+            tuple(Observation(c.id, c.name, c.index or 0, "a.txt\nb.txt") for c in calls),
+        )
+        second = ModelRequest(
+            (*first.messages, response.message, results),
+            tools=tools,
+            settings=ModelSettings(max_tokens=48, tool_choice="none"),
+        )
+        _, answer = await stream(model, second)
+    assert answer is not None
+    assert recorder.bodies[0]["tool_choice"] == "required"
+    sent = recorder.bodies[1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", *["tool"] * len(calls)]
+    assert sent[1]["tool_calls"][0]["id"] == calls[0].id
+    assert sent[2]["tool_call_id"] == calls[0].id and sent[2]["content"] == "a.txt\nb.txt"
+
+
+async def test_parallel_forced_calls(base_url: str) -> None:
+    recorder = Recorder()
+    settings = ModelSettings(
+        tool_choice="required", parallel_tool_calls=True, max_tokens=128, temperature=0
+    )
+    async for client in client_with(recorder):
+        model = OpenAIModel("local", client=client, base_url=base_url)
+        request = ModelRequest(
+            (user("List /tmp and read /etc/hostname, both at once."),),
+            tools=(list_dir_tool(), read_file_tool()),
+            settings=settings,
+        )
+        _, response = await stream(model, request)
+    calls = response.message.tool_calls
+    assert calls, "a forced call"
+    assert [c.index for c in calls] == list(range(len(calls)))  # declared order
+    assert recorder.bodies[0]["parallel_tool_calls"] is True
+    print(f"parallel forced calls: the server made {len(calls)}")
+
+
+async def test_cancelling_mid_stream_leaves_the_server_usable(base_url: str) -> None:
+    async with open_http_client() as client:
+        model = OpenAIModel("local", client=client, base_url=base_url)
+        request = ModelRequest(
+            (user("Count from one to one hundred in words."),),
+            settings=ModelSettings(max_tokens=400),
+        )
+        got = 0
+        with trio.move_on_after(30) as deadline:
+            async with model.stream(request) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        got += 1
+                        if got == 3:
+                            break  # leaving the stream closes it
+        assert not deadline.cancelled_caught and got == 3
+        with trio.CancelScope() as scope:
+            async with model.stream(request) as events:
+                async for _ in events:
+                    scope.cancel()
+        _, response = await stream(model, ModelRequest((user("Hi."),), max_tokens=8))
+        assert response is not None
+
+
+async def test_a_refusal_is_reported_and_not_retried(base_url: str) -> None:
+    recorder = Recorder()
+    async for client in client_with(recorder):
+        model = OpenAIModel(
+            "local", client=client, base_url=base_url, retry=RetryPolicy(max_attempts=3)
+        )
+        bad = ModelRequest((user("x"),), settings=ModelSettings(extra={"n_probs": "not a number"}))
+        with pytest.raises(ModelAPIError) as caught:
+            await stream(model, bad)
+    print(f"refusal: {caught.value}")
+    assert len(recorder.bodies) == 1, "a deterministic refusal is not retried"
