@@ -41,7 +41,8 @@ from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDe
 from .plugin import context, use_context
 from .session import Session
 from .session import usage_entry_fields as usage_entry_fields
-from .tools import Tool, ToolFailure, ToolRegistry, tool
+from .settings import ModelSettings, check_tool_choice, merge
+from .tools import Tool, ToolFailure, ToolRegistry, select_tools, tool
 
 TurnEnd: TypeAlias = Literal[
     "final", "max_steps", "max_tokens", "max_cost", "wall_time", "model_error", "cancelled"
@@ -177,6 +178,8 @@ class Agent:
             on a child transcript (``subagents/<id>``); children cannot delegate.
         compact_after_tokens: ``compact`` summarizes old messages once the
             conversation's prompt passes this many tokens.
+        settings: what every request of this agent asks of the model
+            (``kernel.settings``); a turn's own settings are merged over them.
     """
 
     def __init__(
@@ -189,8 +192,10 @@ class Agent:
         call_limits: CallLimits = CallLimits(),
         subagents: bool = False,
         compact_after_tokens: int | None = None,
+        settings: ModelSettings | None = None,
     ) -> None:
         self.model = model
+        self.settings = settings
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.system = system
         self.limits = limits
@@ -208,17 +213,24 @@ class Agent:
             call_limits=self.call_limits,
             subagents=self.subagents,
             compact_after_tokens=self.compact_after_tokens,
+            settings=self.settings,
         )
 
     @contextlib.asynccontextmanager
     async def run(
-        self, session: Session, prompt: str
+        self,
+        session: Session,
+        prompt: str,
+        *,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
     ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
         """Run one turn in a nursery owned by this block; receive its events.
 
         The last event is ``TurnFinished``. Leaving the block early cancels the
         turn (its transcript stays valid).
         """
+        self._prepare(settings, tools)  # bad settings raise here, before the block
         send, receive = trio.open_memory_channel[AgentEvent](math.inf)
 
         def forward(event: AgentEvent) -> None:
@@ -227,7 +239,9 @@ class Agent:
 
         async def turn() -> None:
             async with send:
-                await self.run_turn(session, prompt, on_event=forward)
+                await self.run_turn(
+                    session, prompt, on_event=forward, settings=settings, tools=tools
+                )
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(turn)
@@ -241,13 +255,24 @@ class Agent:
         prompt: str,
         *,
         on_event: AgentEventCallback | None = None,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
     ) -> TurnFinished:
         """Run one turn: append the prompt, loop model → calls until done, return how it ended.
 
+        ``settings`` are merged over the agent's for this turn; ``tools`` (names
+        or ``fnmatch`` patterns such as ``fs.*``) selects the tools offered, and
+        only their schemas are sent. A reply cut by the token limit ends the
+        turn with reason ``max_tokens``, its text kept and recorded.
+
         Raises:
+            UsageError: a pattern in ``tools`` matches no tool, or
+                ``settings.tool_choice`` names a tool not offered (nothing is
+                recorded then).
             trio.Cancelled: the turn was cancelled from outside; the transcript
                 was completed first and ``on_event`` got ``TurnFinished("cancelled")``.
         """
+        turn_settings, registry = self._prepare(settings, tools)
         emit = on_event if on_event is not None else _ignore
         state = _TurnState()
         # The prompt is sent to the provider as the transcript records it.
@@ -264,7 +289,7 @@ class Agent:
                 history = await load_history(session)
                 await session.append(user)
                 history.append(user)
-                finished = await self._loop(session, history, state, emit)
+                finished = await self._loop(session, history, state, emit, turn_settings, registry)
         except trio.Cancelled:
             emit(state.finish("cancelled"))
             raise
@@ -281,13 +306,16 @@ class Agent:
         history: list[Message],
         state: _TurnState,
         emit: AgentEventCallback,
+        settings: ModelSettings | None,
+        registry: ToolRegistry,
     ) -> TurnFinished:
-        registry = self._offered_tools()
         while True:
             if state.steps >= self.limits.max_steps:
                 return state.finish("max_steps")
             state.steps += 1
-            request = ModelRequest(messages=tuple(history), system=self.system, tools=registry)
+            request = ModelRequest(
+                messages=tuple(history), system=self.system, tools=registry, settings=settings
+            )
             try:
                 response = await self._ask(request, state.steps, emit)
             except ModelAPIError as exc:
@@ -300,7 +328,10 @@ class Agent:
             if not message.tool_calls:
                 await _persist_whole(self._record(session, response, message))
                 history.append(message)
-                return state.finish("final")
+                # Cut by the token limit: not an answer the model finished.
+                return state.finish(
+                    "max_tokens" if response.stop_reason == "max_tokens" else "final"
+                )
             observations = await self._run_calls(session, response, message, registry, emit)
             history.append(message)
             history.append(Message("tool", observations))
@@ -353,6 +384,20 @@ class Agent:
             model=response.model or self.model.name,
             cost_usd=response.usage.cost_usd,
         )
+
+    def _prepare(
+        self, settings: ModelSettings | None, tools: Sequence[str] | None
+    ) -> tuple[ModelSettings | None, ToolRegistry]:
+        """A turn's settings and tools, checked before anything is recorded.
+
+        Raises:
+            UsageError: see ``run_turn``.
+        """
+        registry = select_tools(self._offered_tools(), tools)
+        merged = merge(self.settings, settings) if settings is not None else self.settings
+        if merged is not None:
+            check_tool_choice(merged, registry.names())
+        return merged, registry
 
     def _offered_tools(self) -> ToolRegistry:
         if not self.subagents:

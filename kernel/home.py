@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import attrs
 
 from .errors import UsageError
+from .settings import ModelSettings
 
 if TYPE_CHECKING:
     import cattrs
@@ -245,6 +246,19 @@ class WorkspaceConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ModelConfig:
+    """``[model]``.
+
+    Attributes:
+        settings: ``[model.settings]``: what every request asks of the model
+            (``kernel.settings.ModelSettings``: ``temperature``, ``max_tokens``,
+            ``tool_choice``, ...); a run's own settings are merged over them.
+    """
+
+    settings: ModelSettings | None = None
+
+
+@attrs.frozen(kw_only=True)
 class Config:
     """``tak.toml``: what ``TakHome.read_config`` gives.
 
@@ -252,6 +266,7 @@ class Config:
         sandbox: ``[sandbox]``.
         store: ``[store]``.
         workspace: ``[workspace]``.
+        model: ``[model]``.
         plugins: ``[plugins.<name>]``: each plugin's own settings (what its
             tools see as ``context().config``), checked by the plugin.
     """
@@ -259,6 +274,7 @@ class Config:
     sandbox: SandboxConfig = SandboxConfig()
     store: StoreConfig = StoreConfig()
     workspace: WorkspaceConfig = WorkspaceConfig()
+    model: ModelConfig = ModelConfig()
     plugins: dict[str, dict[str, Any]] = attrs.field(factory=dict)
 
     @classmethod
@@ -390,5 +406,20 @@ def _config_converter() -> cattrs.Converter:
         WorkspaceConfig,
         section(WorkspaceConfig, max_bytes=override(struct_hook=strict(int, _check_bytes))),
     )
+
+    def model_settings(value: Any, _: Any) -> ModelSettings:
+        from .settings import settings_from_mapping
+
+        try:
+            return settings_from_mapping(table(value, None), "")
+        except UsageError as exc:  # ".temperature: ...", after the table's path
+            raise _BadValue(str(exc).lstrip(".")) from None
+
+    conv.register_structure_hook(ModelSettings, model_settings)
+    conv.register_unstructure_hook(
+        ModelSettings,
+        lambda s: {k: list(v) if isinstance(v, tuple) else v for k, v in s.set_fields().items()},
+    )
+    conv.register_structure_hook(ModelConfig, section(ModelConfig))
     conv.register_structure_hook(Config, section(Config))
     return conv

@@ -48,6 +48,7 @@ from .messages import Message, Observation, ToolCall
 from .models import Model, open_http_client, resolve_model
 from .plugin import ToolContext, use_context
 from .session import Session
+from .settings import ModelSettings, merge
 from .store import SessionKey, SessionStore, open_store
 from .tools import Tool, ToolRegistry
 
@@ -160,27 +161,45 @@ class Kernel:
         *,
         on_event: AgentEventCallback | None = None,
         model: str | None = None,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
     ) -> TurnFinished:
         """One agent turn (see ``Agent.run_turn``), on ``model`` when given; compaction
         may follow in the background.
 
+        ``settings`` are merged over the kernel's (``open_kernel(settings=)``,
+        over ``[model.settings]`` of ``tak.toml``); ``tools`` selects the tools
+        offered (names or patterns such as ``fs.*``).
+
         Raises:
-            UsageError: ``model`` is a bad model string or lacks its API key.
+            UsageError: ``model`` is a bad model string or lacks its API key; a
+                pattern in ``tools`` matches no tool; a ``tool_choice`` the
+                selected tools cannot meet.
         """
         agent = self.agent_for(model)
         with self.tool_context(session):
-            result = await agent.run_turn(session, prompt, on_event=on_event)
+            result = await agent.run_turn(
+                session, prompt, on_event=on_event, settings=settings, tools=tools
+            )
         self._compact_later(session)
         return result
 
     @contextlib.asynccontextmanager
     async def run(
-        self, session: Session, prompt: str
+        self,
+        session: Session,
+        prompt: str,
+        *,
+        model: str | None = None,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
     ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
-        """One agent turn as a stream of events (see ``Agent.run``)."""
+        """One agent turn as a stream of events (see ``Agent.run``, and ``run_turn``
+        for the arguments)."""
+        agent = self.agent_for(model)
         # The agent's tasks start inside this block, so they inherit the context.
         with self.tool_context(session):
-            async with self.agent.run(session, prompt) as events:
+            async with agent.run(session, prompt, settings=settings, tools=tools) as events:
                 yield events
         self._compact_later(session)
 
@@ -231,6 +250,7 @@ async def open_kernel(
     extra_plugins: Sequence[PluginSpec] = (),
     plugin_config: Mapping[str, Mapping[str, Any]] | None = None,
     allow_unsandboxed: bool | None = None,
+    settings: ModelSettings | None = None,
 ) -> AsyncIterator[Kernel]:
     """Open a kernel: its home, store, model, tools and plugins, and a nursery for its tasks.
 
@@ -249,6 +269,9 @@ async def open_kernel(
             replace the same plugins' ``[plugins.<name>]`` sections of ``tak.toml``.
         allow_unsandboxed: run plugins where isolation is missing (default:
             ``[sandbox] allow_unsandboxed`` of ``tak.toml``, else ``False``).
+        settings: what every request asks of the model (``kernel.settings``),
+            merged over ``[model.settings]`` of ``tak.toml``; a turn's own
+            settings are merged over these.
 
     Raises:
         UsageError: a bad model string, a missing API key, a workspace that is
@@ -264,11 +287,12 @@ async def open_kernel(
     if allow_unsandboxed is not None:
         sandbox = attrs.evolve(config.sandbox, allow_unsandboxed=allow_unsandboxed)
         config = attrs.evolve(config, sandbox=sandbox)
+    model_settings = merge(config.model.settings, settings)
     # The store and the plugin host take tak.toml as the mapping it parses to.
-    settings = config.to_toml()
+    toml = config.to_toml()
     owned_store = store is None
     the_store: SessionStore = (
-        store if store is not None else open_store(tak_home, settings, durability=durability)
+        store if store is not None else open_store(tak_home, toml, durability=durability)
     )
     try:
         async with (
@@ -277,7 +301,7 @@ async def open_kernel(
                 plugins=plugins,
                 extra_plugins=extra_plugins,
                 tools=tools,
-                config=settings,
+                config=toml,
                 allow_unsandboxed=config.sandbox.allow_unsandboxed,
                 home=tak_home,
             ) as host,
@@ -297,6 +321,7 @@ async def open_kernel(
                 call_limits=call_limits,
                 subagents=subagents,
                 compact_after_tokens=compact_after_tokens,
+                settings=model_settings if model_settings.set_fields() else None,
             )
             try:
                 async with trio.open_nursery() as nursery:

@@ -25,6 +25,7 @@ from ._failures import describe_exception as describe_exception
 from ._hints import JSONSchema as JSONSchema
 from ._registry import ToolDefinition as ToolDefinition
 from ._registry import ToolRegistry as ToolRegistry
+from ._registry import select_tools as select_tools
 from ._runners import AsyncFunctionRunner as AsyncFunctionRunner
 from ._runners import RemoteRunner as RemoteRunner
 from ._runners import RunContext as RunContext
@@ -48,5 +49,6 @@ __all__ = [
     "ToolRegistry",
     "ToolRunner",
     "describe_exception",
+    "select_tools",
     "tool",
 ]

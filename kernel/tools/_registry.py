@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -68,3 +69,36 @@ class ToolRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
+
+
+def select_tools(registry: ToolRegistry, patterns: Iterable[str] | None) -> ToolRegistry:
+    """The tools of ``registry`` whose name matches one of ``patterns`` (exact
+    names, or ``fnmatch`` patterns such as ``fs.*``); all of them when ``None``.
+
+    Raises:
+        UsageError: a pattern that matches no tool (the names it could have
+            matched are listed), or one that is not a non-empty string.
+    """
+    if patterns is None:
+        return registry
+    wanted = list(patterns)
+    names = registry.names()
+    chosen: set[str] = set()
+    for pattern in wanted:
+        if not isinstance(pattern, str) or not pattern:
+            raise UsageError(f"tools: expected tool names or patterns, got {pattern!r}")
+        matched = (
+            fnmatch.filter(names, pattern)
+            if _is_pattern(pattern)
+            else ([pattern] if pattern in names else [])
+        )
+        if not matched:
+            raise UsageError(
+                f"tools: no tool matches {pattern!r} (tools: {', '.join(sorted(names))})"
+            )
+        chosen.update(matched)
+    return ToolRegistry(t for t in registry if t.name in chosen)
+
+
+def _is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
