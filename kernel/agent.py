@@ -317,7 +317,7 @@ class Agent:
                 messages=tuple(history), system=self.system, tools=registry, settings=settings
             )
             try:
-                response = await self._ask(request, state.steps, emit)
+                response = await self._ask(session, request, state.steps, emit)
             except ModelAPIError as exc:
                 return state.finish("model_error", error=str(exc))
             state.usage = state.usage + response.usage
@@ -348,15 +348,30 @@ class Agent:
                 return state.finish("max_cost")
 
     async def _ask(
-        self, request: ModelRequest, step: int, emit: AgentEventCallback
+        self, session: Session, request: ModelRequest, step: int, emit: AgentEventCallback
     ) -> ModelResponse:
-        async with self.model.stream(request) as events:
-            async for event in events:
-                if isinstance(event, TextDelta):
-                    emit(ModelDelta(step, event.text))
-                elif isinstance(event, ResponseComplete):
-                    return event.response
-        raise ModelAPIError(f"{self.model.name}: the stream ended without a response")
+        """The model's response, its text streamed to ``emit`` as it comes.
+
+        Cut short (cancelled, or the model failing mid-stream), the text
+        already streamed is recorded as a partial assistant message first:
+        the transcript keeps what the user saw.
+        """
+        streamed: list[str] = []
+        try:
+            async with self.model.stream(request) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        streamed.append(event.text)
+                        emit(ModelDelta(step, event.text))
+                    elif isinstance(event, ResponseComplete):
+                        return event.response
+            raise ModelAPIError(f"{self.model.name}: the stream ended without a response")
+        except BaseException:
+            if streamed:
+                await _persist_whole(
+                    session.record_partial("".join(streamed), model=self.model.name)
+                )
+            raise
 
     async def _run_calls(
         self,

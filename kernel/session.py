@@ -75,7 +75,10 @@ class MessageEntry:
 
     ``usage``, ``model`` and ``cost_usd`` describe the model response an
     assistant message is; ``answers`` is the uuid of the assistant entry whose
-    calls a ``tool`` message answers.
+    calls a ``tool`` message answers. ``partial`` marks an assistant message
+    whose reply was cut short (the turn was cancelled, or the model failed,
+    mid-stream): the text the user already saw streamed. It stays in the
+    conversation the model is sent next, as the assistant's words.
     """
 
     type: Role = attrs.field(validator=_role_matches)
@@ -86,6 +89,7 @@ class MessageEntry:
     model: str | None = None
     cost_usd: float | None = None
     answers: str | None = None
+    partial: bool | None = None
 
     @classmethod
     def of(cls, message: Message, **fields: Any) -> MessageEntry:
@@ -170,7 +174,7 @@ def _make_entry_converter() -> cattrs.Converter:
     conv.register_unstructure_hook(
         MessageEntry,
         make_dict_unstructure_fn(
-            MessageEntry, conv, usage=omit, model=omit, cost_usd=omit, answers=omit
+            MessageEntry, conv, usage=omit, model=omit, cost_usd=omit, answers=omit, partial=omit
         ),
     )
     conv.register_unstructure_hook(TitleEntry, make_dict_unstructure_fn(TitleEntry, conv))
@@ -392,6 +396,14 @@ class Session:
                 model=model,
                 cost_usd=cost_usd,
             )
+        )
+
+    async def record_partial(self, text: str, *, model: str | None = None) -> None:
+        """Record the text of an assistant reply that was cut short mid-stream
+        (``partial: true``), so the transcript holds what the user saw."""
+        message = recordable(Message("assistant", [Text(text)]))
+        await self.record(
+            MessageEntry.of(message, timestamp=self._timestamp(), model=model, partial=True)
         )
 
     async def record_turn(

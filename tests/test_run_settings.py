@@ -1,9 +1,12 @@
 """Model settings and tool selection, per agent, per turn, per kernel and in
 tak.toml (issue 14, items 1-3): what reaches the model's request, and what
-is refused before anything is recorded."""
+is refused before anything is recorded; and honest outcomes (a reply cut by
+the token limit, text streamed before a failure or a cancel)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,15 @@ import trio.lowlevel
 from kernel import open_kernel, tool
 from kernel.agent import Agent
 from kernel.errors import UsageError
-from kernel.models import ScriptedModel
+from kernel.models import (
+    ModelEvent,
+    ModelRequest,
+    ModelResponse,
+    ProviderError,
+    ScriptedModel,
+    TextDelta,
+)
+from kernel.models._assemble import events_of
 from kernel.session import Session
 from kernel.settings import ModelSettings
 from kernel.store import MemoryStore, SessionKey
@@ -118,3 +129,70 @@ async def test_a_bad_run_settings_raises_before_the_event_stream_opens() -> None
         with pytest.raises(UsageError, match="no tool matches"):
             async with k.run(k.session("s"), "hi", tools=["missing"]):
                 await trio.lowlevel.checkpoint()
+
+
+class CutShort:
+    """A model that streams some text, then fails (or hangs); then answers plainly."""
+
+    name = "fake:cut"
+
+    def __init__(self, *, hang: bool) -> None:
+        self.hang = hang
+        self.requests: list[ModelRequest] = []
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        self.requests.append(request)
+        first = len(self.requests) == 1
+
+        async def events() -> AsyncIterator[ModelEvent]:
+            if not first:
+                for event in events_of(ScriptedModel.reply("Fine.")):
+                    yield event
+                return
+            yield TextDelta("The answer ")
+            yield TextDelta("is")
+            if self.hang:
+                await trio.sleep_forever()
+            raise ProviderError("fake", "overloaded", status=529, retryable=True)
+
+        yield events()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise NotImplementedError
+
+
+async def test_text_streamed_before_a_model_failure_is_recorded_as_partial() -> None:
+    model = CutShort(hang=False)
+    s = session()
+    agent = Agent(model, [lookup])
+    result = await agent.run_turn(s, "question")
+    assert result.reason == "model_error"
+    entries = await s.store.load(s.key)
+    assert entries is not None
+    assert [(e["type"], e.get("partial")) for e in entries] == [
+        ("user", None),
+        ("assistant", True),
+    ]
+    assert entries[1]["message"]["parts"] == [{"type": "text", "text": "The answer is"}]
+    # The next turn sends it, as the assistant's words.
+    await agent.run_turn(s, "go on")
+    sent = model.requests[-1].messages
+    assert [(m.role, m.text) for m in sent] == [
+        ("user", "question"),
+        ("assistant", "The answer is"),
+        ("user", "go on"),
+    ]
+
+
+async def test_text_streamed_before_a_cancel_is_recorded_as_partial(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    model = CutShort(hang=True)
+    s = session()
+    with trio.move_on_after(5):
+        await Agent(model, [lookup]).run_turn(s, "question")
+    assert [(m.role, m.text) for m in await s.messages()] == [
+        ("user", "question"),
+        ("assistant", "The answer is"),
+    ]
