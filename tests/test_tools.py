@@ -675,3 +675,34 @@ def test_the_fast_path_structures_as_cattrs_generated_code_does(
     except ArgumentError as exc:
         got = str(exc)
     assert got == expected
+
+
+async def test_a_tool_failure_of_an_unknown_kind_is_not_silently_rewritten() -> None:
+    """Issue 14: ToolFailure("not_found", ...) used to arrive as kind ``exception``
+    with no word why; the kinds are fixed, so it is refused where it is raised."""
+    from kernel import ToolCall, ToolFailure, run_tool_calls, tool
+    from kernel.errors import UsageError
+
+    with pytest.raises(UsageError, match="ToolFailure kind 'not_found' is not one of invalid_call"):
+        ToolFailure("not_found", "no such page")  # type: ignore[arg-type]
+
+    @tool
+    async def find(page: str) -> str:
+        """Find a page."""
+        raise ToolFailure("not_found", f"{page}: no such page")  # type: ignore[arg-type]
+
+    @tool
+    async def find_typed(page: str) -> str:
+        """Find a page."""
+        raise ToolFailure("exception", f"{page}: no such page", type="NotFound")
+
+    [bad, good] = await run_tool_calls(
+        [ToolCall("1", "find", {"page": "x"}), ToolCall("2", "find_typed", {"page": "x"})],
+        [find, find_typed],
+    )
+    assert bad.error is not None and bad.error.kind == "exception"
+    assert "ToolFailure kind 'not_found' is not one of" in bad.content
+    assert good.error is not None and (good.error.kind, good.error.type) == (
+        "exception",
+        "NotFound",
+    )

@@ -195,15 +195,32 @@ def _error_details(body: Any) -> tuple[str | None, str | None, float | None]:
     return None, None, None
 
 
+# In-band error codes worth another attempt: the server says it is busy or
+# briefly away. A plain 500 in a 200 response is what a server sends when the
+# model's output cannot be parsed ("does not match the expected format"):
+# asking again asks for the same refusal.
+_TRANSIENT_CODES = frozenset({408, 409, 429, 502, 503, 504})
+
+
 def _check_error(chunk: Any) -> None:
-    """An error sent as the body of a 200 response, or in the middle of a stream."""
+    """An error sent as the body of a 200 response, or in the middle of a stream.
+
+    Retried (before the first event) only when it says rate limit or carries
+    a transient code; otherwise it is the server's deterministic refusal.
+    """
     if isinstance(chunk, Mapping) and chunk.get("error"):
         error_type, message, _ = _error_details(chunk)
+        error = chunk["error"]
+        code = error.get("code") if isinstance(error, Mapping) else None
+        try:
+            transient = int(code) in _TRANSIENT_CODES if code is not None else False
+        except (TypeError, ValueError):
+            transient = False
         raise ProviderError(
             "openai",
-            message or str(chunk["error"]),
+            message or str(error),
             error_type=error_type,
-            retryable=error_type in ("server_error", "rate_limit_exceeded"),
+            retryable=error_type == "rate_limit_exceeded" or transient,
         )
 
 

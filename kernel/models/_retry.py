@@ -17,8 +17,9 @@ from ._base import ProviderError
 
 T = TypeVar("T")
 
-RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
-"""Statuses worth trying again: timeouts, rate limits, server errors and Anthropic's "overloaded"."""
+RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+"""Statuses worth trying again: timeouts, conflicts, rate limits, server errors and
+Anthropic's "overloaded" (and only before the first event of a stream)."""
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..messages import ErrorKind
+from ..errors import UsageError
+from ..messages import ERROR_KINDS, ErrorKind
 
 
 class ArgumentError(Exception):
@@ -17,9 +18,22 @@ class ToolFailure(Exception):
     """Raised by a tool (or whatever runs it) to choose the observation's error kind.
 
     ``raise ToolFailure("denied", "network access to example.org:443 was not declared")``
+
+    ``kind`` is one of ``kernel.ERROR_KINDS`` (every client knows them); any
+    other is refused here, so a tool that tries ``ToolFailure("not_found", ...)``
+    gets an ``exception`` observation saying so, not a silent rewrite. For a
+    finer reason, keep the kind and use ``type`` (``type="NotFound"``).
+
+    Raises:
+        UsageError: ``kind`` is not one of ``ERROR_KINDS``.
     """
 
     def __init__(self, kind: ErrorKind, message: str, *, type: str | None = None) -> None:
+        if kind not in ERROR_KINDS:
+            raise UsageError(
+                f"ToolFailure kind {kind!r} is not one of {', '.join(ERROR_KINDS)}; "
+                "keep one of those and name the reason with type=..."
+            )
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.message = message

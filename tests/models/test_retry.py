@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 
 import httpx
@@ -137,3 +138,42 @@ def test_policies_are_checked() -> None:
         RetryPolicy(max_attempts=0)
     with pytest.raises(UsageError, match="jitter"):
         RetryPolicy(jitter=2)
+
+
+async def test_an_in_band_refusal_before_the_first_event_is_not_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A 200 stream whose first event is an error with a plain 500 is the server's
+    deterministic answer (llama-server: the output does not match the expected
+    format): asking again doubles the wait for the same refusal."""
+    refusal = {
+        "error": {
+            "code": 500,
+            "message": "the output does not match the expected format",
+            "type": "server_error",
+        }
+    }
+    server = FakeServer(sse_response(f"data: {json.dumps(refusal)}\n\n"), sse_response(THREE_CALLS))
+    async with server.client() as client:
+        with pytest.raises(ProviderError, match="does not match the expected format") as caught:
+            await collect(model(client, RetryPolicy()), REQUEST)
+    assert len(server.requests) == 1 and not caught.value.retryable
+
+
+@pytest.mark.parametrize("code", [503, "429"])
+async def test_an_in_band_busy_code_is_retried(
+    autojump_clock: trio.testing.MockClock, code: int | str
+) -> None:
+    busy = {"error": {"code": code, "message": "busy", "type": "server_error"}}
+    server = FakeServer(sse_response(f"data: {json.dumps(busy)}\n\n"), sse_response(THREE_CALLS))
+    async with server.client() as client:
+        events = await collect(model(client, RetryPolicy()), REQUEST)
+    assert len(final(events).message.tool_calls) == 3 and len(server.requests) == 2
+
+
+async def test_a_409_is_retried(autojump_clock: trio.testing.MockClock) -> None:
+    conflict = {"error": {"message": "try again", "type": "conflict"}}
+    server = FakeServer(json_response(409, conflict), sse_response(THREE_CALLS))
+    async with server.client() as client:
+        events = await collect(model(client, RetryPolicy()), REQUEST)
+    assert len(final(events).message.tool_calls) == 3 and len(server.requests) == 2
