@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
+import attrs
+
 from ..errors import UsageError
+from ..settings import ModelSettings, merge
 from ._base import Model, ModelEvent, ModelRequest, ModelResponse, ProviderError
 
 
@@ -20,14 +23,37 @@ class FallbackModel:
     is raised with a note for each earlier one. ``name`` is the first
     model's; ``ModelResponse.model`` says which one answered.
 
+    ``settings`` gives a model its own settings (by position, ``None`` for
+    none): merged under the request's, so what a run asks for wins, and a
+    model can carry what only its provider knows (``extra``,
+    ``reasoning_effort``) or a smaller ``max_tokens``.
+
     Raises:
-        UsageError: no models.
+        UsageError: no models, or ``settings`` not one per model.
     """
 
-    def __init__(self, models: Sequence[Model]) -> None:
+    def __init__(
+        self,
+        models: Sequence[Model],
+        *,
+        settings: Sequence[ModelSettings | None] | None = None,
+    ) -> None:
         if not models:
             raise UsageError("FallbackModel needs at least one model")
+        if settings is not None and len(settings) != len(models):
+            raise UsageError(
+                f"FallbackModel: settings has {len(settings)} entries for {len(models)} models"
+            )
         self.models: tuple[Model, ...] = tuple(models)
+        self.settings: tuple[ModelSettings | None, ...] = (
+            tuple(settings) if settings is not None else (None,) * len(models)
+        )
+
+    def _request_for(self, position: int, request: ModelRequest) -> ModelRequest:
+        own = self.settings[position]
+        if own is None:
+            return request
+        return attrs.evolve(request, settings=merge(own, request.settings))
 
     @property
     def name(self) -> str:
@@ -40,7 +66,7 @@ class FallbackModel:
         failures: list[str] = []
         for position, model in enumerate(self.models):
             try:
-                return await model.complete(request)
+                return await model.complete(self._request_for(position, request))
             except ProviderError as exc:
                 self._give_up_unless_next(position, exc, failures)
                 failures.append(f"{model.name} failed first: {exc}")
@@ -52,7 +78,9 @@ class FallbackModel:
         for position, model in enumerate(self.models):
             stack = contextlib.AsyncExitStack()
             try:
-                events = await stack.enter_async_context(model.stream(request))
+                events = await stack.enter_async_context(
+                    model.stream(self._request_for(position, request))
+                )
                 first = await anext(aiter(events))
             except ProviderError as exc:
                 await stack.aclose()

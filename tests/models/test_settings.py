@@ -9,7 +9,15 @@ import httpx
 import pytest
 
 from kernel.errors import UsageError
-from kernel.models import AnthropicModel, GeminiModel, ModelRequest, OpenAIModel
+from kernel.models import (
+    AnthropicModel,
+    FallbackModel,
+    GeminiModel,
+    ModelRequest,
+    OpenAIModel,
+    ProviderError,
+    ScriptedModel,
+)
 from kernel.settings import DEFAULT_MAX_TOKENS, ModelSettings, merge, settings_from_mapping
 
 from .wire import NO_RETRY, FakeServer, json_response, schema_tool, user
@@ -199,3 +207,27 @@ async def test_settings_reach_the_wire_and_a_refusal_sends_nothing() -> None:
         with pytest.raises(UsageError):
             await anthropic.complete(request(ModelSettings(seed=1)))
     assert len(server.requests) == 1
+
+
+class Down:
+    name = "down:model"
+
+    async def complete(self, request: ModelRequest) -> Any:
+        raise ProviderError("down", "unavailable", status=503, retryable=True)
+
+    def stream(self, request: ModelRequest) -> Any:
+        raise ProviderError("down", "unavailable", status=503, retryable=True)
+
+
+async def test_a_fallback_models_own_settings_go_under_the_requests() -> None:
+    backup = ScriptedModel(["ok"])
+    chain = FallbackModel(
+        [Down(), backup],
+        settings=[ModelSettings(seed=1), ModelSettings(max_tokens=5, temperature=0.9)],
+    )
+    request = ModelRequest((user("hi"),), settings=ModelSettings(temperature=0.1))
+    await chain.complete(request)
+    (sent,) = backup.requests
+    assert sent.settings == ModelSettings(max_tokens=5, temperature=0.1)  # the request's wins
+    with pytest.raises(UsageError, match="settings has 1 entries for 2 models"):
+        FallbackModel([Down(), backup], settings=[None])
