@@ -1,7 +1,11 @@
 """A client of `tak serve` with `kernel.wire.open_client`: hello, a batch of tool calls, a turn.
 
-    tak serve --port 0                       # prints ws://127.0.0.1:PORT/?token=...
-    python examples/ws_client.py 'ws://127.0.0.1:PORT/?token=...'
+    .venv/bin/tak --plugin demo serve --port 0   # prints ws://127.0.0.1:PORT/?token=...
+    .venv/bin/python examples/ws_client.py 'ws://127.0.0.1:PORT/?token=...'
+
+It uses the demo plugin's tools (`add`, `divide`, `echo`: `--plugin demo`) and
+the default scripted model (`scripted:demo`, which runs `/call TOOL ARGS`); a
+server without them is told apart in one line.
 
 Every request gets `event` frames (which carry its id in `re`) and then exactly
 one `reply`; see docs/protocol.md, which also shows the JSON for clients in
@@ -45,6 +49,14 @@ async def main(url: str) -> int:
     async with open_client(url) as client:
         info = client.info
         print(f"connected: {info.server} {info.version}, model {info.model}")
+        names = {spec["name"] for spec in (await client.tools()).tools}
+        missing = sorted({"add", "divide", "echo"} - names)
+        if missing:
+            print(
+                f"the server has no {', '.join(missing)}: start it with `tak --plugin demo serve`",
+                file=sys.stderr,
+            )
+            return 2
 
         print("call_tools:")
         result = await client.call_tools(
