@@ -205,3 +205,32 @@ def test_the_cli_default_project_is_the_homes() -> None:
     from kernel.home import DEFAULT_PROJECT as HOME_DEFAULT_PROJECT
 
     assert DEFAULT_PROJECT == HOME_DEFAULT_PROJECT
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "hi", "--max-tokens"], "tak run: argument --max-tokens: expected one argument"),
+        (["run"], "tak run: the following arguments are required: prompt"),
+        (["run", "hi", "--bogus"], "tak: unrecognized arguments: --bogus"),
+        (["teleport"], "tak: argument COMMAND: invalid choice: 'teleport'"),
+    ],
+)
+def test_a_usage_error_is_one_line_pointing_at_help(
+    home: Path, args: list[str], message: str
+) -> None:
+    result = tak(home, *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message), result.stderr
+    assert result.stderr.rstrip().endswith("--help)") and result.stderr.count("\n") == 1
+
+
+def test_run_help_lists_the_model_settings_flags(home: Path) -> None:
+    result = tak(home, "run", "--help")
+    assert result.returncode == 0
+    for flag in (
+        "--temperature", "--top-p", "--max-tokens", "--stop", "--seed", "--tool-choice",
+        "--parallel-tool-calls", "--no-parallel-tool-calls", "--reasoning-effort", "--set",
+        "--tools",
+    ):  # fmt: skip
+        assert flag in result.stdout, flag

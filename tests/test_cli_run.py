@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -57,8 +58,10 @@ SECOND_TURN = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def openai_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+@contextlib.contextmanager
+def serve_openai(*turns: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A local OpenAI-compatible server streaming ``turns[i]`` to request ``i``; the base URL
+    and the request bodies it received."""
     requests: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -66,7 +69,7 @@ def openai_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
             assert self.path == "/v1/chat/completions"
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             requests.append(body)
-            chunks = FIRST_TURN if len(requests) == 1 else SECOND_TURN
+            chunks = turns[min(len(requests), len(turns)) - 1]
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -86,6 +89,12 @@ def openai_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def openai_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    with serve_openai(FIRST_TURN, SECOND_TURN) as served:
+        yield served
 
 
 def tak(
@@ -157,3 +166,103 @@ def test_tak_run_on_a_damaged_transcript_says_so_in_one_line(tmp_path: Path) -> 
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("tak run: ") and "transcript.jsonl:1" in result.stderr
+
+
+# --- model settings and tool selection (issue 14, items 1 and 2) ------------------------
+
+LIST_DIR_CALL = [
+    chunk({"role": "assistant", "content": None,
+           **call_delta(0, id="call_ls", name="list_dir", args='{"path": "."}')}),
+    chunk({}, "tool_calls"),
+]  # fmt: skip
+ANSWER = [chunk({"role": "assistant", "content": "One file: notes.txt."}), chunk({}, "stop")]
+
+
+def test_tak_run_forces_a_tool_call_with_only_the_chosen_tool(tmp_path: Path) -> None:
+    # The acceptance of issue 14: settings and tools from the command line reach the wire.
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("hello\n")
+    with serve_openai(LIST_DIR_CALL, ANSWER) as (base_url, requests):
+        result = tak(
+            tmp_path,
+            "run",
+            "list the files",
+            "--model",
+            "openai:local",
+            "--tool-choice",
+            "required",
+            "--tools",
+            "list_dir",
+            "--max-tokens",
+            "64",
+            "--session",
+            "forced",
+            env={"OPENAI_BASE_URL": base_url},
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "✓ [0] list_dir" in result.stdout and "notes.txt" in result.stdout
+    assert "One file: notes.txt." in result.stdout
+    assert len(requests) == 2
+    for body in requests:
+        assert body["tool_choice"] == "required"
+        assert body["max_tokens"] == 64  # a server other than api.openai.com
+        assert [t["function"]["name"] for t in body["tools"]] == ["list_dir"]
+    # the next request carries the call and its observation
+    assistant = next(m for m in requests[1]["messages"] if m["role"] == "assistant")
+    assert assistant["tool_calls"][0]["function"]["name"] == "list_dir"
+    observation = next(m for m in requests[1]["messages"] if m["role"] == "tool")
+    assert observation["tool_call_id"] == "call_ls" and "notes.txt" in observation["content"]
+    transcript = tmp_path / "data/sessions/default/forced/transcript.jsonl"
+    types = [json.loads(line)["type"] for line in transcript.read_text().splitlines()]
+    assert types == ["user", "assistant", "tool", "assistant"]
+
+
+def test_tak_run_sends_every_setting_flag(tmp_path: Path) -> None:
+    with serve_openai(ANSWER) as (base_url, requests):
+        result = tak(
+            tmp_path,
+            "run",
+            "hi",
+            "--model",
+            "openai:local",
+            *("--temperature", "0.2", "--top-p", "0.9", "--seed", "7"),
+            *("--stop", "END", "--stop", "STOP", "--no-parallel-tool-calls"),
+            *("--tool-choice", "add", "--tools", "add,div*"),
+            *("--set", "max_tokens=32", "--set", "extra.cache_prompt=true"),
+            *("--set", "temperature=1.5"),  # a named flag wins over --set
+            env={"OPENAI_BASE_URL": base_url},
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    [body] = requests
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.2, 0.9, 7)
+    assert body["stop"] == ["END", "STOP"] and body["max_tokens"] == 32
+    assert body["parallel_tool_calls"] is False and body["cache_prompt"] is True
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+    assert sorted(t["function"]["name"] for t in body["tools"]) == ["add", "divide"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--temperature", "7"], "tak run: --temperature: expected a number from 0 to 2, got 7"),
+        (["--temperature", "warm"], "tak run: --temperature: expected a number from 0 to 2"),
+        (["--max-tokens", "0"], "tak run: --max-tokens: expected a whole number of at least 1"),
+        (["--seed", "1.5"], "tak run: --seed: expected a whole number"),
+        (["--reasoning-effort", "max"], "tak run: --reasoning-effort: expected one of"),
+        (["--set", "temperature"], "tak run: --set: expected KEY=VALUE, got 'temperature'"),
+        (["--set", "warmth=1"], "tak run: --set warmth: unknown model setting (known: "),
+        (["--set", "top_p=2"], "tak run: --set top_p: expected a number above 0"),
+        (["--tools", "nope"], "tak run: tools: no tool matches 'nope'"),
+        (["--tool-choice", "required", "--tools", ""], "tak run: tool_choice 'required'"),
+        (["--tool-choice", "add", "--tools", "echo"], "tak run: tool_choice 'add'"),
+    ],
+)
+def test_tak_run_bad_settings_are_one_line(tmp_path: Path, flags: list[str], message: str) -> None:
+    result = tak(tmp_path, "run", "hello", "--session", "s", *flags)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    # refused before anything was recorded
+    assert not (tmp_path / "data/sessions/default/s/transcript.jsonl").exists()

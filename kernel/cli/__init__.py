@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ..errors import KernelError
 
@@ -18,10 +19,21 @@ from ..errors import KernelError
 DEFAULT_PROJECT = "default"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line; ``--help`` shows the usage.
+
+    (argparse's own prints the whole usage first, and a person looks for the
+    error among it. Sub-commands' parsers are made of this class too.)
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="tak", description="trio-agent-kernel")
+    parser = _Parser(prog="tak", description="trio-agent-kernel")
     parser.add_argument("--version", action="version", version=f"tak {__version__}")
     parser.add_argument("--home", help="TAK_HOME directory (default: $TAK_HOME or ~/.tak)")
     parser.add_argument(

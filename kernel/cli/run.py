@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
 from . import DEFAULT_PROJECT
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..executor import CallFinished
     from ..kernel import Kernel
     from ..session import Session
+    from ..settings import ModelSettings
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -35,7 +36,112 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--system", help="system prompt")
     p.add_argument("--max-steps", type=int, default=25, help="model requests in the turn")
     p.add_argument("--wall-time", type=float, help="seconds the turn may take")
+    p.add_argument(
+        "--tools",
+        action="append",
+        metavar="NAME[,NAME...]",
+        help="offer only these tools (names or patterns such as 'fs.*'; repeatable)",
+    )
+    model = p.add_argument_group(
+        "model settings",
+        "what each model request asks for (docs/models.md, Settings); a flag wins over --set",
+    )
+    # Values are read by cmd_run (JSON when they parse, else a string), so that a bad
+    # one is one line naming the flag, not argparse's usage text.
+    model.add_argument("--temperature", metavar="F", help="sampling temperature, 0 to 2")
+    model.add_argument("--top-p", metavar="F", help="nucleus sampling, above 0 and at most 1")
+    model.add_argument("--max-tokens", metavar="N", help="tokens the model may write per reply")
+    model.add_argument("--stop", action="append", metavar="S", help="stop sequence (repeatable)")
+    model.add_argument("--seed", metavar="N", help="sampling seed")
+    model.add_argument(
+        "--tool-choice", metavar="{auto,required,none,NAME}", help="whether (or which) tool to call"
+    )
+    model.add_argument(
+        "--parallel-tool-calls",
+        action=argparse.BooleanOptionalAction,
+        help="let the model call several tools in one reply",
+    )
+    model.add_argument("--reasoning-effort", metavar="E", help="minimal, low, medium or high")
+    model.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any setting (VALUE as JSON, else a string); extra.KEY for a provider's own "
+        "request-body key (repeatable)",
+    )
     p.set_defaults(func=cmd_run)
+
+
+#: The model-settings flags: (flag, its ``ModelSettings`` field, parse VALUE as JSON?).
+_SETTING_FLAGS = (
+    ("--temperature", "temperature", True),
+    ("--top-p", "top_p", True),
+    ("--max-tokens", "max_tokens", True),
+    ("--stop", "stop", False),
+    ("--seed", "seed", True),
+    ("--tool-choice", "tool_choice", False),
+    ("--parallel-tool-calls", "parallel_tool_calls", False),
+    ("--reasoning-effort", "reasoning_effort", False),
+)
+
+
+def _flag_value(text: str) -> object:
+    """A flag's VALUE: its JSON when it parses (``7``, ``true``, ``["a"]``), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def model_settings(args: argparse.Namespace) -> ModelSettings | None:
+    """One ``ModelSettings`` from the flags, ``None`` when none is given.
+
+    Raises:
+        UsageError: a bad value or key, naming the flag
+            (``--temperature: expected a number from 0 to 2, got 7``).
+    """
+    import attrs
+
+    from ..errors import UsageError
+    from ..settings import ModelSettings, merge
+
+    def level(flag: str, name: str, value: object) -> ModelSettings:
+        # One record per flag, so that an error names the flag the value came from.
+        try:
+            return ModelSettings(**{name: value})  # type: ignore[arg-type]
+        except UsageError as exc:
+            raise UsageError(f"{flag}: {str(exc).removeprefix(f'{name}: ')}") from None
+
+    names = sorted(f.name for f in attrs.fields(ModelSettings))
+    levels: list[ModelSettings] = []
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
+        value = _flag_value(text)
+        if key.startswith("extra."):
+            levels.append(level(f"--set {key}", "extra", {key.removeprefix("extra."): value}))
+        elif key in names:
+            levels.append(level(f"--set {key}", key, value))
+        else:
+            raise UsageError(
+                f"--set {key}: unknown model setting (known: {', '.join(names)}; "
+                "or extra.KEY for a key of the provider's own request body)"
+            )
+    # The named flags come last: merge lets the later level win.
+    for flag, name, as_json in _SETTING_FLAGS:
+        given = getattr(args, name)
+        if given is not None:
+            levels.append(level(flag, name, _flag_value(given) if as_json else given))
+    return merge(*levels) if levels else None
+
+
+def tool_patterns(args: argparse.Namespace) -> list[str] | None:
+    """``--tools`` as one list of names or patterns (commas split them), ``None`` if not given."""
+    if args.tools is None:
+        return None
+    return [name.strip() for given in args.tools for name in given.split(",") if name.strip()]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -47,6 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         limits = RunLimits(max_steps=args.max_steps, wall_time=args.wall_time)
+        settings = model_settings(args)
     except KernelError as exc:
         print(f"tak run: {exc}", file=sys.stderr)
         return 2
@@ -62,7 +169,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             limits=limits,
         ) as k:
             session = k.session(args.session, project=args.project)
-            finished = await stream_turn(k, session, args.prompt, sys.stdout)
+            finished = await stream_turn(
+                k,
+                session,
+                args.prompt,
+                sys.stdout,
+                settings=settings,
+                tools=tool_patterns(args),
+            )
             print_transcript_location(k, session, sys.stdout, home=args.home)
             return 0 if finished.reason == "final" else 1
 
@@ -83,8 +197,15 @@ async def stream_turn(
     out: IO[str],
     *,
     on_event: Callable[[AgentEvent], None] | None = None,
+    settings: ModelSettings | None = None,
+    tools: Sequence[str] | None = None,
 ) -> TurnFinished:
-    """Run one turn, printing model text, each call and the ending as they happen."""
+    """Run one turn, printing model text, each call and the ending as they happen.
+
+    Raises:
+        UsageError: ``tools`` selects no tool, or ``settings`` ask what they cannot
+            have (``Kernel.run``); nothing is recorded then.
+    """
     import trio
 
     from ..agent import ModelDelta, TurnFinished
@@ -95,7 +216,7 @@ async def stream_turn(
     async with trio.open_nursery() as nursery:
         if view.tty:
             nursery.start_soon(view.spin)
-        async with k.run(session, prompt) as events:
+        async with k.run(session, prompt, settings=settings, tools=tools) as events:
             async for event in events:
                 if on_event is not None:
                     on_event(event)

@@ -38,6 +38,7 @@ from trio_websocket import (
 from .. import __version__
 from ..errors import ProtocolError
 from ..messages import ToolCall
+from ..settings import ModelSettings
 from ._codec import encode, parse_server_frame, structure_server_frame
 from ._frames import (
     DEFAULT_PROJECT,
@@ -54,6 +55,7 @@ from ._frames import (
     ServerFrame,
     Sessions,
     Tools,
+    settings_object,
 )
 from ._payloads import (
     CallToolsResult,
@@ -247,17 +249,26 @@ class Client:
         prompt: str,
         *,
         model: str | None = None,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
         project: str = DEFAULT_PROJECT,
         on_event: Callable[[EventData], None] | None = None,
     ) -> RunResult:
-        """One agent turn on ``session`` (``run``).
+        """One agent turn on ``session`` (``run``); ``settings`` are merged over the
+        server's for this turn, ``tools`` (names or patterns) selects the tools offered.
 
         Raises:
             RequestFailed: the server refused, failed or cancelled the request.
             ConnectionLost: the connection ended before the reply.
         """
         request = Run(
-            id=self.new_id(), session=session, prompt=prompt, model=model, project=project
+            id=self.new_id(),
+            session=session,
+            prompt=prompt,
+            model=model,
+            settings=None if settings is None else settings_object(settings),
+            tools=None if tools is None else tuple(tools),
+            project=project,
         )
         return await self.call(request, RunResult, on_event)
 

@@ -32,6 +32,7 @@ from ..errors import ProtocolError
 from ..home import DEFAULT_PROJECT
 from ..messages import ToolCall, describe_structure_error
 from ..messages import converter as _shared_converter
+from ..settings import ModelSettings, settings_from_mapping
 from ._payloads import (
     EVENT_CLASSES,
     EventData,
@@ -101,14 +102,38 @@ class Run:
     ``model`` (``provider:model``), when given, runs this turn on that model
     instead of the server's (same tools and limits); one the server cannot
     use (unknown provider, missing API key) is ``invalid_request``.
+    ``settings`` is the JSON object of a ``ModelSettings`` for this turn
+    (merged over the server's); the handler reads it with ``model_settings()``
+    so that a bad field is named ``$.settings.<field>``. ``tools`` selects the
+    tools offered (names or ``fnmatch`` patterns). Both are left out of the
+    frame when not given, so older requests are unchanged on the wire.
     """
 
     id: str
     session: str
     prompt: str
     model: str | None = None
+    settings: dict[str, Any] | None = None
+    tools: tuple[str, ...] | None = None
     project: str = DEFAULT_PROJECT
     v: int = PROTOCOL_VERSION
+
+    def model_settings(self) -> ModelSettings | None:
+        """``settings`` as the record, ``None`` when the request has none.
+
+        Raises:
+            UsageError: an unknown or bad field
+                (``$.settings.temperature: expected a number from 0 to 2, got 7``).
+        """
+        return None if self.settings is None else settings_from_mapping(self.settings, "$.settings")
+
+
+def settings_object(settings: ModelSettings) -> dict[str, Any]:
+    """The JSON object of ``settings`` as a ``run`` request carries it: set fields only."""
+    return {
+        name: list(value) if name == "stop" else dict(value) if name == "extra" else value
+        for name, value in settings.set_fields().items()
+    }
 
 
 @attrs.frozen(kw_only=True)
@@ -296,6 +321,15 @@ def _structure_event(value: Any, _: Any) -> Event:
     )
 
 
+def _structure_names(value: Any, _: Any) -> tuple[str, ...] | None:
+    # cattrs would take a string (or an object's keys) as a sequence of names: refuse both.
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise TypeError(f"expected an array of strings, got {type(value).__name__}")
+    return wire_converter.structure(value, tuple[str, ...])
+
+
 def _configure() -> None:
     from cattrs.gen import make_dict_unstructure_fn, override
 
@@ -328,6 +362,7 @@ def _configure() -> None:
                 result_class, wire_converter, error=override(omit_if_default=True)
             ),
         )
+    wire_converter.register_structure_hook(tuple[str, ...] | None, _structure_names)
     wire_converter.register_unstructure_hook(Event, _unstructure_event)
     wire_converter.register_structure_hook(Event, _structure_event)
     configure_tagged_union(
@@ -365,5 +400,6 @@ __all__ = [
     "Sessions",
     "Status",
     "Tools",
+    "settings_object",
     "wire_converter",
 ]

@@ -51,13 +51,21 @@ async def call_tools(kernel: Kernel, request: CallTools, emit: Emit) -> CallTool
 
 
 async def run(kernel: Kernel, request: Run, emit: Emit) -> RunResult:
+    settings = request.model_settings()
     try:
         kernel.agent_for(request.model)
     except UsageError as exc:
         raise UsageError(f"$.model: {exc}") from None
     session = kernel.session(request.session, project=request.project)
+    # A tools pattern that matches nothing, or a tool_choice the chosen tools cannot
+    # meet, is the kernel's UsageError, raised before the prompt is recorded.
     finished = await kernel.run_turn(
-        session, request.prompt, on_event=lambda e: emit(event_data(e)), model=request.model
+        session,
+        request.prompt,
+        on_event=lambda e: emit(event_data(e)),
+        model=request.model,
+        settings=settings,
+        tools=request.tools,
     )
     return RunResult(
         session=session.key.session_id,
