@@ -40,7 +40,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--tools",
         action="append",
         metavar="NAME[,NAME...]",
-        help="offer only these tools (names or patterns such as 'fs.*'; repeatable)",
+        help="offer only these tools (names or patterns such as 'read_*'; repeatable)",
     )
     model = p.add_argument_group(
         "model settings",

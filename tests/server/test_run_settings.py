@@ -119,9 +119,9 @@ def test_a_run_without_settings_or_tools_is_the_same_frame_as_before() -> None:
         session="s",
         prompt="hi",
         settings={"max_tokens": 64, "stop": ["END"]},
-        tools=("fs.*",),
+        tools=("read_*",),
     )
     assert encode(full) == (
         '{"v":1,"type":"run","id":"r1","session":"s","prompt":"hi",'
-        '"settings":{"max_tokens":64,"stop":["END"]},"tools":["fs.*"]}'
+        '"settings":{"max_tokens":64,"stop":["END"]},"tools":["read_*"]}'
     )
