@@ -177,6 +177,7 @@ class Kernel:
                 selected tools cannot meet.
         """
         agent = self.agent_for(model)
+        tools = self._plugin_patterns(tools)
         with self.tool_context(session):
             result = await agent.run_turn(
                 session, prompt, on_event=on_event, settings=settings, tools=tools
@@ -197,11 +198,30 @@ class Kernel:
         """One agent turn as a stream of events (see ``Agent.run``, and ``run_turn``
         for the arguments)."""
         agent = self.agent_for(model)
+        tools = self._plugin_patterns(tools)
         # The agent's tasks start inside this block, so they inherit the context.
         with self.tool_context(session):
             async with agent.run(session, prompt, settings=settings, tools=tools) as events:
                 yield events
         self._compact_later(session)
+
+    def _plugin_patterns(self, tools: Sequence[str] | None) -> Sequence[str] | None:
+        """``tools`` with each ``PLUGIN.*`` (a loaded plugin's name) replaced by
+        that plugin's tools; other names and patterns go on to the agent as they are."""
+        if tools is None:
+            return tools
+        by_plugin = {p.name: list(p.tools) for p in self.plugins.plugins}
+        out: list[str] = []
+        for pattern in tools:
+            if isinstance(pattern, str) and pattern.endswith(".*"):
+                names = by_plugin.get(pattern[:-2])
+                if names is not None:
+                    if not names:
+                        raise UsageError(f"tools: plugin {pattern[:-2]!r} has no tools")
+                    out.extend(names)
+                    continue
+            out.append(pattern)
+        return out
 
     def _compact_later(self, session: Session) -> None:
         # One compaction per session at a time: two would both write a summary.

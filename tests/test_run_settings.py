@@ -196,3 +196,15 @@ async def test_text_streamed_before_a_cancel_is_recorded_as_partial(
         ("user", "question"),
         ("assistant", "The answer is"),
     ]
+
+
+async def test_a_plugin_pattern_selects_that_plugins_tools(tmp_path: Path) -> None:
+    model = ScriptedModel(["ok", "ok"])
+    async with open_kernel(home=tmp_path / "home", model=model, plugins=["fs", "demo"]) as k:
+        fs_tools = sorted(next(p for p in k.plugins.plugins if p.name == "fs").tools)
+        await k.run_turn(k.session("s"), "hi", tools=["fs.*"])
+        assert sorted(t.name for t in model.requests[0].tools) == fs_tools
+        await k.run_turn(k.session("s"), "hi", tools=["fs.*", "add"])
+        assert sorted(t.name for t in model.requests[1].tools) == sorted([*fs_tools, "add"])
+        with pytest.raises(UsageError, match=r"no tool matches 'nope\.\*'"):
+            await k.run_turn(k.session("s"), "hi", tools=["nope.*"])
