@@ -58,7 +58,7 @@ NOTES = """# Research notes
 SYSTEM = (
     "You are a research agent. Work in parallel: declare every independent tool call in "
     "one turn. Read notes.md, fetch the pages it names, compute what it asks, then write "
-    "report.md with fs.write_file and answer with a two-line summary."
+    "report.md with write_file and answer with a two-line summary."
 )
 
 TASK = "Research the question in notes.md and write report.md."

@@ -19,7 +19,9 @@ pipe: lines then run one after another, and the REPL exits at the end of
 input once the last request has replied. Lines are appended to
 ``$TAK_HOME/data/repl_history`` (loaded into readline on a terminal).
 
-Exit status: 0; 1 when a request failed or the connection was lost.
+Exit status: 0; 1 when a request failed or the connection was lost, or the
+server could not be reached (one line says why); a mistyped command is
+reported and, at a terminal, does not change the status.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import sys
 import threading
 import uuid
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import parse_qs, urlsplit
@@ -175,15 +178,20 @@ class Repl:
                     )
                 )
         else:
-            self._diag(f"unknown command {command}; /help lists them")
-            self.failed = True
+            self._mistyped(f"unknown command {command}; /help lists them")
         return True
+
+    def _mistyped(self, text: str) -> None:
+        """A line the REPL cannot run: at a terminal the person retypes it; in a script
+        it is a failure the exit status keeps."""
+        self._diag(text)
+        if not self.interactive:
+            self.failed = True
 
     def _parse_call(self, rest: str) -> ToolCall | None:
         name, _, raw = rest.partition(" ")
         if not name:
-            self._diag("usage: /call TOOL {json arguments}")
-            self.failed = True
+            self._mistyped("usage: /call TOOL {json arguments}")
             return None
         raw = raw.strip() or "{}"
         try:
@@ -298,7 +306,11 @@ class Repl:
                 description = (spec.get("description") or "").strip().splitlines()
                 self._line(f"{spec.get('name')}  {description[0] if description else ''}")
         elif isinstance(request, Sessions):
-            sessions = reply.result_as(SessionsResult).sessions
+            # Newest first, as `tak sessions ls` lists them.
+            sessions = sorted(
+                reply.result_as(SessionsResult).sessions,
+                key=lambda summary: (-summary.mtime_ms, summary.session_id),
+            )
             if not sessions:
                 self._line(f"no sessions in project {self.project!r}")
             for summary in sessions:
@@ -434,13 +446,23 @@ async def run_repl(
     project: str = DEFAULT_PROJECT,
     interactive: bool = False,
     handle_sigint: bool = False,
+    on_connected: Callable[[], None] | None = None,
 ) -> int:
     """Connect to ``url`` and run ``lines``; return the exit status.
 
     The token comes from the URL's query or ``$TAK_TOKEN`` (sent in ``hello``).
     With ``handle_sigint``, Ctrl-C cancels the running request instead of
-    stopping the program.
+    stopping the program. ``on_connected`` runs once the server said hello
+    (``main`` starts reading input then: a thread blocked reading stdin must not
+    outlive a REPL that could not connect).
+
+    A URL that is not ``ws://`` or ``wss://``, or a server that cannot be
+    reached, is one line on ``err`` and status 1.
     """
+    problem = url_problem(url)
+    if problem is not None:
+        print(f"tak repl: {problem}", file=err, flush=True)
+        return 1
     try:
         async with open_client(
             url,
@@ -456,6 +478,8 @@ async def run_repl(
                 interactive=interactive,
             )
             client.on_unrouted = repl.show_unrouted
+            if on_connected is not None:
+                on_connected()
             info = client.info
             repl._diag(
                 f"connected to {info.server} {info.version} (model {info.model}); "
@@ -484,8 +508,50 @@ async def run_repl(
         print(f"refused {why}", file=err, flush=True)
         return 1
     except (OSError, ProtocolError) as exc:
-        print(f"tak repl: cannot talk to {_without_token(url)}: {exc}", file=err, flush=True)
+        print(f"tak repl: cannot talk to {_without_token(url)}: {_why(exc)}", file=err, flush=True)
         return 1
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is not one ``tak serve`` prints (``ws://HOST:PORT/?token=...``), or ``None``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss"):
+        shown = _without_token(url) if parts.scheme else url
+        return f"expected a ws:// URL (the line tak serve printed), got {shown!r}"
+    try:
+        port = parts.port
+    except ValueError as exc:  # a port that is not a number, or out of range
+        return f"{_without_token(url)}: {exc}"
+    if not parts.hostname:
+        return f"{_without_token(url)}: no host"
+    if port == 0:
+        return f"{_without_token(url)}: port 0 cannot be connected to"
+    return None
+
+
+def _why(exc: BaseException) -> str:
+    """Why a connection failed, never empty: the system's reason when there is one
+    ("Connection refused", from the attempts trio grouped under its own message),
+    else the first message in the chain (the wire's wrapper may say nothing)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    messages: list[str] = []
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror
+        text = str(current).strip()
+        if text and not text.endswith(":") and not isinstance(current, BaseExceptionGroup):
+            messages.append(text)
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                todo.append(linked)
+    return messages[0] if messages else type(exc).__name__
 
 
 def _without_token(url: str) -> str:
@@ -534,7 +600,6 @@ def main(
             name="tak-repl-stdin",
             daemon=True,  # blocked in input() at exit: must not keep the process alive
         )
-        thread.start()
         return await run_repl(
             url,
             out=out,
@@ -544,9 +609,10 @@ def main(
             project=project,
             interactive=interactive,
             handle_sigint=threading.current_thread() is threading.main_thread(),
+            on_connected=thread.start,
         )
 
     return trio.run(repl_main)
 
 
-__all__ = ["Repl", "history_path", "main", "run_repl"]
+__all__ = ["Repl", "history_path", "main", "run_repl", "url_problem"]

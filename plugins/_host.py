@@ -22,7 +22,10 @@ Loading, per source (see ``plugins._discovery``):
 
 A plugin that fails (import error, two tools with one name, a schema that
 cannot be generated, a name already loaded, isolation missing and
-``allow_unsandboxed`` off) is recorded in ``errors`` and skipped.
+``allow_unsandboxed`` off) is recorded in ``errors`` and skipped, and reported in
+one log line that names the command showing the details (``tak plugins check``);
+what its probe worker printed while failing (a traceback) is held back, so a
+broken plugin costs every command one line, not its traceback.
 
 Names: the first tool to claim a name keeps it, in this order: the kernel's
 own ``tools``, built-ins, entry points, workspace plugins (each group sorted).
@@ -41,10 +44,18 @@ import shutil
 import site
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import cattrs
@@ -84,6 +95,48 @@ from ._trust import (
 )
 
 logger = logging.getLogger("tak.plugins")
+#: Where ``sandbox.pool`` logs each line a worker prints, as ``"[NAME pid N] text"``.
+worker_logger = logging.getLogger("sandbox.worker")
+
+SkipReport = Literal["line", "silent", "output"]
+"""How ``open_plugin_host`` reports a skipped plugin: ``line``, one log line (and
+what its worker printed while failing is held back); ``silent``, nothing (the caller
+reports ``host.errors``); ``output``, no line, but the worker's output as it comes
+(``tak plugins check`` shows a failed import's traceback)."""
+
+
+def tak_command(*words: str) -> str:
+    """``tak WORDS...`` as a person can paste it into a shell here.
+
+    ``tak`` when that is what ``PATH`` finds; else the script this process was started
+    as (``.venv/bin/tak`` below the current directory, else its absolute path): after
+    ``make demo``, ``tak`` is not on ``PATH`` and a hint naming it would not run.
+    """
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script is None or script.name != "tak" or not script.is_file():
+        return shlex.join(["tak", *words])  # not started as the script (python -m, embedded)
+    return shlex.join([_runnable(script), *words])
+
+
+def python_command(*words: str) -> str:
+    """``python WORDS...`` with this interpreter (its environment has ``tak``), runnable here."""
+    return shlex.join([_runnable(Path(sys.executable)), *words])
+
+
+def _runnable(program: Path) -> str:
+    """How a shell in the current directory runs ``program``: its name when ``PATH``
+    finds it, else its path (relative below the current directory)."""
+    found = shutil.which(program.name)
+    with contextlib.suppress(OSError):
+        if found is not None and os.path.samefile(found, program):
+            return program.name
+    absolute = program.absolute()
+    try:
+        relative = absolute.relative_to(Path.cwd())
+    except (ValueError, OSError):
+        return str(absolute)
+    return str(relative) if len(relative.parts) > 1 else f"./{relative}"
+
 
 #: What a third-party plugin is imported with, before its permissions are known.
 PROBE_POLICY = Policy(workspace="read")
@@ -174,6 +227,8 @@ class PluginHost:
         self.home = home if home is not None else TakHome.locate()
         self.plugins: list[LoadedPlugin] = []
         self.errors: list[PluginLoadError] = []
+        self.report: SkipReport = "line"
+        self.load_output = _LoadOutput()
         self._declared: dict[str, tuple[Permissions, Worker]] = {}
         self._approvals: dict[str, TrustedPlugin] | TrustError | None = None
 
@@ -221,18 +276,14 @@ class PluginHost:
                 self._register(result)
 
     def _skip(self, error: PluginLoadError) -> None:
+        self.errors.append(error)
+        if self.report != "line":
+            return
         # The reason can quote plugin code (an import error): one escaped log line.
         label, reason = escape_log_text(error.source.label), escape_log_text(error.reason)
-        if error.approve is not None:
-            logger.warning(
-                "plugin from %s skipped: %s; to trust it: tak plugins trust %s",
-                label,
-                reason,
-                escape_log_text(error.approve),
-            )
-        else:
-            logger.warning("plugin from %s skipped: %s", label, reason)
-        self.errors.append(error)
+        logger.warning(
+            "plugin from %s skipped: %s; %s", label, reason, escape_log_text(skip_hint(error))
+        )
 
     def _register(self, candidate: _Candidate) -> None:
         taken = next((p for p in self.plugins if p.name == candidate.name), None)
@@ -369,9 +420,10 @@ class PluginHost:
         permissions differ from the approved ones is refused before it gets them.
         """
         target = imported if imported is not None else source
-        probe = await self.pool.start(
-            target.target, policy=PROBE_POLICY, name=_stem(target), path=target.path
-        )
+        with self.load_output.holding(_stem(target)):
+            probe = await self.pool.start(
+                target.target, policy=PROBE_POLICY, name=_stem(target), path=target.path
+            )
         if probe.plugin_info is None:
             await probe.aclose()
             raise UsageError(f"{source.target} has no `plugin = Plugin(...)` (see docs/plugins.md)")
@@ -558,6 +610,51 @@ def _plugin_info(value: dict[str, Any]) -> PluginInfo:
     return info
 
 
+def skip_hint(error: PluginLoadError) -> str:
+    """The command that helps with a skipped plugin: trust it, or see why it failed."""
+    if error.approve is not None:
+        return "to trust it: " + tak_command("plugins", "trust", error.approve)
+    return "details: " + tak_command("plugins", "check", error.source.target.partition(":")[0])
+
+
+class _LoadOutput(logging.Filter):
+    """Holds what a probe worker prints while its plugin loads (``sandbox.worker``).
+
+    When the plugin loads, the lines are logged then; when it fails (a traceback),
+    they are dropped with every later line of that worker: ``_skip`` reports it in
+    one line. Installed on ``worker_logger`` while a host reports skips as ``line``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[str, list[logging.LogRecord]] = {}
+        self.failed: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        prefix = str(args[0]) if isinstance(args, tuple) and args else ""
+        name = prefix.removeprefix("[").rpartition(" pid ")[0]
+        if name in self.failed:
+            return False
+        held = self.held.get(name)
+        if held is None:
+            return True
+        held.append(record)
+        return False
+
+    @contextlib.contextmanager
+    def holding(self, name: str) -> Iterator[None]:
+        self.held[name] = []
+        try:
+            yield
+        except BaseException:
+            self.failed.add(name)
+            self.held.pop(name, None)
+            raise
+        for record in self.held.pop(name, []):
+            worker_logger.handle(record)
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if isinstance(exc, (KernelError,)) or text.startswith(type(exc).__name__):
@@ -635,6 +732,7 @@ async def open_plugin_host(
     allow_unsandboxed: bool = False,
     isolation: IsolationSupport | None = None,
     home: TakHome | str | os.PathLike[str] | None = None,
+    report: SkipReport = "line",
 ) -> AsyncIterator[PluginHost]:
     """Load plugins for ``workspace`` and serve their tools until the block ends.
 
@@ -650,6 +748,9 @@ async def open_plugin_host(
         isolation: replaces the probe of this machine (tests).
         home: the ``TAK_HOME`` whose ``config/trusted-plugins.json`` says which
             discovered plugins the user approved (default: ``TakHome.locate()``).
+        report: how a skipped plugin is reported (``SkipReport``): one log line
+            naming the command that shows why (the default), nothing, or its
+            worker's output.
 
     Raises:
         SandboxError: the workspace cannot be opened, or it overlaps the Python
@@ -680,8 +781,17 @@ async def open_plugin_host(
             host = PluginHost(
                 workspace=ws, pool=pool, config=config or {}, tools=registry, home=tak_home
             )
-            await host.load(items)
-            yield host
+            host.report = report
+            if report == "output":
+                await host.load(items)
+                yield host
+                return
+            worker_logger.addFilter(host.load_output)
+            try:
+                await host.load(items)
+                yield host
+            finally:
+                worker_logger.removeFilter(host.load_output)
 
 
 async def trust_plugin(
@@ -714,7 +824,9 @@ async def trust_plugin(
         imported = PluginSource("module", source.target, source.label)
     scratch = await trio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="tak-trust-"))
     try:
-        async with open_plugin_host(scratch, plugins=[imported], home=home) as host:
+        async with open_plugin_host(
+            scratch, plugins=[imported], home=home, report="silent"
+        ) as host:
             if host.errors:
                 raise UsageError(f"{source.label}: {host.errors[0].reason}")
             loaded = attrs.evolve(host.plugins[0], source=source)
@@ -731,7 +843,11 @@ __all__ = [
     "PluginHost",
     "PluginLoadError",
     "PluginSpec",
+    "SkipReport",
     "open_plugin_host",
+    "python_command",
+    "skip_hint",
+    "tak_command",
     "trust_plugin",
 ]
 

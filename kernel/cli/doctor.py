@@ -15,6 +15,8 @@ import json
 import platform
 from typing import Any
 
+from .plugins import one_line_errors
+
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="report the sandbox isolation plugins get here")
@@ -70,6 +72,7 @@ def _yes(flag: bool, detail: str = "") -> str:
     return ("available" + (f" ({detail})" if detail else "")) if flag else "MISSING"
 
 
+@one_line_errors("tak doctor")
 def cmd_doctor(args: argparse.Namespace) -> int:
     data = report(selftest=not args.no_selftest)
     selftest: dict[str, str] = data.get("selftest", {})

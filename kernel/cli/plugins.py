@@ -1,4 +1,6 @@
-"""``tak plugins ls | trust | untrust | new | check``."""
+"""``tak plugins ls | trust | untrust | new | check``, and what every ``tak`` command
+shares to reach the home, the workspace and the plugin host, and to fail in one line.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +9,8 @@ import contextlib
 import functools
 import json
 import os
-import shlex
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,11 @@ from ..errors import KernelError
 
 if TYPE_CHECKING:
     from plugins import LoadedPlugin, PluginHost, PluginLoadError, PluginSource
+    from plugins._host import SkipReport
+
+    from ..home import TakHome
+
+Handler = Callable[[argparse.Namespace], int]
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,24 +58,139 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=cmd_check)
 
 
+def tak_command(*words: str) -> str:
+    """``tak WORDS...`` runnable as printed (``.venv/bin/tak ...`` when ``tak`` is not on
+    ``PATH``): every hint a command prints is made here (``plugins._host.tak_command``)."""
+    from plugins._host import tak_command
+
+    return tak_command(*words)
+
+
+def home_option(home: str | None) -> tuple[str, ...]:
+    """``--home HOME`` for a hint, when the command was given one."""
+    return ("--home", home) if home else ()
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error in one line: the path (or paths) and the system's reason."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return reason
+    path = os.fsdecode(exc.filename)
+    if exc.filename2 is not None:
+        path += f" -> {os.fsdecode(exc.filename2)}"
+    return f"{path}: {reason}"
+
+
+def ensure_home(home: str | None) -> TakHome:
+    """The home (``--home``, ``$TAK_HOME``, ``~/.tak``), its directories created.
+
+    Raises:
+        UsageError: they cannot be (a read-only home, one below a file): one line
+            naming the path and the system's reason.
+    """
+    from ..errors import UsageError
+    from ..home import TakHome
+
+    located = TakHome.locate(home)
+    try:
+        return located.ensure()
+    except OSError as exc:
+        raise UsageError(f"TAK_HOME {located.root} is not usable: {os_error_line(exc)}") from None
+
+
+def sole_error(exc: BaseException) -> BaseException:
+    """The one exception inside nested one-member groups (Trio's nurseries wrap them)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _stdout_to_devnull() -> None:
+    # Python flushes stdout again at exit; into a closed pipe that prints a traceback.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def one_line_errors(command: str) -> Callable[[Handler], Handler]:
+    """Make a handler fail in one line on stderr, never a traceback.
+
+    A ``KernelError`` (even inside a Trio nursery's group) is its one line, exit
+    status 2; an ``OSError`` one line naming the path and the reason, status 1; a
+    reader that closed the pipe (``tak tools | head -1``) ends the command quietly,
+    status 0.
+    """
+
+    def decorate(func: Handler) -> Handler:
+        @functools.wraps(func)
+        def handler(args: argparse.Namespace) -> int:
+            try:
+                code = func(args)
+                sys.stdout.flush()
+                return code
+            except BaseException as exc:
+                leaf = sole_error(exc)
+                if isinstance(leaf, BrokenPipeError):
+                    _stdout_to_devnull()
+                    return 0
+                if isinstance(leaf, KernelError):
+                    print(f"{command}: {leaf}", file=sys.stderr)
+                    return 2
+                if isinstance(leaf, OSError):
+                    print(f"{command}: {os_error_line(leaf)}", file=sys.stderr)
+                    return 1
+                raise
+
+        return handler
+
+    return decorate
+
+
+@contextlib.contextmanager
+def os_errors_as(prefix: str) -> Iterator[None]:
+    """Raise an ``OSError`` from the block (alone in groups) as a ``KernelError`` whose
+    one line starts with ``prefix`` (a workspace, the home): the path alone can be
+    relative to a directory the message would not name."""
+    try:
+        yield
+    except BaseException as exc:
+        leaf = sole_error(exc)
+        if isinstance(leaf, OSError) and not isinstance(leaf, BrokenPipeError):
+            raise KernelError(f"{prefix}: {os_error_line(leaf)}") from None
+        raise
+
+
 def workspace_or_exit(command: str, args: argparse.Namespace) -> Path | None:
-    """``--workspace`` or the home's; ``None`` (after saying why) when it is not a directory."""
+    """``--workspace`` or the home's; ``None`` (after saying why) when it is not a directory.
+
+    Raises:
+        UsageError: the home's workspace cannot be created (``ensure_home``).
+    """
     workspace: Path | None = getattr(args, "workspace", None)
     if workspace is not None and not workspace.is_dir():
         print(f"{command}: --workspace {workspace}: not a directory", file=sys.stderr)
         return None
     if workspace is None:
-        from ..home import TakHome
-
-        workspace = TakHome.locate(args.home).ensure().workspace
+        workspace = ensure_home(args.home).workspace
     return workspace.absolute()
 
 
 @contextlib.asynccontextmanager
 async def open_cli_host(
-    home: str | None, workspace: Path, extra_plugins: Sequence[str] = ()
+    home: str | None,
+    workspace: Path,
+    extra_plugins: Sequence[str] = (),
+    *,
+    report: SkipReport = "line",
 ) -> AsyncIterator[PluginHost]:
-    """The plugin host ``tak`` commands use: built-ins, discovered plugins, ``--plugin``."""
+    """The plugin host ``tak`` commands use: built-ins, discovered plugins, ``--plugin``.
+
+    Raises:
+        KernelError: ``tak.toml`` is wrong or cannot be read, or the workspace cannot be
+            prepared (one line naming the home or the workspace).
+    """
     import trio
 
     from plugins import open_plugin_host
@@ -77,21 +198,33 @@ async def open_cli_host(
     from ..home import TakHome
 
     tak_home = TakHome.locate(home)
-    config = await trio.to_thread.run_sync(tak_home.read_config)  # file I/O: off the Trio thread
-    async with open_plugin_host(
-        workspace,
-        extra_plugins=extra_plugins,
-        config=config.to_toml(),
-        allow_unsandboxed=config.sandbox.allow_unsandboxed,
-        home=tak_home,
-    ) as host:
+    with os_errors_as(f"TAK_HOME {tak_home.root}"):
+        # file I/O: off the Trio thread
+        config = await trio.to_thread.run_sync(tak_home.read_config)
+    async with contextlib.AsyncExitStack() as stack:
+        # Only while it opens: an OSError of the caller's own is not the workspace's.
+        with os_errors_as(f"workspace {workspace}"):
+            host = await stack.enter_async_context(
+                open_plugin_host(
+                    workspace,
+                    extra_plugins=extra_plugins,
+                    config=config.to_toml(),
+                    allow_unsandboxed=config.sandbox.allow_unsandboxed,
+                    home=tak_home,
+                    report=report,
+                )
+            )
         yield host
 
 
 def trust_command(home: str | None, approve: str) -> str:
     """The command that approves a skipped plugin, as a person can paste it."""
-    home_option = f" --home {shlex.quote(home)}" if home else ""
-    return f"tak{home_option} plugins trust {approve}"
+    return tak_command(*home_option(home), "plugins", "trust", approve)
+
+
+def check_command(error: PluginLoadError) -> str:
+    """The command that shows why a plugin failed to load (its worker's traceback)."""
+    return tak_command("plugins", "check", error.source.target.partition(":")[0])
 
 
 def _plugin_json(plugin: LoadedPlugin) -> dict[str, Any]:
@@ -110,6 +243,8 @@ def _error_json(error: PluginLoadError, home: str | None) -> dict[str, Any]:
     out = {"source": error.source.label, "target": error.source.target, "reason": error.reason}
     if error.approve is not None:
         out["trust_command"] = trust_command(home, error.approve)
+    else:
+        out["check_command"] = check_command(error)
     return out
 
 
@@ -127,8 +262,11 @@ def _print_error(error: PluginLoadError, home: str | None) -> None:
     print(f"skipped: {error.source.label} [{error.source.target}]\n  {error.reason}")
     if error.approve is not None:
         print(f"  to trust it: {trust_command(home, error.approve)}")
+    else:
+        print(f"  details:     {check_command(error)}")
 
 
+@one_line_errors("tak plugins ls")
 def cmd_ls(args: argparse.Namespace) -> int:
     import trio
 
@@ -137,7 +275,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> tuple[list[LoadedPlugin], list[PluginLoadError]]:
-        async with open_cli_host(args.home, workspace, args.plugin) as host:
+        # Silent: the skipped plugins are listed below, with their hints.
+        async with open_cli_host(args.home, workspace, args.plugin, report="silent") as host:
             return host.plugins, host.errors
 
     try:
@@ -194,18 +333,17 @@ def _named_source(name: str, workspace: Path) -> PluginSource:
     return found[0]
 
 
+@one_line_errors("tak plugins trust")
 def cmd_trust(args: argparse.Namespace) -> int:
     import trio
 
     from plugins import trust_plugin
 
-    from ..home import TakHome
-
     workspace = workspace_or_exit("tak plugins trust", args)
     if workspace is None:
         return 2
     try:
-        home = TakHome.locate(args.home).ensure()
+        home = ensure_home(args.home)
         source = _named_source(args.name, workspace)
         approval, loaded = trio.run(
             functools.partial(trust_plugin, source, home=home, workspace=workspace)
@@ -220,6 +358,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
     return 0
 
 
+@one_line_errors("tak plugins untrust")
 def cmd_untrust(args: argparse.Namespace) -> int:
     from plugins import TRUST_FILE, TrustStore, source_key
 
@@ -249,8 +388,10 @@ def cmd_untrust(args: argparse.Namespace) -> int:
     return 0
 
 
+@one_line_errors("tak plugins new")
 def cmd_new(args: argparse.Namespace) -> int:
     from plugins import package_name, scaffold_plugin
+    from plugins._host import python_command
 
     directory: Path = args.dir if args.dir is not None else Path(args.name)
     try:
@@ -261,12 +402,16 @@ def cmd_new(args: argparse.Namespace) -> int:
     for path in files:
         print(f"created {path}")
     package = package_name(args.name)
-    print(
-        f"\nnext:\n  cd {directory}\n  pip install -e .\n  tak plugins trust {args.name}\n"
-        f"  tak plugins ls\n"
-        f'  tak call greet \'{{"name": "Ada"}}\'\n  pytest\n'
-        f"then add tools in {directory / package / '__init__.py'}"
+    # With this interpreter: a `pip` or `pytest` on PATH may be another environment's.
+    steps = (
+        python_command("-m", "pip", "install", "-e", str(directory)),
+        tak_command("plugins", "trust", args.name),
+        tak_command("plugins", "ls"),
+        tak_command("call", "greet", '{"name": "Ada"}'),
+        python_command("-m", "pytest", str(directory)),
     )
+    print("\nnext:\n" + "".join(f"  {step}\n" for step in steps), end="")
+    print(f"then add tools in {directory / package / '__init__.py'}")
     return 0
 
 
@@ -295,6 +440,7 @@ def _project_source(project: Path) -> PluginSource:
     return PluginSource("path", str(value).replace(" ", ""), f"{project} ({name})", (str(root),))
 
 
+@one_line_errors("tak plugins check")
 def cmd_check(args: argparse.Namespace) -> int:
     import tempfile
     import tomllib
@@ -318,7 +464,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     async def main() -> tuple[list[LoadedPlugin], list[PluginLoadError], list[dict[str, Any]]]:
         with tempfile.TemporaryDirectory(prefix="tak-check-") as scratch:
-            async with open_plugin_host(scratch, plugins=[source]) as host:
+            # The worker's output is the detail a failed import needs (its traceback).
+            async with open_plugin_host(scratch, plugins=[source], report="output") as host:
                 specs = [
                     {
                         "name": t.name,

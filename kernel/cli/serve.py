@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_PROJECT
+from .plugins import one_line_errors, sole_error
 
 DEFAULT_PORT = 8765
 
@@ -83,6 +84,7 @@ def read_token(path: Path) -> str:
     return token
 
 
+@one_line_errors("tak serve")
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -91,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..errors import KernelError
     from ..kernel import open_kernel
     from ..wire import serve_websocket
+    from .plugins import ensure_home, os_error_line
 
     logging.basicConfig(
         level=logging.INFO,
@@ -98,8 +101,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
-    async def main() -> None:
+    # Before serving: a home or token file the OS refuses is not a port problem.
+    ensure_home(args.home)
+    try:
         token = read_token(args.token_file) if args.token_file else None
+    except OSError as exc:
+        print(f"tak serve: --token-file: {os_error_line(exc)}", file=sys.stderr)
+        return 1
+
+    async def main() -> None:
         async with open_kernel(
             home=args.home,
             workspace=args.workspace,
@@ -127,7 +137,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except BaseException as exc:
-        cause = _sole(exc)
+        cause = sole_error(exc)
         if isinstance(cause, KernelError):
             print(f"tak serve: {cause}", file=sys.stderr)
             return 2
@@ -136,13 +146,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 1
         raise
     return 0
-
-
-def _sole(exc: BaseException) -> BaseException:
-    """The one exception inside nested one-member groups (Trio's nurseries wrap them)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 async def _until_stopped() -> None:
@@ -154,6 +157,7 @@ async def _until_stopped() -> None:
             return
 
 
+@one_line_errors("tak repl")
 def cmd_repl(args: argparse.Namespace) -> int:
     from ..repl import main
 

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptTranscript, KernelError, UsageError
 from . import DEFAULT_PROJECT
+from .plugins import home_option, one_line_errors, os_errors_as, sole_error, tak_command
 
 if TYPE_CHECKING:
-    from ..store import FileStore, PostgresStore, SessionKey
+    from ..store import FileStore, PostgresStore, RepairReport, SessionKey
 
     #: The store ``tak.toml`` selects (``kernel.store.open_store``).
     AnyStore = FileStore | PostgresStore
@@ -82,25 +83,28 @@ def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -
 
     async def main() -> int:
         home = TakHome.locate(args.home)
-        config = await trio.to_thread.run_sync(home.read_config)
-        async with open_store(home, config.to_toml()) as store:
-            return await body(store)
+        with os_errors_as(f"TAK_HOME {home.root}"):
+            config = await trio.to_thread.run_sync(home.read_config)
+            async with open_store(home, config.to_toml()) as store:
+                return await body(store)
 
     try:
         return trio.run(main)
-    except UsageError as exc:
-        print(f"tak: error: {exc}", file=sys.stderr)
-        return 2
-    except CorruptTranscript as exc:
-        print(f"tak: error: {exc}", file=sys.stderr)
-        print(
-            f"  run `tak sessions repair {getattr(args, 'id', 'ID')}` to set it aside",
-            file=sys.stderr,
-        )
-        return 1
-    except KernelError as exc:
-        print(f"tak: error: {exc}", file=sys.stderr)
-        return 1
+    except BaseException as exc:
+        error = sole_error(exc)
+        if isinstance(error, UsageError):
+            print(f"tak: error: {error}", file=sys.stderr)
+            return 2
+        if isinstance(error, CorruptTranscript):
+            repair = tak_command(
+                *home_option(args.home), "sessions", "repair", getattr(args, "id", "ID")
+            )
+            print(f"tak: error: {error}; `{repair}` sets it aside", file=sys.stderr)
+            return 1
+        if isinstance(error, KernelError):
+            print(f"tak: error: {error}", file=sys.stderr)
+            return 1
+        raise
 
 
 def _key(args: argparse.Namespace, subpath: str | None = None) -> SessionKey:
@@ -113,6 +117,7 @@ def _local_time(mtime_ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mtime_ms / 1000))
 
 
+@one_line_errors("tak sessions ls")
 def cmd_ls(args: argparse.Namespace) -> int:
     async def body(store: AnyStore) -> int:
         summaries = await store.list_session_summaries(args.project)
@@ -201,6 +206,7 @@ def _track_answers(
     return last_assistant
 
 
+@one_line_errors("tak sessions show")
 def cmd_show(args: argparse.Namespace) -> int:
     from ..session import KERNEL_STOPPED
 
@@ -244,6 +250,7 @@ async def _busy(store: AnyStore, key: SessionKey, wait_s: float) -> int:
     return 1
 
 
+@one_line_errors("tak sessions rm")
 def cmd_rm(args: argparse.Namespace) -> int:
     import trio
 
@@ -263,6 +270,22 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return _run(args, body)
 
 
+def _repaired(report: RepairReport) -> str:
+    """What ``repair`` did to one transcript, in one line."""
+    if report.quarantined is not None:
+        return (
+            f"damaged from line {report.first_bad_line}; kept {report.kept} entries, "
+            f"quarantined the damaged file as {report.quarantined}"
+        )
+    if report.torn_bytes:
+        return (
+            f"cut a torn last line ({report.torn_bytes} bytes, an append that never "
+            f"finished); kept {report.kept} entries"
+        )
+    return f"ok ({report.kept} entries), nothing to repair"
+
+
+@one_line_errors("tak sessions repair")
 def cmd_repair(args: argparse.Namespace) -> int:
     import trio
 
@@ -288,15 +311,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             if report is None:
                 continue
             found = True
-            if report.quarantined is not None:
-                print(
-                    f"{k}: damaged from line {report.first_bad_line}; kept {report.kept} "
-                    f"entries, damaged file moved to {report.quarantined}"
-                )
-            elif report.torn_bytes:
-                print(f"{k}: cut {report.torn_bytes} bytes of an unfinished last line")
-            else:
-                print(f"{k}: ok ({report.kept} entries)")
+            print(f"{k}: {_repaired(report)}")
         if not found:
             print(f"tak: error: no session {key}", file=sys.stderr)
             return 1

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .plugins import one_line_errors
+
 if TYPE_CHECKING:
     from ..tools import ToolRegistry
 
@@ -42,6 +44,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=cmd_demo)
 
 
+@one_line_errors("tak tools")
 def cmd_tools(args: argparse.Namespace) -> int:
     import trio
 
@@ -81,13 +84,14 @@ def provider_tools(registry: ToolRegistry, provider: str) -> list[dict[str, Any]
     return formats[provider](registry.definitions())
 
 
+@one_line_errors("tak call")
 def cmd_call(args: argparse.Namespace) -> int:
     import trio
 
     from ..executor import CallLimits, run_tool_calls
     from ..messages import Observation, ToolCall, converter
     from ..plugin import use_context
-    from .plugins import open_cli_host, workspace_or_exit
+    from .plugins import open_cli_host, os_errors_as, workspace_or_exit
 
     workspace = workspace_or_exit("tak call", args)
     if workspace is None:
@@ -98,11 +102,12 @@ def cmd_call(args: argparse.Namespace) -> int:
     call = ToolCall("cli-1", args.tool, args.arguments, 0)
 
     async def main() -> Observation:
-        async with open_cli_host(args.home, workspace, args.plugin) as host:
-            with use_context(host.context()):
-                observations = await run_tool_calls(
-                    [call], host.tools, limits=CallLimits(timeout=args.timeout)
-                )
+        with os_errors_as(f"workspace {workspace}"):
+            async with open_cli_host(args.home, workspace, args.plugin) as host:
+                with use_context(host.context()):
+                    observations = await run_tool_calls(
+                        [call], host.tools, limits=CallLimits(timeout=args.timeout)
+                    )
         return observations[0]
 
     observation = trio.run(main)
@@ -113,19 +118,21 @@ def cmd_call(args: argparse.Namespace) -> int:
     return 1 if observation.is_error else 0
 
 
+@one_line_errors("tak demo")
 def cmd_demo(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
     import trio
 
     from ..demo import DEMO_FILE, DEMO_PLUGINS, format_table, run_demo_turn
-    from ..home import TakHome
     from ..kernel import open_kernel
+    from .plugins import ensure_home, home_option, os_errors_as, tak_command
 
-    home = TakHome.locate(args.home).ensure()
+    home = ensure_home(args.home)
     workspace = home.workspace / "demo"
-    workspace.mkdir(exist_ok=True)
-    (workspace / DEMO_FILE[0]).write_text(DEMO_FILE[1])
+    with os_errors_as(f"TAK_HOME {home.root} is not usable"):
+        workspace.mkdir(exist_ok=True)
+        (workspace / DEMO_FILE[0]).write_text(DEMO_FILE[1])
 
     async def main() -> int:
         async with open_kernel(home=home, workspace=workspace, plugins=DEMO_PLUGINS) as k:
@@ -140,8 +147,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\ncompletion order: {finished}   (results above are in declared order)")
         print(f"wall time {wall:.3f} s   vs   sum of call durations {total:.3f} s")
         print(f"\ntranscript: {transcript}")
-        home_option = f" --home {args.home}" if args.home else ""
-        print(f"show it:    tak{home_option} sessions show {session.key.session_id}")
+        show = tak_command(*home_option(args.home), "sessions", "show", session.key.session_id)
+        print(f"show it:    {show}")
         return 0
 
-    return trio.run(main)
+    with os_errors_as(f"TAK_HOME {home.root}"):
+        return trio.run(main)
