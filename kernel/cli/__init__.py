@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tak {__version__}")
     parser.add_argument("--home", help="TAK_HOME directory (default: $TAK_HOME or ~/.tak)")
     parser.add_argument(
+        "--debug", action="store_true", help="on an error, show the whole traceback"
+    )
+    parser.add_argument(
         "--plugin",
         action="append",
         default=[],
@@ -66,11 +69,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(leaf, KeyboardInterrupt):
             print(f"\ntak {args.command}: interrupted", file=sys.stderr)
             return 130
+        if isinstance(leaf, BrokenPipeError):
+            # `tak tools | head`: the reader has what it wanted. Further writes
+            # (the interpreter's own flush at exit) go nowhere.
+            _quiet_stdout()
+            return 0
+        if args.debug or isinstance(leaf, SystemExit):
+            raise
         if isinstance(leaf, KernelError):
             print(f"tak {args.command}: {leaf}", file=sys.stderr)
             return 2
-        raise
+        if isinstance(leaf, OSError):
+            where = f": {leaf.filename}" if leaf.filename else ""
+            reason = leaf.strerror or str(leaf)
+            print(f"tak {args.command}: {reason}{where}", file=sys.stderr)
+            return 1
+        print(
+            f"tak {args.command}: internal error: {type(leaf).__name__}: {leaf} "
+            "(run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
     return code
+
+
+def _quiet_stdout() -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _single_leaf(exc: BaseException) -> BaseException:
