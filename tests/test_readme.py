@@ -70,3 +70,15 @@ def test_doc_example_runs_as_written(
 
 def test_docs_have_runnable_examples() -> None:
     assert len(doc_examples()) >= 1
+
+
+def test_every_python_block_in_the_docs_is_run_or_marked_a_sketch() -> None:
+    """A block that is neither is one nobody checks: mark it ```python run (and
+    make it a whole program) or ```python sketch (a fragment, on purpose)."""
+    unmarked = [
+        f"{page.name}:{n}"
+        for page in DOCS
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if line.strip() == "```python"
+    ]
+    assert not unmarked, f"unmarked python blocks: {unmarked}"
