@@ -96,15 +96,22 @@ def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -
             print(f"tak: error: {error}", file=sys.stderr)
             return 2
         if isinstance(error, CorruptTranscript):
-            repair = tak_command(
-                *home_option(args.home), "sessions", "repair", getattr(args, "id", "ID")
-            )
+            repair = _repair_command(args, getattr(args, "id", "ID"))
             print(f"tak: error: {error}; `{repair}` sets it aside", file=sys.stderr)
             return 1
         if isinstance(error, KernelError):
             print(f"tak: error: {error}", file=sys.stderr)
             return 1
         raise
+
+
+def _repair_command(args: argparse.Namespace, session_id: str) -> str:
+    """``tak sessions repair ID`` for the home and project this command was given."""
+    project = getattr(args, "project", DEFAULT_PROJECT)
+    words = ["sessions", "repair", session_id]
+    if project != DEFAULT_PROJECT:
+        words += ["--project", project]
+    return tak_command(*home_option(args.home), *words)
 
 
 def _key(args: argparse.Namespace, subpath: str | None = None) -> SessionKey:
@@ -135,7 +142,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
             )
         damaged = [s.session_id for s in summaries if s.problem]
         if damaged:
-            print(f"tak sessions ls: damaged: {', '.join(damaged)}", file=sys.stderr)
+            repair = _repair_command(args, damaged[0])
+            print(
+                f"tak sessions ls: damaged: {', '.join(damaged)}; `{repair}` sets one aside",
+                file=sys.stderr,
+            )
             return 1
         return 0
 
