@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelError
+from . import _single_leaf as single_leaf
 
 if TYPE_CHECKING:
     from plugins import LoadedPlugin, PluginHost, PluginLoadError, PluginSource
@@ -96,31 +97,17 @@ def ensure_home(home: str | None) -> TakHome:
     try:
         return located.ensure()
     except OSError as exc:
-        raise UsageError(f"TAK_HOME {located.root} is not usable: {os_error_line(exc)}") from None
-
-
-def sole_error(exc: BaseException) -> BaseException:
-    """The one exception inside nested one-member groups (Trio's nurseries wrap them)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _stdout_to_devnull() -> None:
-    # Python flushes stdout again at exit; into a closed pipe that prints a traceback.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    with contextlib.suppress(OSError, ValueError):
-        os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+        raise UsageError(f"TAK_HOME {located.root} is not usable: {os_error_line(exc)}") from exc
 
 
 def one_line_errors(command: str) -> Callable[[Handler], Handler]:
-    """Make a handler fail in one line on stderr, never a traceback.
+    """Make a handler fail in one line on stderr that names the command, never a traceback
+    (unless ``tak --debug``).
 
     A ``KernelError`` (even inside a Trio nursery's group) is its one line, exit
-    status 2; an ``OSError`` one line naming the path and the reason, status 1; a
-    reader that closed the pipe (``tak tools | head -1``) ends the command quietly,
-    status 0.
+    status 2; an ``OSError`` one line naming the path and the reason, status 1. The
+    output is flushed here, so a reader that closed the pipe (``tak tools | head -1``)
+    is seen while ``tak``'s own handler can still end the command quietly.
     """
 
     def decorate(func: Handler) -> Handler:
@@ -131,10 +118,9 @@ def one_line_errors(command: str) -> Callable[[Handler], Handler]:
                 sys.stdout.flush()
                 return code
             except BaseException as exc:
-                leaf = sole_error(exc)
-                if isinstance(leaf, BrokenPipeError):
-                    _stdout_to_devnull()
-                    return 0
+                leaf = single_leaf(exc)
+                if getattr(args, "debug", False) or isinstance(leaf, BrokenPipeError):
+                    raise
                 if isinstance(leaf, KernelError):
                     print(f"{command}: {leaf}", file=sys.stderr)
                     return 2
@@ -156,9 +142,9 @@ def os_errors_as(prefix: str) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        leaf = sole_error(exc)
+        leaf = single_leaf(exc)
         if isinstance(leaf, OSError) and not isinstance(leaf, BrokenPipeError):
-            raise KernelError(f"{prefix}: {os_error_line(leaf)}") from None
+            raise KernelError(f"{prefix}: {os_error_line(leaf)}") from leaf
         raise
 
 

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_PROJECT
-from .plugins import one_line_errors, sole_error
+from . import _single_leaf as single_leaf
+from .plugins import one_line_errors
 
 DEFAULT_PORT = 8765
 
@@ -137,7 +138,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         trio.run(main)
     except BaseException as exc:
-        cause = sole_error(exc)
+        cause = single_leaf(exc)
         if isinstance(cause, KernelError):
             print(f"tak serve: {cause}", file=sys.stderr)
             return 2

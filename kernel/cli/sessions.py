@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptTranscript, KernelError, UsageError
 from . import DEFAULT_PROJECT
-from .plugins import home_option, one_line_errors, os_errors_as, sole_error, tak_command
+from . import _single_leaf as single_leaf
+from .plugins import home_option, one_line_errors, os_errors_as, tak_command
 
 if TYPE_CHECKING:
     from ..store import FileStore, PostgresStore, RepairReport, SessionKey
@@ -91,7 +92,7 @@ def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -
     try:
         return trio.run(main)
     except BaseException as exc:
-        error = sole_error(exc)
+        error = single_leaf(exc)
         if isinstance(error, UsageError):
             print(f"tak: error: {error}", file=sys.stderr)
             return 2
