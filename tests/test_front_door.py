@@ -81,6 +81,13 @@ def test_a_home_below_a_regular_file_is_one_line(tmp_path: Path, command: tuple[
     assert f"TAK_HOME {home}" in line
 
 
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory\n")
+    result = tak("--debug", "demo", home=tmp_path / "file" / "home")
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "NotADirectoryError" in result.stderr
+
+
 def test_a_home_without_permission_is_one_line() -> None:
     # As root, modes do not refuse; sysfs does (EPERM on mkdir), for any uid.
     home = Path("/sys/tak-front-door-test")
