@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
 from . import DEFAULT_PROJECT
+from .plugins import ensure_home, home_option, tak_command
 
 if TYPE_CHECKING:
     from ..agent import AgentEvent, TurnFinished
@@ -181,6 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 0 if finished.reason == "final" else 1
 
     try:
+        ensure_home(args.home)  # one line naming TAK_HOME when it cannot be used
         return trio.run(main)
     except KernelError as exc:
         print(f"tak run: {exc}", file=sys.stderr)
@@ -240,12 +242,11 @@ def print_transcript_location(
     """Where the transcript is on disk, and the command that shows it."""
     key = session.key
     transcript = k.home.sessions / key.project / key.session_id / "transcript.jsonl"
-    home_option = f" --home {home}" if home else ""
     print(f"\ntranscript: {transcript}", file=out)
-    print(
-        f"show it:    tak{home_option} sessions show {key.session_id} --project {key.project}",
-        file=out,
+    show = tak_command(
+        *home_option(home), "sessions", "show", key.session_id, "--project", key.project
     )
+    print(f"show it:    {show}", file=out)  # runnable as printed, tak on PATH or not
 
 
 class _TurnView:

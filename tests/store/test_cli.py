@@ -88,7 +88,7 @@ def test_repair_and_show_damage(home: Path, capsys: pytest.CaptureFixture[str]) 
     path.write_bytes(lines[0] + b"oops\n" + b"".join(lines[1:]))
     assert tak(home, "sessions", "show", "chat1") == 1
     err = capsys.readouterr().err
-    assert f"{path}:2:" in err and "tak sessions repair chat1" in err
+    assert f"{path}:2:" in err and "sessions repair chat1" in err
     assert tak(home, "sessions", "ls") == 1
     listed = capsys.readouterr()
     assert "chat1" in listed.out and "DAMAGED:" in listed.out  # listed, not hidden
