@@ -96,12 +96,15 @@ _README = """\
 
 A plugin for `tak`, the trio-agent-kernel.
 
+With the Python that runs `tak` (in a tak checkout: `.venv/bin/python`, and `tak`
+is `.venv/bin/tak`):
+
 ```sh
-pip install -e .          # registers the `tak.plugins` entry point
-tak plugins trust {name}  # approve it: its code hash and permissions, under $TAK_HOME/config
-tak plugins ls            # {name} is listed with its tools
+python -m pip install -e .   # registers the `tak.plugins` entry point
+tak plugins trust {name}     # approve it: its code hash and permissions, under $TAK_HOME/config
+tak plugins ls               # {name} is listed with its tools
 tak call greet '{{"name": "Ada"}}'
-pytest                    # tests/ run the tools in a real sandbox worker
+python -m pytest             # tests/ run the tools in a real sandbox worker
 ```
 
 Add tools in `{package}/__init__.py` with `@plugin.tool`; type hints become

@@ -663,7 +663,7 @@ class FileStore(BaseStore):
                         rebuilt = SessionSummary(
                             sid,
                             await trio.to_thread.run_sync(self._mtime_ms_sync, key),
-                            problem=f"{exc}; `tak sessions repair {sid}` quarantines it",
+                            problem=f"{exc}; repairing the session quarantines it",
                         )
                     if rebuilt is not None:
                         by_id[sid] = rebuilt

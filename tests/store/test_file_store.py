@@ -174,7 +174,7 @@ async def test_one_damaged_session_is_listed_flagged_and_hides_no_other(tmp_path
     assert summaries["healthy"].data.entry_count == 1
     damaged = summaries[MAIN.session_id]
     assert damaged.problem is not None and f"{path}:2:" in damaged.problem
-    assert "tak sessions repair" in damaged.problem
+    assert "repairing the session quarantines it" in damaged.problem
 
 
 async def test_repair_quarantines_and_keeps_the_good_prefix(tmp_path: Path) -> None:
