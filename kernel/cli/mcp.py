@@ -8,6 +8,9 @@ the handlers, never by ``tak --help``.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from . import DEFAULT_PROJECT
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,12 +20,40 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     ls.set_defaults(func=cmd_ls)
     serve = commands.add_parser(
-        "serve", help="serve the kernel's tools over MCP (stdio; --http HOST:PORT for HTTP)"
+        "serve",
+        help="serve the kernel's tools over MCP (stdio; --http HOST:PORT for HTTP)",
+        description="Serve the kernel's tools to any MCP client, each call recorded in a "
+        "session. On stdio by default (stdout carries only MCP frames; logs go to stderr); "
+        "with --http, streamable HTTP at http://HOST:PORT/mcp behind a bearer token, and "
+        "one line on stdout: the URL. See docs/mcp.md.",
     )
-    serve.add_argument("--http", metavar="HOST:PORT", help="streamable HTTP instead of stdio")
-    serve.add_argument("--token-file", metavar="PATH", help="read (or create) the HTTP token")
+    serve.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (PORT 0: any)",
+    )
+    serve.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="PATH",
+        help="with --http: read the bearer token from this file; a missing file is created "
+        "with a new token (mode 0600). Default: a new token each start",
+    )
+    serve.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="with --http: allow a non-loopback HOST and Host header (no TLS: put a proxy "
+        "in front)",
+    )
     serve.add_argument("--workspace", help="the directory the tools work in")
-    serve.add_argument("--session", help="the session each call is recorded in")
+    serve.add_argument(
+        "--session", help="the session every call is recorded in (default: a new one per run)"
+    )
+    serve.add_argument(
+        "--project",
+        default=DEFAULT_PROJECT,
+        help=f"the project that session belongs to (default: {DEFAULT_PROJECT})",
+    )
     serve.set_defaults(func=cmd_serve)
 
 
