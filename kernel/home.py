@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -258,6 +260,85 @@ class ModelConfig:
     settings: ModelSettings | None = None
 
 
+def _check_seconds(value: float | None) -> None:
+    # bool is an int in Python: refuse it; an endless wait is no limit at all.
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+    ):
+        raise _BadValue(f"expected a positive number of seconds, got {_shown(value)}")
+
+
+def _check_start(value: str) -> None:
+    if value not in ("lazy", "eager"):
+        raise _BadValue(f'expected "lazy" or "eager", got {_shown(value)}')
+
+
+_SERVER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,30}")
+
+
+@attrs.frozen(kw_only=True)
+class McpServerConfig:
+    """``[mcp.servers.NAME]``: one MCP server whose tools the kernel offers as ``NAME.tool``.
+
+    Exactly one of ``command`` (a local server over stdio) and ``url`` (streamable
+    HTTP) is set.
+
+    Attributes:
+        command: the program to run (stdio), with ``args``, in ``cwd``.
+        env: variables the program gets, beside a few safe ones (``PATH``,
+            ``HOME``, ...): it never inherits the kernel's whole environment.
+        url: the server's endpoint (``http://host:port/mcp``), sent ``headers``.
+        tools: the server's tool names to offer (``None``: all of them).
+        timeout: seconds a call may take (``None``: the kernel's per-call limit).
+        startup_timeout: seconds to start and greet the server (and list its tools).
+        start: ``"lazy"`` (on first need: a turn or a call) or ``"eager"`` (when
+            the kernel opens).
+    """
+
+    command: str | None = None
+    args: list[str] = attrs.field(factory=list)
+    env: dict[str, str] = attrs.field(factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = attrs.field(factory=dict)
+    tools: list[str] | None = None
+    timeout: float | None = attrs.field(default=None, validator=_validator(_check_seconds))
+    startup_timeout: float = attrs.field(default=30.0, validator=_validator(_check_seconds))
+    start: str = attrs.field(default="lazy", validator=_validator(_check_start))
+
+    def __attrs_post_init__(self) -> None:
+        try:
+            _check_server(self)
+        except _BadValue as exc:
+            raise UsageError(f"McpServerConfig: {exc}") from None
+
+
+def _check_server(server: McpServerConfig) -> None:
+    if (server.command is None) == (server.url is None):
+        raise _BadValue("set exactly one of command (stdio) and url (streamable HTTP)")
+    if server.url is not None and not server.url.startswith(("http://", "https://")):
+        raise _BadValue(f"url: expected an http:// or https:// URL, got {_shown(server.url)}")
+
+
+def _check_server_name(name: str) -> None:
+    if not _SERVER_NAME.fullmatch(name):
+        raise _BadValue(
+            f"server name {_shown(name)}: expected letters, digits, '_' or '-' "
+            "(at most 31, not starting with a digit or '-')"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class McpConfig:
+    """``[mcp]``.
+
+    Attributes:
+        servers: ``[mcp.servers.NAME]``, by name (see ``McpServerConfig``).
+    """
+
+    servers: dict[str, McpServerConfig] = attrs.field(factory=dict)
+
+
 @attrs.frozen(kw_only=True)
 class Config:
     """``tak.toml``: what ``TakHome.read_config`` gives.
@@ -267,6 +348,7 @@ class Config:
         store: ``[store]``.
         workspace: ``[workspace]``.
         model: ``[model]``.
+        mcp: ``[mcp]``: the MCP servers whose tools the kernel offers.
         plugins: ``[plugins.<name>]``: each plugin's own settings (what its
             tools see as ``context().config``), checked by the plugin.
     """
@@ -275,6 +357,7 @@ class Config:
     store: StoreConfig = StoreConfig()
     workspace: WorkspaceConfig = WorkspaceConfig()
     model: ModelConfig = ModelConfig()
+    mcp: McpConfig = McpConfig()
     plugins: dict[str, dict[str, Any]] = attrs.field(factory=dict)
 
     @classmethod
@@ -359,6 +442,8 @@ def _config_converter() -> cattrs.Converter:
     ``import kernel.home`` stays cheap: every ``tak`` command imports it, and
     cattrs loads only when a config is read.
     """
+    import cattrs
+    from cattrs.errors import IterableValidationNote
     from cattrs.gen import make_dict_structure_fn, override
 
     from .messages import converter
@@ -421,5 +506,56 @@ def _config_converter() -> cattrs.Converter:
         lambda s: {k: list(v) if isinstance(v, tuple) else v for k, v in s.set_fields().items()},
     )
     conv.register_structure_hook(ModelConfig, section(ModelConfig))
+
+    def strings(value: Any, _: Any) -> list[str]:
+        # A bare string would be read as a list of its characters: refuse it.
+        if type(value) is not list:
+            raise _BadValue(f"expected a list of strings, got {_shown(value)}")
+        return [conv.structure(v, str) for v in value]
+
+    def string_table(value: Any, _: Any) -> dict[str, str]:
+        return {k: conv.structure(v, str) for k, v in table(value, None).items()}
+
+    def seconds(value: Any, _: Any) -> float:
+        _check_seconds(value)
+        return float(value)
+
+    conv.register_structure_hook_func(lambda t: t == list[str], strings)
+    conv.register_structure_hook_func(lambda t: t == dict[str, str], string_table)
+    server_fields = section(
+        McpServerConfig,
+        timeout=override(struct_hook=seconds),
+        startup_timeout=override(struct_hook=seconds),
+        start=override(struct_hook=strict(str, _check_start)),
+    )
+
+    def server(value: Any, _: Any) -> McpServerConfig:
+        raw = table(value, None)
+        # The record's own check across its fields (_check_server), on the table,
+        # so that its error names the server's path like any other.
+        if ("command" in raw) == ("url" in raw):
+            raise _BadValue("set exactly one of command (stdio) and url (streamable HTTP)")
+        url = raw.get("url")
+        if isinstance(url, str) and not url.startswith(("http://", "https://")):
+            raise _BadValue(f"url: expected an http:// or https:// URL, got {_shown(url)}")
+        return server_fields(raw, None)
+
+    def servers(value: Any, _: Any) -> dict[str, McpServerConfig]:
+        out: dict[str, McpServerConfig] = {}
+        errors: list[Exception] = []
+        for name, item in table(value, None).items():
+            try:
+                _check_server_name(name)
+                out[name] = server(item, None)
+            except Exception as exc:
+                note = f"Structuring mapping value @ key {name!r}"
+                exc.__notes__ = [IterableValidationNote(note, name, McpServerConfig)]
+                errors.append(exc)
+        if errors:
+            raise cattrs.IterableValidationError("bad servers", errors, dict)
+        return out
+
+    conv.register_structure_hook_func(lambda t: t == dict[str, McpServerConfig], servers)
+    conv.register_structure_hook(McpConfig, section(McpConfig))
     conv.register_structure_hook(Config, section(Config))
     return conv

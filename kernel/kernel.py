@@ -43,7 +43,7 @@ from .errors import UsageError
 from .executor import CallLimits
 from .history import HistoryCache
 from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
-from .home import Config, TakHome
+from .home import Config, McpServerConfig, TakHome
 from .messages import Message, Observation, ToolCall
 from .models import Model, open_http_client, resolve_model
 from .plugin import ToolContext, use_context
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     import httpx
 
     from plugins import PluginHost, PluginSpec
+    from plugins._mcp import McpServers
 
 #: How many other-model agents ``Kernel.agent_for`` keeps (least recently used goes first):
 #: a client choosing a model per request must not grow the kernel without bound.
@@ -80,6 +81,7 @@ class Kernel:
         plugins: PluginHost,
         http_client: httpx.AsyncClient | None = None,
         config: Config | None = None,
+        mcp: McpServers | None = None,
     ) -> None:
         self.home = home
         #: ``tak.toml`` as this kernel read it, with ``open_kernel``'s overrides
@@ -91,6 +93,9 @@ class Kernel:
         self.model = model
         self.agent = agent
         self.plugins = plugins
+        #: The MCP servers whose tools join ``tools`` (``mcp.info()``: each one's
+        #: state and tools; ``None`` when none is configured).
+        self.mcp = mcp
         self._http_client = http_client
         self._agents: OrderedDict[str, Agent] = OrderedDict()  # by model string, LRU first
         self._nursery = nursery
@@ -126,6 +131,9 @@ class Kernel:
         The calls and their results are appended as one assistant message and its
         tool message, also when the batch is cancelled.
         """
+        if self.mcp is not None:
+            # A lazy MCP server starts when a call names one of its tools.
+            await self.mcp.list_tools_for([c.name for c in calls])
         with self.tool_context(session):
             return await run_calls_recorded(
                 session,
@@ -178,6 +186,7 @@ class Kernel:
         """
         agent = self.agent_for(model)
         tools = self._plugin_patterns(tools)
+        await self._list_mcp_tools(tools)
         with self.tool_context(session):
             result = await agent.run_turn(
                 session, prompt, on_event=on_event, settings=settings, tools=tools
@@ -199,11 +208,23 @@ class Kernel:
         for the arguments)."""
         agent = self.agent_for(model)
         tools = self._plugin_patterns(tools)
+        await self._list_mcp_tools(tools)
         # The agent's tasks start inside this block, so they inherit the context.
         with self.tool_context(session):
             async with agent.run(session, prompt, settings=settings, tools=tools) as events:
                 yield events
         self._compact_later(session)
+
+    async def _list_mcp_tools(self, tools: Sequence[str] | None) -> None:
+        """Before a turn: the tools of the MCP servers it may offer, listed (lazy
+        servers start here) unless cached. A server that fails is left out, with
+        its error in ``mcp.info()``."""
+        if self.mcp is None:
+            return
+        if tools is None:
+            await self.mcp.list_tools()
+        else:
+            await self.mcp.list_tools_for([t for t in tools if isinstance(t, str)])
 
     def _plugin_patterns(self, tools: Sequence[str] | None) -> Sequence[str] | None:
         """``tools`` with each ``PLUGIN.*`` (a loaded plugin's name) replaced by
@@ -252,6 +273,20 @@ def _prepare_dirs(
 
 
 @contextlib.asynccontextmanager
+async def _open_mcp(
+    config: Config, registry: ToolRegistry, home: TakHome
+) -> AsyncIterator[McpServers | None]:
+    """The configured MCP servers (``None`` when there are none: ``mcp`` is not imported)."""
+    if not config.mcp.servers:
+        yield None
+        return
+    from plugins._mcp import open_mcp_servers
+
+    async with open_mcp_servers(config.mcp.servers, registry, log_dir=home.data / "mcp") as servers:
+        yield servers
+
+
+@contextlib.asynccontextmanager
 async def open_kernel(
     *,
     home: str | os.PathLike[str] | TakHome | None = None,
@@ -271,6 +306,7 @@ async def open_kernel(
     plugin_config: Mapping[str, Mapping[str, Any]] | None = None,
     allow_unsandboxed: bool | None = None,
     settings: ModelSettings | None = None,
+    mcp_servers: Mapping[str, McpServerConfig] | None = None,
 ) -> AsyncIterator[Kernel]:
     """Open a kernel: its home, store, model, tools and plugins, and a nursery for its tasks.
 
@@ -292,6 +328,9 @@ async def open_kernel(
         settings: what every request asks of the model (``kernel.settings``),
             merged over ``[model.settings]`` of ``tak.toml``; a turn's own
             settings are merged over these.
+        mcp_servers: MCP servers by name, whose tools join the kernel's as
+            ``NAME.tool``; they replace the same names of ``[mcp.servers]`` in
+            ``tak.toml`` (docs/mcp.md).
 
     Raises:
         UsageError: a bad model string, a missing API key, a workspace that is
@@ -307,6 +346,9 @@ async def open_kernel(
     if allow_unsandboxed is not None:
         sandbox = attrs.evolve(config.sandbox, allow_unsandboxed=allow_unsandboxed)
         config = attrs.evolve(config, sandbox=sandbox)
+    if mcp_servers:
+        servers = {**config.mcp.servers, **mcp_servers}
+        config = attrs.evolve(config, mcp=attrs.evolve(config.mcp, servers=servers))
     model_settings = merge(config.model.settings, settings)
     # The store and the plugin host take tak.toml as the mapping it parses to.
     toml = config.to_toml()
@@ -326,6 +368,7 @@ async def open_kernel(
                 home=tak_home,
             ) as host,
             open_http_client() as client,
+            _open_mcp(config, host.tools, tak_home) as mcp,
         ):
             registry = host.tools
             the_model = (
@@ -356,6 +399,7 @@ async def open_kernel(
                         plugins=host,
                         http_client=client,
                         config=config,
+                        mcp=mcp,
                     )
                     # Background work (compaction) is optional: don't hold the exit for it.
                     nursery.cancel_scope.cancel()

@@ -52,7 +52,10 @@ def test_every_section_is_read_into_its_record(tmp_path: Path) -> None:
             '$.sandbox.allow_unsandboxed: expected a boolean, got "yes"',
         ),
         ({"sandbox": "on"}, '$.sandbox: expected a table, got "on"'),
-        ({"sandox": {}}, "$: unknown setting 'sandox' (known: sandbox, store, workspace, model, plugins)"),
+        (
+            {"sandox": {}},
+            "$: unknown setting 'sandox' (known: sandbox, store, workspace, model, mcp, plugins)",
+        ),
         (
             {"sandbox": {"allow": True}},
             "$.sandbox: unknown setting 'allow' (known: allow_unsandboxed)",

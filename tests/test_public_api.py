@@ -43,3 +43,15 @@ def test_import_kernel_is_cheap() -> None:
 def test_documented_one_liner_imports() -> None:
     code = "from kernel import run_tool_calls, tool, ToolCall, Observation, CallLimits"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_import_kernel_and_plugins_does_not_import_mcp() -> None:
+    # The MCP SDK (tak[mcp]) costs a second or two to import: only a kernel with
+    # MCP servers configured loads it, when one starts (plugins/_mcp.py).
+    code = (
+        "import sys, kernel, plugins, kernel.kernel, kernel.home, kernel.cli; "
+        "kernel.open_kernel; plugins.open_plugin_host; "
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,590 @@
+"""MCP servers as a tool source: each server's tools join the kernel's registry.
+
+One ``McpServer`` per ``[mcp.servers.NAME]`` of tak.toml. Its guarantees:
+
+1. One owner task per connection, in the nursery of ``open_mcp_servers``: the
+   task enters the transport and the ``ClientSession`` and leaves them (a
+   session entered in one task and left in another crashes under Trio); calls
+   use the session it hands out (``nursery.start``) from their own tasks.
+2. Lazy by default: the process starts on first need (the tool list before a
+   turn, or a call); ``start = "eager"`` starts it when the kernel opens.
+3. A server that fails to start, dies or stops answering never raises into
+   the kernel: calls in flight when the connection closes get ``crashed``,
+   a call past its deadline ``timeout`` (the executor's, from ``timeout``);
+   the next call restarts it, after a backoff when starting keeps failing.
+4. Tools are ``NAME.tool``, their arguments checked by the kernel against the
+   server's JSON Schema before anything is sent; the list is cached, and
+   fetched again after ``notifications/tools/list_changed`` or a restart.
+5. Leaving ``open_mcp_servers`` closes every connection within a bounded time
+   (the SDK closes stdin, then terminates, then kills a stdio server).
+
+The ``mcp`` package (``tak[mcp]``) is imported here only when a server starts,
+never by ``import plugins``. Stdio servers are not confined by the sandbox yet.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+import attrs
+import trio
+
+from kernel.errors import UsageError
+from kernel.home import McpServerConfig
+from kernel.tools import RunContext, Tool, ToolFailure, ToolRegistry
+
+if TYPE_CHECKING:
+    from mcp import ClientSession
+    from mcp.types import CallToolResult
+
+logger = logging.getLogger("tak.mcp")
+
+State = Literal["not started", "starting", "running", "failed", "crashed", "stopped"]
+
+#: Seconds before restarting a server whose start failed, doubled on each failure.
+FIRST_BACKOFF = 1.0
+MAX_BACKOFF = 30.0
+#: Seconds leaving ``open_mcp_servers`` may take to close every server.
+CLOSE_TIMEOUT = 5.0
+#: Bytes of a tool name on the wire (OpenAI, Anthropic): ``.`` is sent as ``__``.
+_MAX_WIRE_NAME = 64
+_BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@attrs.frozen
+class McpServerInfo:
+    """One server as ``tak mcp ls`` shows it.
+
+    Attributes:
+        name: its name in tak.toml (the tools' namespace).
+        transport: ``stdio`` or ``http``.
+        state: ``not started``, ``starting``, ``running``, ``failed`` (could
+            not start), ``crashed`` (its connection closed), ``stopped``.
+        tools: the kernel names of its tools, as last listed.
+        errors: what went wrong, one line each (a failed start, a tool left out).
+        restarts: how many times it was started again after the first.
+    """
+
+    name: str
+    transport: Literal["stdio", "http"]
+    state: State
+    tools: tuple[str, ...]
+    errors: tuple[str, ...]
+    restarts: int
+
+
+def kernel_tool_name(server: str, remote: str) -> str:
+    """``server.remote`` made a valid kernel tool name, within the wire's 64 characters.
+
+    Characters a provider refuses become ``_``; a name too long (``.`` counts as
+    two, ``__`` on the wire) is cut and ends with a hash of the whole, so two
+    long names stay apart.
+    """
+    clean = _BAD_NAME_CHARS.sub("_", remote) or "_"
+    name = f"{server}.{clean}"
+    if len(name.replace(".", "__")) <= _MAX_WIRE_NAME and clean == remote:
+        return name
+    digest = hashlib.sha256(remote.encode()).hexdigest()[:8]
+    while len(f"{name}-{digest}".replace(".", "__")) > _MAX_WIRE_NAME:
+        name = name[:-1]
+    return f"{name}-{digest}"
+
+
+def observation_text(result: CallToolResult) -> str:
+    """What the model reads of an MCP result: text as is, other content as a
+    one-line placeholder, structured content as JSON after the text (unless a
+    text part already says the same).
+
+    Raises:
+        ToolFailure: ``isError``: kind ``exception``, with the server's text.
+    """
+    parts: list[str] = []
+    decoded: list[Any] = []
+    for item in result.content:
+        kind = getattr(item, "type", None)
+        if kind == "text":
+            parts.append(item.text)  # type: ignore[union-attr]
+            with contextlib.suppress(ValueError):
+                decoded.append(json.loads(item.text))  # type: ignore[union-attr]
+        elif kind in ("image", "audio"):
+            size = _decoded_size(item.data)  # type: ignore[union-attr]
+            parts.append(f"[{kind}: {item.mime_type}, {size} bytes]")  # type: ignore[union-attr]
+        elif kind == "resource_link":
+            mime = f", {item.mime_type}" if item.mime_type else ""  # type: ignore[union-attr]
+            parts.append(f"[resource link: {item.uri}{mime}]")  # type: ignore[union-attr]
+        elif kind == "resource":
+            resource = item.resource  # type: ignore[union-attr]
+            text = getattr(resource, "text", None)
+            if text is not None:
+                parts.append(f"[resource: {resource.uri}]\n{text}")
+            else:
+                size = _decoded_size(getattr(resource, "blob", ""))
+                mime = resource.mime_type or "application/octet-stream"
+                parts.append(f"[resource: {resource.uri}, {mime}, {size} bytes]")
+        else:
+            parts.append(f"[{kind} content]")
+    structured = result.structured_content
+    if structured is not None and not _said(structured, decoded, parts):
+        parts.append(json.dumps(structured, ensure_ascii=False))
+    text = "\n".join(parts)
+    if result.is_error:
+        raise ToolFailure("exception", text or "the MCP server reported an error", type="McpError")
+    return text
+
+
+def _said(structured: Any, decoded: list[Any], texts: list[str]) -> bool:
+    # Servers send structured content in a text part too (the spec asks them to),
+    # and a function returning a str gives {"result": text}: don't say it twice.
+    if structured in decoded:
+        return True
+    if isinstance(structured, dict) and list(structured) == ["result"]:
+        value = structured["result"]
+        return value in decoded or value in texts
+    return False
+
+
+def _decoded_size(data: str) -> int:
+    try:
+        return len(base64.b64decode(data, validate=False))
+    except (binascii.Error, ValueError):
+        return len(data)
+
+
+class McpServer:
+    """One configured server: its connection's owner task, its tools, its state."""
+
+    def __init__(
+        self,
+        name: str,
+        config: McpServerConfig,
+        *,
+        nursery: trio.Nursery,
+        registry: ToolRegistry,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._nursery = nursery
+        self._registry = registry
+        self._log_dir = log_dir
+        self._session: ClientSession | None = None
+        self._stop: trio.Event | None = None  # set: the owner task leaves the session
+        self._closed: trio.Event | None = None  # set by the owner task when it has left
+        self._lock = trio.Lock()
+        self._state: State = "not started"
+        self._start_error: str | None = None
+        self._tool_errors: list[str] = []
+        self._failures = 0
+        self._retry_at = -math.inf
+        self._starts = 0
+        self._listed = False
+        self._remote_names: dict[str, str] = {}  # kernel name -> the server's name
+        self._suspect = False  # a call timed out: ping before the next one
+
+    @property
+    def transport(self) -> Literal["stdio", "http"]:
+        return "http" if self.config.url is not None else "stdio"
+
+    def info(self) -> McpServerInfo:
+        errors = ([self._start_error] if self._start_error else []) + self._tool_errors
+        return McpServerInfo(
+            name=self.name,
+            transport=self.transport,
+            state=self._state,
+            tools=tuple(self._remote_names),
+            errors=tuple(errors),
+            restarts=max(self._starts - 1, 0),
+        )
+
+    # -- the connection ---------------------------------------------------------------
+
+    async def session(self) -> ClientSession:
+        """The live session, started (or restarted) first when there is none.
+
+        Raises:
+            ToolFailure: ``crashed``: it could not start, or is waiting out a backoff.
+        """
+        if self._suspect and self._session is not None:
+            await self._check_alive(self._session)
+        session = self._session
+        if session is not None:
+            return session
+        async with self._lock:
+            if self._session is not None:
+                return self._session
+            now = trio.current_time()
+            if now < self._retry_at:
+                raise ToolFailure(
+                    "crashed",
+                    f"MCP server {self.name!r} failed to start ({self._start_error}); "
+                    f"next try in {self._retry_at - now:.1f} s",
+                    type="McpServerDown",
+                )
+            return await self._start()
+
+    async def _start(self) -> ClientSession:
+        self._state = "starting"
+        self._starts += 1
+        stop, closed = trio.Event(), trio.Event()
+        try:
+            with trio.fail_after(self.config.startup_timeout):
+                session: ClientSession = await self._nursery.start(self._own, stop, closed)
+        except Exception as exc:  # a start that failed or timed out: never the kernel's
+            self._failures += 1
+            backoff = min(FIRST_BACKOFF * 2 ** (self._failures - 1), MAX_BACKOFF)
+            self._retry_at = trio.current_time() + backoff
+            self._state = "failed"
+            self._start_error = (
+                f"did not start within {self.config.startup_timeout:g} s"
+                if isinstance(exc, trio.TooSlowError)
+                else f"failed to start: {_reason(exc)}"
+            )
+            raise ToolFailure(
+                "crashed", f"MCP server {self.name!r} {self._start_error}", type="McpServerDown"
+            ) from None
+        self._failures = 0
+        self._start_error = None
+        self._suspect = False
+        self._stop, self._closed, self._session = stop, closed, session
+        self._state = "running"
+        self._listed = False  # a new process may offer other tools
+        return session
+
+    async def _own(
+        self,
+        stop: trio.Event,
+        closed: trio.Event,
+        *,
+        task_status: trio.TaskStatus[ClientSession] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The owner task: enters the connection, hands the session out, and leaves it
+        (on ``stop``, on cancellation, or when the connection ends by itself)."""
+        from mcp import ClientSession
+
+        started = False
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(self._transport(stack))
+                session = await stack.enter_async_context(
+                    ClientSession(read, write, message_handler=self._on_message)
+                )
+                await session.initialize()
+                task_status.started(session)
+                started = True
+                await stop.wait()
+        except Exception as exc:
+            if not started:
+                raise  # nursery.start gives it to whoever started us
+            logger.warning("MCP server %r: its connection ended: %s", self.name, _reason(exc))
+        except BaseExceptionGroup as group:
+            # The SDK's task groups wrap what they raise; a failure here is this
+            # server's, never the kernel's nursery's. Cancellation goes on.
+            cancelled, failures = group.split(trio.Cancelled)
+            if failures is not None and not started:
+                raise failures from None
+            if cancelled is not None:
+                raise cancelled from None
+        finally:
+            closed.set()
+            if self._closed is closed:
+                self._lost("crashed" if not stop.is_set() else "stopped")
+
+    @contextlib.asynccontextmanager
+    async def _transport(self, stack: contextlib.AsyncExitStack) -> AsyncIterator[Any]:
+        config = self.config
+        if config.url is not None:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            # A call's read timeout is its deadline (the executor's): none here.
+            client = await stack.enter_async_context(
+                create_mcp_http_client(
+                    headers=dict(config.headers),
+                    timeout=httpx2.Timeout(config.startup_timeout, read=None),
+                )
+            )
+            async with streamable_http_client(config.url, http_client=client) as streams:
+                yield streams[0], streams[1]
+            return
+        from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
+
+        assert config.command is not None
+        # A stdio child gets the SDK's few safe variables (PATH, HOME, ...) and what
+        # the config names, never the kernel's whole environment (keys, tokens).
+        params = StdioServerParameters(
+            command=config.command,
+            args=list(config.args),
+            env={**get_default_environment(), **config.env},
+            cwd=config.cwd,
+        )
+        async with stdio_client(params, errlog=self._errlog(stack)) as (read, write):
+            yield read, write
+
+    def _errlog(self, stack: contextlib.ExitStack[Any] | contextlib.AsyncExitStack) -> TextIO:
+        """Where the server's stderr goes: ``<log_dir>/NAME.log``, else the kernel's stderr."""
+        import sys
+
+        if self._log_dir is None:
+            return sys.stderr
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        return stack.enter_context(open(self._log_dir / f"{self.name}.log", "a"))
+
+    async def _on_message(self, message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            self._listed = False
+
+    def _lost(self, state: State) -> None:
+        """The connection is gone: the next call starts a new one."""
+        self._session = self._stop = self._closed = None
+        self._state = state
+
+    async def _check_alive(self, session: ClientSession) -> None:
+        """After a timeout: a server that does not answer a ping is restarted."""
+        self._suspect = False
+        with trio.move_on_after(min(self.config.startup_timeout, 5.0)):
+            try:
+                await session.send_ping()
+            except Exception:
+                pass
+            else:
+                return
+        logger.warning("MCP server %r stopped answering: restarting it", self.name)
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Leave the session (the owner task closes the connection) and wait for it."""
+        stop, closed = self._stop, self._closed
+        if stop is None or closed is None:
+            return
+        self._lost("stopped")
+        stop.set()
+        await closed.wait()
+
+    # -- tools ------------------------------------------------------------------------
+
+    async def list_tools(self) -> list[str]:
+        """Start the server if needed, list its tools (when not cached) and register
+        new ones; the names of its tools.
+
+        Raises:
+            ToolFailure: the server could not start or answer.
+        """
+        session = await self.session()
+        if self._listed:
+            return list(self._remote_names)
+        try:
+            with trio.fail_after(self.config.startup_timeout):
+                listed = await _all_tools(session)
+        except Exception as exc:
+            raise self._call_failure(exc, "tools/list", session) from None
+        self._listed = True
+        names: dict[str, str] = {}
+        errors: list[str] = []
+        allowed = None if self.config.tools is None else set(self.config.tools)
+        for remote in listed:
+            if allowed is not None and remote.name not in allowed:
+                continue
+            name = kernel_tool_name(self.name, remote.name)
+            if name in names:
+                errors.append(f"tool {remote.name!r} left out: {name!r} is taken")
+                continue
+            existing = self._registry.get(name)
+            if existing is None:
+                try:
+                    self._registry.add(self._tool(name, remote))
+                except UsageError as exc:
+                    errors.append(f"tool {remote.name!r} left out: {exc}")
+                    continue
+            elif not isinstance(existing.active_runner, McpRunner):
+                errors.append(f"tool {remote.name!r} left out: {name!r} is another tool's name")
+                continue
+            names[name] = remote.name
+        self._remote_names = names
+        self._tool_errors = errors
+        return list(names)
+
+    def _tool(self, name: str, remote: Any) -> Tool:
+        return Tool(
+            name=name,
+            description=remote.description or remote.title or "",
+            parameters=dict(remote.input_schema),
+            fn=None,
+            is_async=True,
+            timeout=self.config.timeout,
+            runner=McpRunner(self, name),
+        )
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Call the tool the kernel knows as ``name``; its result as text.
+
+        Raises:
+            ToolFailure: ``crashed`` (no server, or its connection closed during
+                the call), ``exception`` (``isError``, or the server refused the call).
+        """
+        session = await self.session()
+        if self._listed and name not in self._remote_names:
+            raise ToolFailure(
+                "exception", f"MCP server {self.name!r} no longer offers {name!r}", type="McpError"
+            )
+        remote = self._remote_names.get(name, name.partition(".")[2])
+        started = trio.current_time()
+        try:
+            result = await session.call_tool(remote, arguments)
+        except trio.Cancelled:
+            timeout = self.config.timeout
+            if timeout is not None and trio.current_time() - started >= timeout * 0.99:
+                self._suspect = True
+            raise
+        except Exception as exc:
+            raise self._call_failure(exc, remote, session) from None
+        return observation_text(result)
+
+    def _call_failure(self, exc: Exception, what: str, session: ClientSession) -> ToolFailure:
+        import anyio
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED
+
+        if isinstance(exc, trio.TooSlowError):
+            self._suspect = True
+            return ToolFailure("timeout", f"MCP server {self.name!r}: {what} had no answer")
+        closed = isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED
+        if not closed and not isinstance(
+            exc, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream
+        ):
+            message = exc.message if isinstance(exc, MCPError) else _reason(exc)
+            return ToolFailure("exception", f"{what}: {message}", type=type(exc).__name__)
+        if self._session is session and self._stop is not None:
+            # The owner task closes what is left of it; the next call starts anew.
+            self._stop.set()
+            self._lost("crashed")
+        return ToolFailure(
+            "crashed",
+            f"MCP server {self.name!r} closed the connection during the call "
+            "(it is restarted on the next call)",
+            type="McpServerDown",
+        )
+
+
+@attrs.frozen
+class McpRunner:
+    """The ``ToolRunner`` of an MCP tool: the validated JSON, sent to its server."""
+
+    server: McpServer
+    name: str
+
+    async def run(self, arguments: dict[str, Any], ctx: RunContext) -> Any:
+        return await self.server.call(self.name, arguments)
+
+
+async def _all_tools(session: ClientSession) -> list[Any]:
+    from mcp.types import PaginatedRequestParams
+
+    tools: list[Any] = []
+    cursor: str | None = None
+    while True:
+        params = PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await session.list_tools(params=params)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_reason(e) for e in exc.exceptions)
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class McpServers:
+    """Every configured server (``Kernel.mcp``), by name, in the config's order."""
+
+    def __init__(self, servers: Sequence[McpServer]) -> None:
+        self.servers = {s.name: s for s in servers}
+
+    def info(self) -> list[McpServerInfo]:
+        """Each server's state and tools, for ``tak mcp ls``."""
+        return [s.info() for s in self.servers.values()]
+
+    async def list_tools(self, names: Sequence[str] | None = None) -> None:
+        """Make sure the tools of ``names`` (every server when ``None``) are registered:
+        start them if needed, list what is not cached. A server that fails is
+        recorded in its state, never raised."""
+        chosen = [s for s in self.servers.values() if names is None or s.name in names]
+        pending = [s for s in chosen if not (s._listed and s._session is not None)]
+        if not pending:
+            return
+
+        async def one(server: McpServer) -> None:
+            with contextlib.suppress(ToolFailure):
+                await server.list_tools()
+
+        async with trio.open_nursery() as nursery:
+            for server in pending:
+                nursery.start_soon(one, server)
+
+    async def list_tools_for(self, tool_names: Sequence[str]) -> None:
+        """``list_tools`` for the servers whose namespace one of ``tool_names`` has."""
+        wanted = {n.partition(".")[0] for n in tool_names if "." in n}
+        servers = [n for n in wanted if n in self.servers]
+        if servers:
+            await self.list_tools(servers)
+
+    async def aclose(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for server in self.servers.values():
+                nursery.start_soon(server.stop)
+
+
+@contextlib.asynccontextmanager
+async def open_mcp_servers(
+    configs: Mapping[str, McpServerConfig],
+    registry: ToolRegistry,
+    *,
+    log_dir: str | os.PathLike[str] | None = None,
+) -> AsyncIterator[McpServers]:
+    """The servers of ``configs``, their tools added to ``registry`` as they are listed.
+
+    Eager servers are started and listed before this yields (a failure is in
+    their state, not raised). Leaving closes every server, within
+    ``CLOSE_TIMEOUT`` seconds (then their owner tasks are cancelled: the SDK
+    kills a stdio server that has not exited).
+    """
+    logs = Path(log_dir) if log_dir is not None else None
+    try:
+        async with trio.open_nursery() as nursery:
+            servers = McpServers(
+                [
+                    McpServer(name, config, nursery=nursery, registry=registry, log_dir=logs)
+                    for name, config in configs.items()
+                ]
+            )
+            try:
+                eager = [n for n, c in configs.items() if c.start == "eager"]
+                if eager:
+                    await servers.list_tools(eager)
+                yield servers
+            finally:
+                with trio.CancelScope(shield=True) as closing:
+                    closing.deadline = trio.current_time() + CLOSE_TIMEOUT
+                    await servers.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The owner tasks never raise (a server's failure is its state), so a lone
+        # exception is the caller's own, from the body: give it back as it was.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -1,0 +1,91 @@
+"""A stdio MCP server for the tests, written with the SDK's ``MCPServer``.
+
+Run as ``python tests/mcp/server.py [--http PORT]``: stdio by default; with
+``--http`` the same tools over streamable HTTP (hypercorn's Trio worker, on
+127.0.0.1). ``pid`` tells a test which process to kill.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import trio
+from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("tak-test")
+
+# A 1x1 PNG.
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000154a24f1b0000000049454e44ae426082"
+)
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Say ``text`` back."""
+    return text
+
+
+@server.tool()
+async def sleep(seconds: float) -> str:
+    """Sleep, then say so."""
+    await trio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Raise (the server answers isError)."""
+    raise ToolError(message)
+
+
+@server.tool()
+def image() -> Image:
+    """A small PNG."""
+    return Image(data=PNG, format="png")
+
+
+@server.tool()
+async def hang() -> str:
+    """Never answer."""
+    await trio.sleep_forever()
+    return "unreachable"
+
+
+@server.tool()
+async def exit_now(after: float = 0.0) -> str:
+    """End the server's process in the middle of the call."""
+    await trio.sleep(after)
+    os._exit(3)
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+def env(name: str) -> str:
+    """An environment variable of the server ('' when unset)."""
+    return os.environ.get(name, "")
+
+
+async def serve_http(port: int) -> None:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    app = server.streamable_http_app(stateless_http=True)
+    await serve(app, config)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        trio.run(serve_http, int(sys.argv[2]))
+    else:
+        trio.run(server.run_stdio_async)

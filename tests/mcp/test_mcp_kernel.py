@@ -1,0 +1,92 @@
+"""A kernel with MCP servers: their tools beside the others, in calls and in turns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+from conftest import SERVER, stdio_server
+
+from kernel import ToolCall, open_kernel, tool
+from kernel.models import ScriptedModel
+
+
+@tool
+async def note(text: str) -> str:
+    """An in-process tool."""
+    await trio.sleep(0.1)
+    return f"noted: {text}"
+
+
+async def test_call_tools_with_mcp_tools_and_built_ins(tmp_path: Path) -> None:
+    servers = {"t": stdio_server(startup_timeout=10)}
+    async with open_kernel(home=tmp_path, tools=[note], plugins=[], mcp_servers=servers) as k:
+        assert k.mcp is not None and k.mcp.info()[0].state == "not started"
+        calls = [
+            ToolCall("a", "t.sleep", {"seconds": 0.2}),
+            ToolCall("b", "note", {"text": "x"}),
+            ToolCall("c", "t.fail", {"message": "no"}),
+        ]
+        observations = await k.call_tools(k.session("s"), calls)
+        assert [o.content for o in observations[:2]] == ["slept 0.2", "noted: x"]
+        assert observations[2].error is not None and observations[2].error.kind == "exception"
+        [info] = k.mcp.info()
+        assert info.state == "running" and "t.sleep" in k.tools
+        messages = await k.session("s").messages()
+        assert [m.role for m in messages] == ["assistant", "tool"]
+
+
+async def test_a_turn_offers_mcp_tools(tmp_path: Path) -> None:
+    model = ScriptedModel(
+        [
+            ScriptedModel.reply(calls=[("t.echo", {"text": "hi"}), ("note", {"text": "y"})]),
+            "done",
+        ]
+    )
+    servers = {"t": stdio_server(startup_timeout=10)}
+    async with open_kernel(
+        home=tmp_path, model=model, tools=[note], plugins=[], mcp_servers=servers
+    ) as k:
+        result = await k.run_turn(k.session("s"), "go")
+        assert result.text == "done"
+        messages = await k.session("s").messages()
+        tool_message = next(m for m in messages if m.role == "tool")
+        assert [o.content for o in tool_message.observations] == ["hi", "noted: y"]
+
+
+async def test_a_kernel_without_mcp_servers() -> None:
+    async with open_kernel(plugins=[]) as k:
+        assert k.mcp is None
+
+
+def test_tak_mcp_ls(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config/tak.toml").write_text(
+        "[mcp.servers.t]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = [{json.dumps(SERVER)}]\n"
+        'tools = ["echo", "pid"]\n'
+        "[mcp.servers.gone]\n"
+        'command = "/nonexistent/server"\n'
+    )
+    env = {**os.environ, "TAK_HOME": str(home)}
+    run = [sys.executable, "-m", "kernel.cli", "mcp", "ls"]
+    text = subprocess.run(run, capture_output=True, text=True, env=env, timeout=60)
+    assert text.returncode == 1, text.stderr
+    assert "Traceback" not in text.stdout + text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("t  stdio  running  2 tools")
+    assert "t.echo" in text.stdout and "t.pid" in text.stdout
+    assert any(line.startswith("gone  stdio  failed") for line in lines)
+    assert any("failed to start" in line for line in lines)
+
+    as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, env=env, timeout=60)
+    servers = json.loads(as_json.stdout)
+    assert [s["name"] for s in servers] == ["t", "gone"]
+    assert servers[0]["tools"] == ["t.echo", "t.pid"]
+    assert servers[1]["state"] == "failed" and servers[1]["errors"]

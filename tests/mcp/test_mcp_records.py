@@ -1,0 +1,125 @@
+"""[mcp.servers.NAME] in tak.toml, tool names within the wire's limit, results as text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mcp import types
+
+from kernel.errors import UsageError
+from kernel.home import Config, McpServerConfig
+from kernel.tools import ToolFailure
+from plugins._mcp import kernel_tool_name, observation_text
+
+FILE = "/h/tak.toml"
+
+
+def test_servers_read_from_tak_toml() -> None:
+    config = Config.from_toml(
+        {
+            "mcp": {
+                "servers": {
+                    "docs": {"command": "docs-mcp", "args": ["--stdio"], "env": {"K": "v"}},
+                    "search": {
+                        "url": "https://search.example/mcp",
+                        "headers": {"Authorization": "Bearer x"},
+                        "tools": ["query"],
+                        "timeout": 20,
+                        "startup_timeout": 60,
+                        "start": "eager",
+                    },
+                }
+            }
+        },
+        source=FILE,
+    )
+    docs, search = config.mcp.servers["docs"], config.mcp.servers["search"]
+    assert (docs.command, docs.args, docs.env, docs.start) == (
+        "docs-mcp",
+        ["--stdio"],
+        {"K": "v"},
+        "lazy",
+    )
+    assert (search.url, search.tools, search.timeout, search.start) == (
+        "https://search.example/mcp", ["query"], 20.0, "eager",
+    )  # fmt: skip
+    assert Config.from_toml(config.to_toml()) == config
+
+
+@pytest.mark.parametrize(
+    ("server", "error"),
+    [
+        ({"command": "x", "args": "-v"}, "$.mcp.servers['s'].args: expected a list of strings, got \"-v\""),
+        ({"command": "x", "timeout": 0}, "$.mcp.servers['s'].timeout: expected a positive number of seconds, got 0"),
+        ({"command": "x", "timeout": True}, "$.mcp.servers['s'].timeout: expected a positive number of seconds, got true"),
+        ({"command": "x", "start": "now"}, "$.mcp.servers['s'].start: expected \"lazy\" or \"eager\", got \"now\""),
+        ({"command": "x", "env": {"A": 1}}, "$.mcp.servers['s'].env: expected a string, got 1"),
+        ({}, "$.mcp.servers['s']: set exactly one of command (stdio) and url (streamable HTTP)"),
+        ({"command": "x", "url": "http://h/mcp"}, "$.mcp.servers['s']: set exactly one of command (stdio) and url (streamable HTTP)"),
+        ({"url": "ftp://h"}, "$.mcp.servers['s']: url: expected an http:// or https:// URL, got \"ftp://h\""),
+        ({"command": "x", "cmd": "y"}, "$.mcp.servers['s']: unknown setting 'cmd' (known: command, args, env, cwd, url, headers, tools, timeout, startup_timeout, start)"),
+    ],
+)  # fmt: skip
+def test_a_wrong_server_setting_names_its_path(server: dict[str, Any], error: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        Config.from_toml({"mcp": {"servers": {"s": server}}}, source=FILE)
+    assert str(caught.value) == f"{FILE}: {error}"
+
+
+def test_a_server_name_must_be_a_namespace() -> None:
+    with pytest.raises(UsageError, match=r"\$\.mcp\.servers\['a\.b'\]: server name \"a\.b\""):
+        Config.from_toml({"mcp": {"servers": {"a.b": {"command": "x"}}}}, source=FILE)
+
+
+def test_a_record_made_in_code_is_checked_too() -> None:
+    with pytest.raises(UsageError, match="set exactly one of command"):
+        McpServerConfig()
+    with pytest.raises(UsageError, match="timeout"):
+        McpServerConfig(command="x", timeout=-1)
+
+
+def test_tool_names_fit_the_wire() -> None:
+    assert kernel_tool_name("docs", "search") == "docs.search"
+    odd = kernel_tool_name("docs", "search/v2 beta")
+    assert odd.startswith("docs.search_v2_beta-")
+    long = kernel_tool_name("s" * 31, "x" * 100)
+    other = kernel_tool_name("s" * 31, "x" * 99 + "y")
+    for name in (odd, long, other):
+        assert len(name.replace(".", "__")) <= 64
+    assert long != other
+
+
+def result(*content: Any, structured: Any = None, is_error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=list(content), structured_content=structured, is_error=is_error
+    )
+
+
+def test_results_as_text() -> None:
+    text = types.TextContent(type="text", text="found 2")
+    image = types.ImageContent(type="image", data="aGVsbG8=", mime_type="image/png")
+    blob = types.EmbeddedResource(
+        type="resource",
+        resource=types.BlobResourceContents(uri="file:///a.bin", blob="AAAA", mime_type=None),
+    )
+    doc = types.EmbeddedResource(
+        type="resource", resource=types.TextResourceContents(uri="file:///a.txt", text="hello")
+    )
+    link = types.ResourceLink(type="resource_link", name="a", uri="file:///b", mime_type="text/csv")
+    assert observation_text(result(text, image, blob, doc, link, structured={"n": 2})) == (
+        "found 2\n[image: image/png, 5 bytes]\n"
+        "[resource: file:///a.bin, application/octet-stream, 3 bytes]\n"
+        "[resource: file:///a.txt]\nhello\n[resource link: file:///b, text/csv]\n"
+        '{"n": 2}'
+    )
+    # Structured content a text part already says is not said twice.
+    assert observation_text(result(text, structured={"result": "found 2"})) == "found 2"
+    said = types.TextContent(type="text", text='{"n": 2}')
+    assert observation_text(result(said, structured={"n": 2})) == '{"n": 2}'
+
+
+def test_is_error_is_an_exception_observation() -> None:
+    with pytest.raises(ToolFailure) as caught:
+        observation_text(result(types.TextContent(type="text", text="no such page"), is_error=True))
+    assert (caught.value.kind, caught.value.message) == ("exception", "no such page")
