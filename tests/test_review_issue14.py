@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from kernel import cli, tool
-from kernel.agent import Agent, AgentEvent, TurnFinished
+from kernel.agent import Agent, AgentEvent, RunLimits, TurnFinished
 from kernel.errors import StoreError, UsageError
 from kernel.messages import Message, Text
 from kernel.models import (
@@ -568,3 +568,73 @@ async def test_a_tool_failure_of_an_unknown_kind_is_an_exception_observation_say
     (observation,) = [o for m in await s.messages() for o in m.observations]
     assert observation.error is not None and observation.error.kind == "exception"
     assert "'not_found' is not one of" in observation.content
+
+
+# -- a forced tool choice, and the requests settings do not reach ------------------------------
+
+
+class Obedient:
+    """Calls ``lookup`` whenever the request forces a tool call; answers in text otherwise
+    (as a model that honours ``tool_choice`` does)."""
+
+    name = "fake:obedient"
+
+    def __init__(self) -> None:
+        self.requests: list[ModelRequest] = []
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
+        from kernel.models._assemble import events_of
+
+        self.requests.append(request)
+        forced = request.effective_settings().tool_choice not in (None, "auto", "none")
+        answer = reply(calls=[("lookup", {"term": "x"})]) if forced else reply("x: found")
+
+        async def events() -> AsyncIterator[ModelEvent]:
+            for event in events_of(answer):
+                yield event
+
+        yield events()
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise NotImplementedError
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tool_choice 'required' (or a name) forces every request of the turn: a model "
+    "that obeys calls tools until max_steps, so `tak run --tool-choice required` never "
+    "ends 'final'",
+)
+@pytest.mark.parametrize("choice", ["required", "lookup"])
+async def test_a_forced_tool_choice_lets_the_turn_end_with_an_answer(choice: str) -> None:
+    model = Obedient()
+    agent = Agent(model, [lookup], limits=RunLimits(max_steps=5))
+    result = await agent.run_turn(session(), "q", settings=ModelSettings(tool_choice=choice))
+    assert model.requests[0].effective_settings().tool_choice == choice  # the call is forced
+    assert (result.reason, result.text) == ("final", "x: found")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Agent.compact's request drops the agent's settings (temperature, extra, ...), "
+    "though Agent(settings=) is 'what every request of this agent asks of the model'",
+)
+async def test_the_compaction_request_carries_the_agents_settings() -> None:
+    from kernel.models import Usage
+
+    model = ScriptedModel(
+        [
+            reply("a", usage=Usage(input_tokens=5000)),
+            reply("b", usage=Usage(input_tokens=6000)),
+            "summary",
+        ]
+    )
+    settings = ModelSettings(temperature=0.1, extra={"chat_template_kwargs": {"x": 1}})
+    agent = Agent(model, compact_after_tokens=100, settings=settings)
+    s = session()
+    await agent.run_turn(s, "one")
+    await agent.run_turn(s, "two")
+    assert await agent.compact(s)
+    sent = model.requests[-1].effective_settings()
+    assert (sent.temperature, sent.extra) == (0.1, {"chat_template_kwargs": {"x": 1}})
