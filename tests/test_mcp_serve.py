@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -194,13 +195,14 @@ def test_stdio_a_signal_ends_it_cleanly_while_stdin_stays_open(
 # -- streamable HTTP --------------------------------------------------------------------
 
 
-@pytest.fixture
-def http_server(home: Path) -> Iterator[str]:
-    """``tak mcp serve --http 127.0.0.1:0``; yields the URL line it printed."""
+@contextlib.contextmanager
+def serving_http(home: Path, *options: str) -> Iterator[str]:
+    """``tak --plugin demo mcp serve --http 127.0.0.1:0 OPTIONS``: the URL line it printed;
+    SIGINT afterwards must end it with status 0 and no more output."""
     process = subprocess.Popen(
-        serve_command(home, "--http", "127.0.0.1:0", "--session", "mcp-http"),
+        serve_command(home, "--http", "127.0.0.1:0", *options),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
     )
     try:
@@ -215,6 +217,12 @@ def http_server(home: Path) -> Iterator[str]:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.fixture
+def http_server(home: Path) -> Iterator[str]:
+    with serving_http(home, "--session", "mcp-http") as url:
+        yield url
 
 
 async def test_http_round_trip_with_a_bearer_token(home: Path, http_server: str) -> None:
@@ -254,6 +262,18 @@ async def test_http_without_the_token_is_refused(http_server: str) -> None:
             endpoint, json=initialize, headers={**headers, "Authorization": f"Bearer {token}"}
         )
         assert accepted.status_code == 200
+
+
+async def test_http_token_file_is_created_and_its_token_used(home: Path) -> None:
+    token_file = home / "mcp-token"
+    with serving_http(home, "--token-file", str(token_file)) as url:
+        token = token_file.read_text().strip()
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        endpoint, _, printed = url.partition("?token=")
+        assert printed == token
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http:
+            async with Client(streamable_http_client(endpoint, http_client=http)) as client:
+                assert text(await client.call_tool("echo", {"text": "hi"})) == "hi"
 
 
 def test_http_refuses_a_non_loopback_host_without_allow_remote(home: Path) -> None:
