@@ -298,3 +298,23 @@ def test_http_options_without_http_are_a_usage_error(home: Path) -> None:
     )
     assert result.returncode == 2
     assert "--token-file and --allow-remote go with --http" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:8766", ("127.0.0.1", 8766)), ("[::1]:0", ("::1", 0)),
+     ("localhost:1", ("localhost", 1))],
+)  # fmt: skip
+def test_http_address_forms(text: str, expected: tuple[str, int]) -> None:
+    from kernel.cli._mcp_serve import parse_host_port
+
+    assert parse_host_port(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8766", "127.0.0.1", ":8766", "host:http", "host:70000"])
+def test_http_address_refused(text: str) -> None:
+    from kernel.cli._mcp_serve import parse_host_port
+    from kernel.errors import UsageError
+
+    with pytest.raises(UsageError, match="expected HOST:PORT"):
+        parse_host_port(text)
