@@ -283,7 +283,7 @@ class Agent:
             else math.inf
         )
         finished: TurnFinished | None = None
-        token = _current_turn.set(_Turn(self, session))
+        token = _current_turn.set(_Turn(self, session, registry, turn_settings))
         try:
             with trio.move_on_at(deadline):
                 history = await load_history(session)
@@ -335,6 +335,10 @@ class Agent:
             observations = await self._run_calls(session, response, message, registry, emit)
             history.append(message)
             history.append(Message("tool", observations))
+            if settings is not None and settings.tool_choice not in (None, "auto", "none"):
+                # A forced choice ("required", a name) is met once: held on every
+                # step, a model that obeys it could never answer (max_steps).
+                settings = attrs.evolve(settings, tool_choice="auto")
             if self.limits.max_tokens is not None and (
                 state.usage.total_tokens >= self.limits.max_tokens
             ):
@@ -366,11 +370,14 @@ class Agent:
                     elif isinstance(event, ResponseComplete):
                         return event.response
             raise ModelAPIError(f"{self.model.name}: the stream ended without a response")
-        except BaseException:
+        except BaseException as exc:
             if streamed:
-                await _persist_whole(
-                    session.record_partial("".join(streamed), model=self.model.name)
-                )
+                try:
+                    await _persist_whole(
+                        session.record_partial("".join(streamed), model=self.model.name)
+                    )
+                except Exception as failed:  # the original (a cancel, say) goes on
+                    exc.add_note(f"the partial reply could not be recorded: {failed!r}")
             raise
 
     async def _run_calls(
@@ -442,6 +449,7 @@ class Agent:
         request = ModelRequest(
             messages=(*candidate.messages, Message("user", [Text(COMPACTION_PROMPT)])),
             system=self.system,
+            settings=_without_tool_choice(self.settings),
         )
         response = await self.model.complete(request)
         if not response.message.text:
@@ -454,6 +462,14 @@ class Agent:
             cost_usd=response.usage.cost_usd,
         )
         return True
+
+
+def _without_tool_choice(settings: ModelSettings | None) -> ModelSettings | None:
+    """``settings`` less what is about calling this turn's tools (a subagent's
+    task and a compaction are requests of their own)."""
+    if settings is None:
+        return None
+    return attrs.evolve(settings, tool_choice=None, parallel_tool_calls=None)
 
 
 def _ignore(event: AgentEvent) -> None:
@@ -504,10 +520,14 @@ async def _record_before_running(
 
 @attrs.frozen
 class _Turn:
-    """The agent and session of the turn being run: what ``delegate`` delegates from."""
+    """The turn being run: what ``delegate`` delegates from. A subagent gets at
+    most the tools this turn offered, and this turn's settings (less the
+    ones about calling tools: its task is its own)."""
 
     agent: Agent
     session: Session
+    tools: ToolRegistry
+    settings: ModelSettings | None
 
 
 # The tasks that run a turn's calls inherit it (Trio copies the context into each task).
@@ -538,22 +558,25 @@ def _delegate_tool() -> Tool:
         if turn is None:  # only an agent's turn offers this tool
             raise ToolFailure("exception", "delegate runs only inside an agent's turn")
         parent, session = turn.agent, turn.session
-        available = parent.tools
+        # What this turn offered (its own tools= selection), never more.
+        offered = ToolRegistry(t for t in turn.tools if t.name != "delegate")
+        available = offered
         if tools is not None:
-            unknown = [name for name in tools if name not in available]
+            unknown = [name for name in tools if name not in offered]
             if unknown:
                 raise ToolFailure(
                     "exception",
-                    f"unknown tools {unknown}; available: {', '.join(available.names())}",
+                    f"unknown tools {unknown}; available: {', '.join(offered.names())}",
                     type="UnknownTool",
                 )
-            available = ToolRegistry([t for t in parent.tools if t.name in tools])
+            available = ToolRegistry([t for t in offered if t.name in tools])
         child = Agent(
             parent.model,
             available,
             system=parent.system,
             limits=parent.limits,
             call_limits=parent.call_limits,
+            settings=_without_tool_choice(turn.settings),
         )
         child_session = session.child(uuid.uuid4().hex[:12])
         with _tool_context_for(child_session):

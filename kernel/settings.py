@@ -12,6 +12,7 @@ last, as it is: provider-specific keys nothing else knows.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias, get_args
@@ -72,10 +73,24 @@ def _check_effort(_: object, __: attrs.Attribute[Any], value: str | None) -> Non
 def _stop_tuple(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     if value is None:
         return None
+    if not isinstance(value, (str, list, tuple)):  # a mapping would give its keys
+        raise UsageError(f"stop: expected a string or a list of strings, got {value!r}")
     stops = (value,) if isinstance(value, str) else tuple(value)
     if not stops or len(stops) > _MAX_STOP or not all(isinstance(s, str) and s for s in stops):
         raise UsageError(f"stop: expected 1 to {_MAX_STOP} non-empty strings, got {value!r}")
     return stops
+
+
+# Keys an adapter builds from the request itself: ``extra`` may not replace them
+# (the model would see what the transcript does not record). Gemini's
+# ``generationConfig`` in ``extra`` adds keys to the one the adapter builds.
+OWNED_KEYS: Final = frozenset(
+    {
+        "model", "messages", "tools", "tool_choice", "stream", "stream_options",
+        "system", "contents", "systemInstruction", "toolConfig",
+        "max_tokens", "max_completion_tokens",
+    }
+)  # fmt: skip
 
 
 def _extra_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -83,6 +98,16 @@ def _extra_dict(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
         return None
     if not isinstance(value, Mapping) or not all(isinstance(k, str) and k for k in value):
         raise UsageError(f"extra: expected a mapping of request-body keys, got {value!r}")
+    owned = sorted(k for k in value if k in OWNED_KEYS)
+    if owned:
+        raise UsageError(
+            f"extra: {', '.join(owned)} is built from the request (use the setting or "
+            "the request itself, not extra)"
+        )
+    try:  # it goes on the wire as JSON: no NaN, no Infinity, nothing JSON cannot say
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"extra: not sendable as JSON: {exc}") from None
     return dict(value)
 
 

@@ -69,9 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(leaf, KeyboardInterrupt):
             print(f"\ntak {args.command}: interrupted", file=sys.stderr)
             return 130
-        if isinstance(leaf, BrokenPipeError):
+        if isinstance(leaf, BrokenPipeError) and _stdout_closed():
             # `tak tools | head`: the reader has what it wanted. Further writes
-            # (the interpreter's own flush at exit) go nowhere.
+            # (the interpreter's own flush at exit) go nowhere. (A broken pipe to
+            # a worker or a server is an error like any other, below.)
             _quiet_stdout()
             return 0
         if args.debug or isinstance(leaf, SystemExit):
@@ -91,6 +92,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return code
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout's reader has gone (a flush fails with a broken pipe, or the
+    pipe reports an error: a write end whose read end is closed polls POLLERR)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _quiet_stdout() -> None:

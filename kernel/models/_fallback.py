@@ -53,7 +53,9 @@ class FallbackModel:
         own = self.settings[position]
         if own is None:
             return request
-        return attrs.evolve(request, settings=merge(own, request.settings))
+        # Under everything the request asks, its own max_tokens/temperature included.
+        asked = ModelSettings(max_tokens=request.max_tokens, temperature=request.temperature)
+        return attrs.evolve(request, settings=merge(own, asked, request.settings))
 
     @property
     def name(self) -> str:

@@ -195,9 +195,12 @@ class GeminiModel(HTTPModel):
                 config[wire] = value
         if settings.stop is not None:
             config["stopSequences"] = list(settings.stop)
+        extra = dict(settings.extra or {})
+        more = extra.pop("generationConfig", None)
+        if isinstance(more, Mapping):  # its own keys, under the ones set above
+            config = {**more, **config}
         body["generationConfig"] = config
-        if settings.extra:
-            body.update(settings.extra)
+        body.update(extra)
         headers = {"content-type": "application/json"}
         if self.api_key:
             headers["x-goog-api-key"] = self.api_key

@@ -37,9 +37,11 @@ async def test_settings_and_tools_reach_every_model_request_of_the_turn(tmp_path
             entries = (await client.history("s")).entries
     assert result.reason == "final" and result.text == "42" and result.steps == 2
     assert len(model.requests) == 2
-    for request in model.requests:
+    for step, request in enumerate(model.requests):
         assert request.settings is not None
         for name, value in settings.set_fields().items():
+            if name == "tool_choice" and step > 0:
+                value = "auto"  # a forced choice is met once
             assert getattr(request.settings, name) == value, name
         assert offered(request) == ["add"]
     assert [e["type"] for e in entries] == ["user", "assistant", "tool", "assistant"]
