@@ -55,8 +55,7 @@ from .tools import Tool, ToolRegistry
 if TYPE_CHECKING:
     import httpx
 
-    from plugins import PluginHost, PluginSpec
-    from plugins._mcp import McpServers
+    from plugins import McpServers, PluginHost, PluginSpec
 
 #: How many other-model agents ``Kernel.agent_for`` keeps (least recently used goes first):
 #: a client choosing a model per request must not grow the kernel without bound.
@@ -280,7 +279,7 @@ async def _open_mcp(
     if not config.mcp.servers:
         yield None
         return
-    from plugins._mcp import open_mcp_servers
+    from plugins import open_mcp_servers
 
     async with open_mcp_servers(config.mcp.servers, registry, log_dir=home.data / "mcp") as servers:
         yield servers

@@ -18,6 +18,8 @@ host and discovery load on first use:
 - ``trust_plugin``, ``TrustStore``, ``TrustedPlugin``, ``TRUST_FILE``,
   ``source_key``: approvals of discovered plugins (``tak plugins trust``).
 - ``scaffold_plugin``, ``package_name``: a new plugin project (``tak plugins new``).
+- ``open_mcp_servers``, ``McpServers``, ``McpServerInfo``: MCP servers as a tool
+  source (docs/mcp.md; the ``mcp`` package loads only when a server starts).
 
 See docs/plugins.md.
 """
@@ -53,6 +55,9 @@ _EXPORTS: dict[str, str] = {
     "BUILTIN_PLUGINS": "_discovery",
     "ENTRY_POINT_GROUP": "_discovery",
     "WORKSPACE_PLUGIN_DIR": "_discovery",
+    "open_mcp_servers": "_mcp",
+    "McpServers": "_mcp",
+    "McpServerInfo": "_mcp",
 }
 
 __all__ = list(_EXPORTS)
@@ -73,6 +78,9 @@ if TYPE_CHECKING:
     from ._host import trust_plugin as trust_plugin
     from ._loading import find_plugin as find_plugin
     from ._loading import load_plugin as load_plugin
+    from ._mcp import McpServerInfo as McpServerInfo
+    from ._mcp import McpServers as McpServers
+    from ._mcp import open_mcp_servers as open_mcp_servers
     from ._remote import policy_for as policy_for
     from ._remote import remote_tools as remote_tools
     from ._scaffold import package_name as package_name

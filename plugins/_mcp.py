@@ -33,7 +33,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -109,33 +109,35 @@ def observation_text(result: CallToolResult) -> str:
     Raises:
         ToolFailure: ``isError``: kind ``exception``, with the server's text.
     """
+    from mcp import types
+
     parts: list[str] = []
-    decoded: list[Any] = []
+    values: list[Any] = []  # each text part, as JSON when it is JSON
     for item in result.content:
-        kind = getattr(item, "type", None)
-        if kind == "text":
-            parts.append(item.text)  # type: ignore[union-attr]
-            with contextlib.suppress(ValueError):
-                decoded.append(json.loads(item.text))  # type: ignore[union-attr]
-        elif kind in ("image", "audio"):
-            size = _decoded_size(item.data)  # type: ignore[union-attr]
-            parts.append(f"[{kind}: {item.mime_type}, {size} bytes]")  # type: ignore[union-attr]
-        elif kind == "resource_link":
-            mime = f", {item.mime_type}" if item.mime_type else ""  # type: ignore[union-attr]
-            parts.append(f"[resource link: {item.uri}{mime}]")  # type: ignore[union-attr]
-        elif kind == "resource":
-            resource = item.resource  # type: ignore[union-attr]
-            text = getattr(resource, "text", None)
-            if text is not None:
-                parts.append(f"[resource: {resource.uri}]\n{text}")
+        if isinstance(item, types.TextContent):
+            parts.append(item.text)
+            try:
+                values.append(json.loads(item.text))
+            except ValueError:
+                values.append(item.text)
+        elif isinstance(item, types.ImageContent | types.AudioContent):
+            size = _decoded_size(item.data)
+            parts.append(f"[{item.type}: {item.mime_type}, {size} bytes]")
+        elif isinstance(item, types.ResourceLink):
+            mime = f", {item.mime_type}" if item.mime_type else ""
+            parts.append(f"[resource link: {item.uri}{mime}]")
+        elif isinstance(item, types.EmbeddedResource):
+            resource = item.resource
+            if isinstance(resource, types.TextResourceContents):
+                parts.append(f"[resource: {resource.uri}]\n{resource.text}")
             else:
-                size = _decoded_size(getattr(resource, "blob", ""))
+                size = _decoded_size(resource.blob)
                 mime = resource.mime_type or "application/octet-stream"
                 parts.append(f"[resource: {resource.uri}, {mime}, {size} bytes]")
-        else:
-            parts.append(f"[{kind} content]")
+        else:  # a content type of a later protocol version
+            parts.append(f"[{getattr(item, 'type', 'unknown')} content]")  # type: ignore[unreachable]
     structured = result.structured_content
-    if structured is not None and not _said(structured, decoded, parts):
+    if structured is not None and not _said(structured, values):
         parts.append(json.dumps(structured, ensure_ascii=False))
     text = "\n".join(parts)
     if result.is_error:
@@ -143,14 +145,15 @@ def observation_text(result: CallToolResult) -> str:
     return text
 
 
-def _said(structured: Any, decoded: list[Any], texts: list[str]) -> bool:
+def _said(structured: Any, values: list[Any]) -> bool:
     # Servers send structured content in a text part too (the spec asks them to),
-    # and a function returning a str gives {"result": text}: don't say it twice.
-    if structured in decoded:
+    # and the SDK's servers wrap a plain return value as {"result": value} (a list
+    # as one text part per item): don't say it twice.
+    if structured in values:
         return True
     if isinstance(structured, dict) and list(structured) == ["result"]:
         value = structured["result"]
-        return value in decoded or value in texts
+        return value in values or value == values
     return False
 
 
@@ -273,11 +276,18 @@ class McpServer:
         from mcp import ClientSession
 
         started = False
+        ended = False  # the server's side closed by itself (its process died)
+
+        def end() -> None:
+            nonlocal ended
+            ended = True
+            stop.set()
+
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(stack))
                 session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=self._on_message)
+                    ClientSession(_WatchedRead(read, end), write, message_handler=self._on_message)
                 )
                 await session.initialize()
                 task_status.started(session)
@@ -298,7 +308,7 @@ class McpServer:
         finally:
             closed.set()
             if self._closed is closed:
-                self._lost("crashed" if not stop.is_set() else "stopped")
+                self._lost("crashed" if ended or not stop.is_set() else "stopped")
 
     @contextlib.asynccontextmanager
     async def _transport(self, stack: contextlib.AsyncExitStack) -> AsyncIterator[Any]:
@@ -475,6 +485,48 @@ class McpServer:
             "(it is restarted on the next call)",
             type="McpServerDown",
         )
+
+
+class _WatchedRead:
+    """The session's read stream, saying when it ends: a server that dies while no
+    call is waiting is known at once, and the next call starts a new one."""
+
+    def __init__(self, stream: Any, on_end: Callable[[], None]) -> None:
+        self._stream = stream
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> Any:
+        import anyio
+
+        try:
+            return await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> _WatchedRead:
+        return self
+
+    async def __anext__(self) -> Any:
+        import anyio
+
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def __aenter__(self) -> _WatchedRead:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 @attrs.frozen

@@ -50,7 +50,7 @@ def test_import_kernel_and_plugins_does_not_import_mcp() -> None:
     # MCP servers configured loads it, when one starts (plugins/_mcp.py).
     code = (
         "import sys, kernel, plugins, kernel.kernel, kernel.home, kernel.cli; "
-        "kernel.open_kernel; plugins.open_plugin_host; "
+        "kernel.open_kernel; plugins.open_plugin_host; plugins.open_mcp_servers; "
         "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

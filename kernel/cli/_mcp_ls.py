@@ -17,7 +17,7 @@ from .plugins import ensure_home, one_line_errors
 def run(args: argparse.Namespace) -> int:
     import trio
 
-    from plugins._mcp import McpServerInfo, open_mcp_servers
+    from plugins import McpServerInfo, open_mcp_servers
 
     from ..tools import ToolRegistry
 

@@ -11,7 +11,7 @@ import os
 import sys
 
 import trio
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("tak-test")
@@ -66,6 +66,14 @@ async def exit_now(after: float = 0.0) -> str:
 def pid() -> int:
     """The server's process id."""
     return os.getpid()
+
+
+@server.tool()
+async def add_tool(name: str, ctx: Context) -> str:  # type: ignore[type-arg]
+    """Offer one more tool (``name``, an echo) and tell the client its tool list changed."""
+    server.add_tool(echo, name=name)
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
 
 
 @server.tool()

@@ -10,7 +10,7 @@ import functools
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 import trio
@@ -34,6 +34,15 @@ async def servers() -> AsyncIterator[tuple[McpServers, ToolRegistry]]:
 def local_echo(text: str) -> str:
     """An in-process tool beside the MCP ones."""
     return text
+
+
+async def eventually(condition: Callable[[], bool]) -> None:
+    """Wait (up to 5 s) for what another task or process does to show."""
+    for _ in range(250):
+        if condition():
+            return
+        await trio.sleep(0.02)
+    raise AssertionError("the condition did not come true within 5 s")
 
 
 def kinds(observations: list) -> list[str | None]:  # type: ignore[type-arg]
@@ -128,6 +137,28 @@ async def test_a_killed_server_crashes_its_calls_alone_and_restarts(servers) -> 
     [again] = await run_tool_calls([ToolCall("p", "t.pid")], registry)
     assert again.error is None and int(again.content) != first
     assert mcp.servers["t"].info().restarts == 1
+
+
+async def test_a_server_dying_while_idle_is_restarted_by_the_next_call(servers) -> None:  # type: ignore[no-untyped-def]
+    """3: its connection's end is seen at once; no call pays for it."""
+    mcp, registry = servers
+    [pid] = await run_tool_calls([ToolCall("p", "t.pid")], registry)
+    os.kill(int(pid.content), signal.SIGKILL)
+    await eventually(lambda: mcp.servers["t"].info().state == "crashed")
+    [again] = await run_tool_calls([ToolCall("p", "t.pid")], registry)
+    assert again.error is None and again.content != pid.content
+
+
+async def test_the_tool_list_is_cached_until_the_server_says_it_changed(servers) -> None:  # type: ignore[no-untyped-def]
+    """4: notifications/tools/list_changed: the next listing registers the new tool."""
+    mcp, registry = servers
+    await mcp.list_tools()  # cached: no request
+    [added] = await run_tool_calls([ToolCall("a", "t.add_tool", {"name": "shout"})], registry)
+    assert added.content == "added shout"
+    await eventually(lambda: not mcp.servers["t"]._listed)
+    await mcp.list_tools()
+    [obs] = await run_tool_calls([ToolCall("s", "t.shout", {"text": "hey"})], registry)
+    assert obs.content == "hey"
 
 
 async def test_a_server_exiting_mid_call(servers) -> None:  # type: ignore[no-untyped-def]
