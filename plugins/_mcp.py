@@ -243,6 +243,9 @@ class McpServer:
         try:
             with trio.fail_after(self.config.startup_timeout):
                 session: ClientSession = await self._nursery.start(self._own, stop, closed)
+        except trio.Cancelled:
+            self._state = "not started"  # the caller gave up (its deadline): try again later
+            raise
         except Exception as exc:  # a start that failed or timed out: never the kernel's
             self._failures += 1
             backoff = min(FIRST_BACKOFF * 2 ** (self._failures - 1), MAX_BACKOFF)
@@ -371,7 +374,11 @@ class McpServer:
             else:
                 return
         logger.warning("MCP server %r stopped answering: restarting it", self.name)
-        await self.stop()
+        # Its owner task closes it in the background (a deaf process takes seconds to
+        # end): the call that found it deaf goes on to a new one at once.
+        if self._stop is not None:
+            self._stop.set()
+        self._lost("crashed")
 
     async def stop(self) -> None:
         """Leave the session (the owner task closes the connection) and wait for it."""
@@ -449,12 +456,12 @@ class McpServer:
                 "exception", f"MCP server {self.name!r} no longer offers {name!r}", type="McpError"
             )
         remote = self._remote_names.get(name, name.partition(".")[2])
-        started = trio.current_time()
+        deadline = trio.current_effective_deadline()
         try:
             result = await session.call_tool(remote, arguments)
         except trio.Cancelled:
-            timeout = self.config.timeout
-            if timeout is not None and trio.current_time() - started >= timeout * 0.99:
+            if trio.current_time() >= deadline:
+                # Its deadline, not a cancel: ping the server before the next call.
                 self._suspect = True
             raise
         except Exception as exc:

@@ -6,12 +6,14 @@ executor's (E1-E7, kernel/executor.py) that must hold for MCP tools too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 
+import attrs
 import pytest
 import trio
 from conftest import SERVER, stdio_server
@@ -281,6 +283,27 @@ async def test_per_call_timeout_of_the_server(tmp_path) -> None:  # type: ignore
         # The server still answers a ping: it stays; the next call works.
         [ok] = await run_tool_calls([ToolCall("e", "t.echo", {"text": "x"})], registry)
         assert ok.content == "x" and mcp.info()[0].restarts == 0
+
+
+async def test_a_server_that_stops_answering_is_restarted() -> None:
+    """3: after a timeout, a server that does not answer a ping is started again."""
+    registry = ToolRegistry()
+    async with open_mcp_servers({"t": stdio_server(startup_timeout=10)}, registry) as mcp:
+        await mcp.list_tools()
+        [pid] = await run_tool_calls([ToolCall("p", "t.pid")], registry)
+        os.kill(int(pid.content), signal.SIGSTOP)  # alive, deaf
+        try:
+            [obs] = await run_tool_calls(
+                [ToolCall("e", "t.echo", {"text": "x"})], registry, limits=CallLimits(timeout=0.3)
+            )
+            assert obs.error is not None and obs.error.kind == "timeout"
+            mcp.servers["t"].config = attrs.evolve(mcp.servers["t"].config, startup_timeout=0.5)
+            [again] = await run_tool_calls([ToolCall("p", "t.pid")], registry)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # killed by the restart
+                os.kill(int(pid.content), signal.SIGCONT)
+        assert again.error is None and again.content != pid.content
+        assert mcp.info()[0].restarts == 1
 
 
 async def test_over_streamable_http(tmp_path) -> None:  # type: ignore[no-untyped-def]
