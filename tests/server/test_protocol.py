@@ -165,7 +165,7 @@ def test_public_surface() -> None:
     import kernel.wire
 
     assert kernel.server.__all__ == ["ServerLimits", "serve_websocket"]
-    assert set(kernel.repl.__all__) == {"Repl", "history_path", "main", "run_repl"}
+    assert set(kernel.repl.__all__) == {"Repl", "history_path", "main", "run_repl", "url_problem"}
     for name in kernel.protocol.__all__:
         # the old paths are the new objects
         assert getattr(kernel.protocol, name) is getattr(kernel.wire, name)
