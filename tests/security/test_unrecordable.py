@@ -13,6 +13,7 @@ was not recorded, and that the kernel still answers.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,9 @@ class Marks:
                 n: a number.
                 extra: anything.
             """
-            (self.dir / f"ran-{len(list(self.dir.iterdir()))}").write_text(path)
+            # A name of its own: two calls run at once, in two threads (counting
+            # the files here raced, and one mark overwrote the other).
+            (self.dir / f"ran-{uuid.uuid4().hex}").write_text(path)
             return f"marked {path}"
 
         @tool(name="echo")
