@@ -55,6 +55,9 @@ State = Literal["not started", "starting", "running", "failed", "crashed", "stop
 #: Seconds before restarting a server whose start failed, doubled on each failure.
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
+#: Seconds a server that missed a call's deadline has to answer a ping (at most its
+#: ``startup_timeout``) before it is replaced.
+PING_TIMEOUT = 5.0
 #: Seconds leaving ``open_mcp_servers`` may take to close every server.
 CLOSE_TIMEOUT = 5.0
 #: Bytes of a tool name on the wire (OpenAI, Anthropic): ``.`` is sent as ``__``.
@@ -319,11 +322,11 @@ class McpServer:
         if config.url is not None:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
 
-            # A call's read timeout is its deadline (the executor's): none here.
+            # A call's read timeout is its deadline (the executor's), and the server
+            # may hold a stream open between calls: no read timeout here.
             client = await stack.enter_async_context(
-                create_mcp_http_client(
+                httpx2.AsyncClient(
                     headers=dict(config.headers),
                     timeout=httpx2.Timeout(config.startup_timeout, read=None),
                 )
@@ -366,7 +369,7 @@ class McpServer:
     async def _check_alive(self, session: ClientSession) -> None:
         """After a timeout: a server that does not answer a ping is restarted."""
         self._suspect = False
-        with trio.move_on_after(min(self.config.startup_timeout, 5.0)):
+        with trio.move_on_after(min(self.config.startup_timeout, PING_TIMEOUT)):
             try:
                 await session.send_ping()
             except Exception:
@@ -428,6 +431,9 @@ class McpServer:
                 errors.append(f"tool {remote.name!r} left out: {name!r} is another tool's name")
                 continue
             names[name] = remote.name
+        if allowed is not None:
+            missing = sorted(allowed - {remote.name for remote in listed})
+            errors += [f"tool {name!r} (in tools) is not offered by the server" for name in missing]
         self._remote_names = names
         self._tool_errors = errors
         return list(names)
