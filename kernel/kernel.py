@@ -12,7 +12,9 @@ its own nursery and is gone when the ``async with`` block ends.
 
 ``k.tools`` holds the embedder's ``tools`` and every plugin's (see
 ``plugins._host``: built-ins and discovered plugins unless ``plugins=`` says
-which). ``call_tools``, ``run_turn`` and ``run`` run tools inside
+which), and the tools of the MCP servers of ``[mcp.servers]`` and
+``mcp_servers=`` as ``NAME.tool`` (``plugins._mcp``: listed before a turn or a
+call that needs them; ``k.mcp.info()`` says how each server is; docs/mcp.md). ``call_tools``, ``run_turn`` and ``run`` run tools inside
 ``kernel.context()`` for their session: in-process tools read it, and workers
 receive the session key with each call.
 """
