@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import trio
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 server = MCPServer("tak-test")
 
@@ -74,6 +76,12 @@ async def add_tool(name: str, ctx: Context) -> str:  # type: ignore[type-arg]
     server.add_tool(echo, name=name)
     await ctx.session.send_tool_list_changed()
     return f"added {name}"
+
+
+@server.tool()
+def odd_names(max_results: Annotated[int, Field(alias="max-results")] = 3) -> int:
+    """A parameter whose name is no Python identifier: the kernel cannot check it."""
+    return max_results
 
 
 @server.tool()

@@ -61,6 +61,11 @@ async def test_tools_are_namespaced_with_the_servers_schema(servers) -> None:  #
     [t, u] = mcp.info()
     assert (t.name, t.state, t.transport, t.restarts) == ("t", "running", "stdio", 0)
     assert "t.image" in t.tools and u.state == "running"
+    # A schema the kernel cannot check leaves its tool out, saying why.
+    assert "t.odd_names" not in registry
+    [error] = t.errors
+    assert error.startswith("tool 'odd_names' left out: ")
+    assert "'max-results' is not a Python identifier" in error
 
 
 async def test_one_batch_across_two_servers_keeps_every_property(servers) -> None:  # type: ignore[no-untyped-def]
