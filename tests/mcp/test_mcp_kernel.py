@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import trio
-from conftest import SERVER, stdio_server
+from mcp_kit import SERVER, stdio_server
 
 from kernel import ToolCall, open_kernel, tool
 from kernel.models import ScriptedModel

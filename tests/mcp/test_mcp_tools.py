@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 import trio
-from conftest import SERVER, stdio_server
+from mcp_kit import SERVER, stdio_server
 
 from kernel import BatchHandle, CallLimits, ToolCall, ToolRegistry, run_tool_calls, tool
 from kernel.home import McpServerConfig
