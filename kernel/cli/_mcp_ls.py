@@ -58,4 +58,6 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {name}")
             for error in i.errors:
                 print(f"  error: {error}")
+            if i.state != "running" and i.transport == "stdio":
+                print(f"  its stderr: {home.data / 'mcp' / (i.name + '.log')}")
     return 0 if all(i.state == "running" for i in infos) else 1

@@ -53,6 +53,8 @@ async def test_a_turn_offers_mcp_tools(tmp_path: Path) -> None:
     ) as k:
         result = await k.run_turn(k.session("s"), "go")
         assert result.text == "done"
+        offered = {t.name for t in model.requests[0].tools}
+        assert {"t.echo", "t.sleep", "note"} <= offered
         messages = await k.session("s").messages()
         tool_message = next(m for m in messages if m.role == "tool")
         assert [o.content for o in tool_message.observations] == ["hi", "noted: y"]
@@ -84,6 +86,7 @@ def test_tak_mcp_ls(tmp_path: Path) -> None:
     assert "t.echo" in text.stdout and "t.pid" in text.stdout
     assert any(line.startswith("gone  stdio  failed") for line in lines)
     assert any("failed to start" in line for line in lines)
+    assert f"  its stderr: {home / 'data/mcp/gone.log'}" in lines
 
     as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, env=env, timeout=60)
     servers = json.loads(as_json.stdout)
