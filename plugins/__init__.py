@@ -38,6 +38,9 @@ _EXPORTS: dict[str, str] = {
     "PluginSpec": "_host",
     "PROBE_POLICY": "_host",
     "trust_plugin": "_host",
+    "tak_command": "_host",
+    "python_command": "_host",
+    "SkipReport": "_host",
     "policy_for": "_remote",
     "remote_tools": "_remote",
     "find_plugin": "_loading",
@@ -74,7 +77,10 @@ if TYPE_CHECKING:
     from ._host import PluginHost as PluginHost
     from ._host import PluginLoadError as PluginLoadError
     from ._host import PluginSpec as PluginSpec
+    from ._host import SkipReport as SkipReport
     from ._host import open_plugin_host as open_plugin_host
+    from ._host import python_command as python_command
+    from ._host import tak_command as tak_command
     from ._host import trust_plugin as trust_plugin
     from ._loading import find_plugin as find_plugin
     from ._loading import load_plugin as load_plugin

@@ -18,8 +18,7 @@ from ..errors import KernelError
 from . import _single_leaf as single_leaf
 
 if TYPE_CHECKING:
-    from plugins import LoadedPlugin, PluginHost, PluginLoadError, PluginSource
-    from plugins._host import SkipReport
+    from plugins import LoadedPlugin, PluginHost, PluginLoadError, PluginSource, SkipReport
 
     from ..home import TakHome
 
@@ -61,8 +60,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def tak_command(*words: str) -> str:
     """``tak WORDS...`` runnable as printed (``.venv/bin/tak ...`` when ``tak`` is not on
-    ``PATH``): every hint a command prints is made here (``plugins._host.tak_command``)."""
-    from plugins._host import tak_command
+    ``PATH``): every hint a command prints is made here (``plugins.tak_command``)."""
+    from plugins import tak_command
 
     return tak_command(*words)
 
@@ -376,8 +375,7 @@ def cmd_untrust(args: argparse.Namespace) -> int:
 
 @one_line_errors("tak plugins new")
 def cmd_new(args: argparse.Namespace) -> int:
-    from plugins import package_name, scaffold_plugin
-    from plugins._host import python_command
+    from plugins import package_name, python_command, scaffold_plugin
 
     directory: Path = args.dir if args.dir is not None else Path(args.name)
     try:
