@@ -24,6 +24,10 @@ $(STAMP)-postgres: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[postgres]'
 	touch $@
 
+$(STAMP)-mcp: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[mcp]'
+	touch $@
+
 $(STAMP)-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test,dev]'
 	touch $@
@@ -75,7 +79,7 @@ lint: $(STAMP)-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: $(STAMP)-postgres postgresql
+bench: $(STAMP)-postgres $(STAMP)-mcp postgresql
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
