@@ -255,9 +255,12 @@ class ModelConfig:
         settings: ``[model.settings]``: what every request asks of the model
             (``kernel.settings.ModelSettings``: ``temperature``, ``max_tokens``,
             ``tool_choice``, ...); a run's own settings are merged over them.
+        tools: ``[model] tools``: the tools a run offers when it names none
+            (names or patterns, ``fs.*`` for a plugin's); ``None``: all of them.
     """
 
     settings: ModelSettings | None = None
+    tools: list[str] | None = None
 
 
 def _check_seconds(value: float | None) -> None:
@@ -505,7 +508,6 @@ def _config_converter() -> cattrs.Converter:
         ModelSettings,
         lambda s: {k: list(v) if isinstance(v, tuple) else v for k, v in s.set_fields().items()},
     )
-    conv.register_structure_hook(ModelConfig, section(ModelConfig))
 
     def strings(value: Any, _: Any) -> list[str]:
         # A bare string would be read as a list of its characters: refuse it.
@@ -522,6 +524,8 @@ def _config_converter() -> cattrs.Converter:
 
     conv.register_structure_hook_func(lambda t: t == list[str], strings)
     conv.register_structure_hook_func(lambda t: t == dict[str, str], string_table)
+    # After the list hook: a record's structuring code looks its fields' hooks up when made.
+    conv.register_structure_hook(ModelConfig, section(ModelConfig))
     server_fields = section(
         McpServerConfig,
         timeout=override(struct_hook=seconds),

@@ -83,7 +83,10 @@ class Kernel:
         http_client: httpx.AsyncClient | None = None,
         config: Config | None = None,
         mcp: McpServers | None = None,
+        allowed_tools: Sequence[str] | None = None,
     ) -> None:
+        #: The tools a run offers when it names none (``None``: all).
+        self.allowed_tools = list(allowed_tools) if allowed_tools is not None else None
         self.home = home
         #: ``tak.toml`` as this kernel read it, with ``open_kernel``'s overrides
         #: (``plugin_config``, ``allow_unsandboxed``): the settings in force.
@@ -186,7 +189,7 @@ class Kernel:
                 selected tools cannot meet.
         """
         agent = self.agent_for(model)
-        tools = self._plugin_patterns(tools)
+        tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
         await self._list_mcp_tools(tools)
         with self.tool_context(session):
             result = await agent.run_turn(
@@ -208,7 +211,7 @@ class Kernel:
         """One agent turn as a stream of events (see ``Agent.run``, and ``run_turn``
         for the arguments)."""
         agent = self.agent_for(model)
-        tools = self._plugin_patterns(tools)
+        tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
         await self._list_mcp_tools(tools)
         # The agent's tasks start inside this block, so they inherit the context.
         with self.tool_context(session):
@@ -307,6 +310,7 @@ async def open_kernel(
     plugin_config: Mapping[str, Mapping[str, Any]] | None = None,
     allow_unsandboxed: bool | None = None,
     settings: ModelSettings | None = None,
+    allowed_tools: Sequence[str] | None = None,
     mcp_servers: Mapping[str, McpServerConfig] | None = None,
 ) -> AsyncIterator[Kernel]:
     """Open a kernel: its home, store, model, tools and plugins, and a nursery for its tasks.
@@ -329,6 +333,9 @@ async def open_kernel(
         settings: what every request asks of the model (``kernel.settings``),
             merged over ``[model.settings]`` of ``tak.toml``; a turn's own
             settings are merged over these.
+        allowed_tools: the tools a run offers when it names none (names or
+            patterns, ``PLUGIN.*`` for a plugin's; default ``[model] tools`` of
+            ``tak.toml``, else all); a run's own ``tools=`` replaces it.
         mcp_servers: MCP servers by name, whose tools join the kernel's as
             ``NAME.tool``; they replace the same names of ``[mcp.servers]`` in
             ``tak.toml`` (docs/mcp.md).
@@ -400,6 +407,9 @@ async def open_kernel(
                         plugins=host,
                         http_client=client,
                         config=config,
+                        allowed_tools=(
+                            allowed_tools if allowed_tools is not None else config.model.tools
+                        ),
                         mcp=mcp,
                     )
                     # Background work (compaction) is optional: don't hold the exit for it.

@@ -208,3 +208,22 @@ async def test_a_plugin_pattern_selects_that_plugins_tools(tmp_path: Path) -> No
         assert sorted(t.name for t in model.requests[1].tools) == sorted([*fs_tools, "add"])
         with pytest.raises(UsageError, match=r"no tool matches 'nope\.\*'"):
             await k.run_turn(k.session("s"), "hi", tools=["nope.*"])
+
+
+async def test_the_kernels_default_selection_from_tak_toml_or_open_kernel(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "tak.toml").write_text("[model]\ntools = ['fs.*']\n")
+    model = ScriptedModel(["ok", "ok", "ok"])
+    async with open_kernel(home=home, model=model, plugins=["fs", "demo"]) as k:
+        fs_tools = sorted(next(p for p in k.plugins.plugins if p.name == "fs").tools)
+        await k.run_turn(k.session("s"), "hi")  # the default: tak.toml's
+        await k.run_turn(k.session("s"), "hi", tools=["add"])  # a run's own replaces it
+    assert sorted(t.name for t in model.requests[0].tools) == fs_tools
+    assert [t.name for t in model.requests[1].tools] == ["add"]
+    model = ScriptedModel(["ok"])
+    async with open_kernel(
+        home=home, model=model, plugins=["fs", "demo"], allowed_tools=["echo"]
+    ) as k:
+        await k.run_turn(k.session("s"), "hi")  # open_kernel's wins over tak.toml's
+    assert [t.name for t in model.requests[0].tools] == ["echo"]
