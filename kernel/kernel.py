@@ -106,6 +106,7 @@ class Kernel:
         # Every session of this kernel folds its history once and extends it as it grows.
         self.history = HistoryCache()
         self._compacting: set[str] = set()
+        self._compact_again: set[str] = set()  # asked for while one was running
 
     @contextlib.contextmanager
     def tool_context(self, session: Session) -> Iterator[ToolContext]:
@@ -250,19 +251,35 @@ class Kernel:
 
     def _compact_later(self, session: Session) -> None:
         # One compaction per session at a time: two would both write a summary.
+        # A turn that ends while one runs asks for another after it: the running
+        # one looked at the transcript before this turn's entries (a turn that
+        # ended meanwhile was otherwise never compacted for).
         name = session.key.name
-        if self.agent.compact_after_tokens is not None and name not in self._compacting:
-            self._compacting.add(name)
-            self._nursery.start_soon(self._compact_quietly, session, name=f"compact:{session.key}")
+        if self.agent.compact_after_tokens is None:
+            return
+        if name in self._compacting:
+            self._compact_again.add(name)
+            return
+        self._compacting.add(name)
+        self._nursery.start_soon(self._compact_quietly, session, name=f"compact:{session.key}")
 
     async def _compact_quietly(self, session: Session) -> None:
         """Compaction is an optimization: a failure is logged, never raised into the kernel."""
+        name = session.key.name
         try:
-            await self.agent.compact(session)
-        except Exception:
-            logger.exception("compaction of %s failed; the session is unchanged", session.key)
+            while True:
+                self._compact_again.discard(name)
+                try:
+                    await self.agent.compact(session)
+                except Exception:
+                    logger.exception(
+                        "compaction of %s failed; the session is unchanged", session.key
+                    )
+                if name not in self._compact_again:
+                    break
         finally:
-            self._compacting.discard(session.key.name)
+            self._compacting.discard(name)
+            self._compact_again.discard(name)
 
 
 def _prepare_dirs(

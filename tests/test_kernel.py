@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from kernel import ToolCall, UsageError, open_kernel, tool
 from kernel.models import ScriptedModel
+from kernel.session import Session
 
 
 @tool
@@ -136,3 +138,29 @@ async def test_agents_for_other_models_are_bounded(
         assert k.agent_for("openai:m0") is first
         assert "openai:m1" not in k._agents
         assert k.agent_for("openai:m1").model.name == "openai:m1"  # made again on demand
+
+
+async def test_a_turn_ending_while_compaction_runs_gets_one_after_it(tmp_path: Path) -> None:
+    """The compaction after turn 1 may still be reading when turn 2 ends; turn 2's
+    must then run after it, not be dropped (it was: 1 run in 3 had no compaction)."""
+    async with open_kernel(home=tmp_path, model="scripted:echo", compact_after_tokens=1) as k:
+        release = trio.Event()
+        calls = 0
+
+        async def compact(session: Session, *, keep_last_turns: int = 1) -> bool:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                await release.wait()
+            return False
+
+        k.agent.compact = compact  # type: ignore[method-assign]
+        session = k.session("c")
+        k._compact_later(session)  # turn 1's: blocks
+        await trio.testing.wait_all_tasks_blocked()
+        k._compact_later(session)  # turn 2 ended meanwhile
+        k._compact_later(session)  # and turn 3: one more run covers both
+        release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == 2
+        assert not k._compacting and not k._compact_again
