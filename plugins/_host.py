@@ -114,7 +114,11 @@ def tak_command(*words: str) -> str:
     """
     script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
     if script is None or script.name != "tak" or not script.is_file():
-        return shlex.join(["tak", *words])  # not started as the script (python -m, embedded)
+        # Not started as the script (`make demo`'s example, python -m, embedded):
+        # the script beside this interpreter is this environment's tak.
+        script = Path(sys.executable).with_name("tak")
+        if not script.is_file():
+            return shlex.join(["tak", *words])
     return shlex.join([_runnable(script), *words])
 
 

@@ -343,3 +343,26 @@ def test_the_demo_hint_runs_as_printed_without_tak_on_path(tmp_path: Path) -> No
     )
     assert shown.returncode == 0, shown.stderr
     assert "demo: five parallel calls" in shown.stdout
+
+
+def test_make_demos_hint_runs_as_printed_from_the_checkout(tmp_path: Path) -> None:
+    """`make demo` runs examples/research_agent.py with the venv's python, not as the
+    `tak` script: its hint must still name a tak that runs (issue 14: it printed
+    `tak sessions show ...`, and tak is not on PATH after make demo)."""
+    env = _env_without_tak(TAK_HOME=str(tmp_path / "home"))
+    demo = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "research_agent.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert demo.returncode == 0, demo.stderr
+    hint = next(line for line in demo.stdout.splitlines() if line.startswith("show it:"))
+    command = hint.removeprefix("show it:").strip()
+    assert not command.startswith("tak ")
+    shown = subprocess.run(
+        command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert shown.returncode == 0, shown.stderr
