@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp
 
-.PHONY: demo test stress redteam lint bench clean postgresql interop interop-tools
+.PHONY: demo test stress redteam lint bench clean postgresql system-packages interop interop-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,21 +38,27 @@ demo: $(STAMP)-base
 	$(BIN)/python examples/research_agent.py
 
 # The PostgresStore tests (and bench) start their own server from Debian's
-# binaries: install them where missing, as root with apt-get; else the tests
-# skip with the reason. Nothing happens when they are there.
-postgresql:
-	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then \
+# binaries, and the browser tests (tests/web) drive Debian's chromium: install
+# what is missing, as root with apt-get (one `apt-get update`, one install);
+# else those tests skip with the reason. Nothing happens when both are there.
+system-packages:
+	@missing=""; \
+	if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then missing="$$missing postgresql"; fi; \
+	if ! command -v chromium >/dev/null 2>&1; then missing="$$missing chromium"; fi; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	  else \
-	    echo "PostgreSQL binaries missing and not root: the PostgreSQL tests will skip"; \
+	    echo "missing:$$missing and not root: the tests needing them will skip"; \
 	  fi; \
 	fi
 
-test: $(STAMP)-test postgresql
+postgresql: system-packages
+
+test: $(STAMP)-test system-packages
 	$(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider
 
-stress: $(STAMP)-test postgresql
+stress: $(STAMP)-test system-packages
 	$(BIN)/python -m pytest -q --stress -p no:cacheprovider
 
 # The adversarial suite alone (it also runs in `make test`); prints `redteam: N/M refused`.

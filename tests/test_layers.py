@@ -22,6 +22,7 @@ FLOORS: dict[str, int] = {
     # 0 base: imports nothing of the project
     "kernel.errors": 0,
     "kernel._lazy": 0,
+    "kernel.tracing": 0,
     # 1 mechanism: confinement, workers, the workspace (only kernel.errors)
     "sandbox": 1,
     # 2 records: messages, tools and their schemas, the home and its config
@@ -44,6 +45,7 @@ FLOORS: dict[str, int] = {
     # 6 assembly: the Kernel that wires the floors below together
     "kernel.kernel": 6,
     "kernel.demo": 6,
+    "kernel.batch": 6,
     # 7 front doors: the WebSocket wire, the REPL, the CLI
     "kernel.wire": 7,
     "kernel.server": 7,
