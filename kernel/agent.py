@@ -36,7 +36,8 @@ import trio
 from .errors import ModelAPIError, StoreError, UsageError
 from .executor import CallEvent, CallFinished, CallLimits, CallStarted, run_tool_calls
 from .history import history_from_entries as history_from_entries
-from .messages import Message, Observation, Text, recordable
+from .history import message_from_entry
+from .messages import Message, Observation, Text, ToolError, recordable
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
 from .session import Session
@@ -47,6 +48,11 @@ from .tools import Tool, ToolFailure, ToolRegistry, select_tools, tool
 TurnEnd: TypeAlias = Literal[
     "final", "max_steps", "max_tokens", "max_cost", "wall_time", "model_error", "cancelled"
 ]
+
+#: The result a resumed turn records for a call that was running when the run stopped.
+INTERRUPTED = ToolError(
+    "crashed", "Interrupted", "interrupted: the run stopped before the call finished"
+)
 
 #: How long a shielded write of the turn may take once the turn was cancelled.
 _PERSIST_GRACE_S = 10.0
@@ -272,11 +278,85 @@ class Agent:
             trio.Cancelled: the turn was cancelled from outside; the transcript
                 was completed first and ``on_event`` got ``TurnFinished("cancelled")``.
         """
+        # The prompt is sent to the provider as the transcript records it.
+        user = recordable(Message("user", [Text(prompt)]))
+
+        async def start() -> list[Message]:
+            history = await load_history(session)
+            await session.append(user)
+            history.append(user)
+            return history
+
+        return await self._turn(session, start, on_event, settings, tools)
+
+    async def resume_turn(
+        self,
+        session: Session,
+        *,
+        on_event: AgentEventCallback | None = None,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> TurnFinished:
+        """Continue the turn a crash or a cancel left without a final answer.
+
+        When the transcript already ends with a final answer, that answer is
+        returned at once (``steps=0``, no model request). Otherwise: if the
+        last message is an assistant message whose calls have no recorded
+        results (the kernel stopped while they ran), each call gets a
+        ``crashed`` observation, "interrupted: the run stopped before the call
+        finished", recorded first; the calls are never run again (they may
+        have had effects). Then the loop goes on as in ``run_turn``, asking
+        the model, under the agent's limits counted afresh (``max_steps``
+        requests from here, and so on).
+
+        Raises:
+            UsageError: the transcript holds no message (nothing to resume),
+                or ``settings``/``tools`` are refused as by ``run_turn``.
+            trio.Cancelled: as for ``run_turn``.
+        """
+
+        async def start() -> list[Message] | TurnFinished:
+            entries = await session.entries_since_cut()
+            found = _last_message(entries)
+            if found is None:
+                raise UsageError(
+                    f"session {session.key}: the transcript holds no message, nothing to resume"
+                )
+            last, message = found
+            if message.role == "assistant" and not last.get("partial"):
+                if not message.tool_calls:
+                    return TurnFinished("final", message.text, 0, Usage())
+                answers = last.get("uuid")
+                if not isinstance(answers, str):
+                    raise UsageError(
+                        f"session {session.key}: the last assistant entry has no uuid, "
+                        "so its calls cannot be answered"
+                    )
+                interrupted = [
+                    Observation.failure(call, index, INTERRUPTED)
+                    for index, call in enumerate(message.tool_calls)
+                ]
+                await _persist_whole(session.record_results(message, interrupted, answers=answers))
+            return await load_history(session)
+
+        return await self._turn(session, start, on_event, settings, tools)
+
+    async def _turn(
+        self,
+        session: Session,
+        start: Callable[[], Awaitable[list[Message] | TurnFinished]],
+        on_event: AgentEventCallback | None,
+        settings: ModelSettings | None,
+        tools: Sequence[str] | None,
+    ) -> TurnFinished:
+        """A turn from the conversation ``start`` returns (or how it already ended).
+
+        The one body of ``run_turn`` and ``resume_turn``: limits, cancellation,
+        the ``TurnFinished`` event.
+        """
         turn_settings, registry = self._prepare(settings, tools)
         emit = on_event if on_event is not None else _ignore
         state = _TurnState()
-        # The prompt is sent to the provider as the transcript records it.
-        user = recordable(Message("user", [Text(prompt)]))
         deadline = (
             trio.current_time() + self.limits.wall_time
             if self.limits.wall_time is not None
@@ -286,10 +366,13 @@ class Agent:
         token = _current_turn.set(_Turn(self, session, registry, turn_settings))
         try:
             with trio.move_on_at(deadline):
-                history = await load_history(session)
-                await session.append(user)
-                history.append(user)
-                finished = await self._loop(session, history, state, emit, turn_settings, registry)
+                history = await start()
+                if isinstance(history, TurnFinished):
+                    finished = history
+                else:
+                    finished = await self._loop(
+                        session, history, state, emit, turn_settings, registry
+                    )
         except trio.Cancelled:
             emit(state.finish("cancelled"))
             raise
@@ -516,6 +599,18 @@ async def _record_before_running(
             f"{len(assistant.tool_calls)} tool call(s), so none ran: {reason}"
         ) from problem
     return answers
+
+
+def _last_message(
+    entries: Sequence[Mapping[str, Any]],
+) -> tuple[Mapping[str, Any], Message] | None:
+    """The last entry of ``entries`` that holds a message (titles, compactions
+    skipped), with its message."""
+    for entry in reversed(entries):
+        message = message_from_entry(entry)
+        if message is not None:
+            return entry, message
+    return None
 
 
 @attrs.frozen
