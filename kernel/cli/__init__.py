@@ -47,9 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="load this plugin too (a name, module or .py path; e.g. demo)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from . import doctor, mcp, plugins, run, serve, sessions, tools
+    from . import batch, doctor, mcp, plugins, run, serve, sessions, tools
 
-    for group in (tools, run, sessions, doctor, plugins, serve, mcp):
+    for group in (tools, run, batch, sessions, doctor, plugins, serve, mcp):
         group.add_commands(sub)
     return parser
 
