@@ -10,10 +10,18 @@ non-finite number. ``json_problem`` finds such a value in arguments (the
 executor refuses the call), ``replace_lone_surrogates`` makes text
 recordable, and ``recordable`` applies both to a whole message before it is
 written, so that a call is always recorded before it runs.
+
+An observation may carry ``attachments``: images, audio, binary resources a
+tool returned (``ToolOutput``), as base64 text checked once, when the record
+is made. The executor keeps at most ``MAX_ATTACHMENT_BYTES`` each and
+``MAX_ATTACHMENTS_BYTES`` per observation (``ToolOutput.for_observation``);
+what is past that becomes a line of the observation's text. Each model
+adapter sends what its provider takes and says the rest in text.
 """
 
 from __future__ import annotations
 
+import binascii
 import json
 import math
 import re
@@ -22,6 +30,8 @@ from typing import Any, Literal, TypeAlias, cast, get_args
 
 import attrs
 import cattrs
+from cattrs.errors import AttributeValidationNote, ClassValidationError
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception
 
@@ -39,6 +49,148 @@ ErrorKind: TypeAlias = Literal[
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
+
+AttachmentKind: TypeAlias = Literal["image", "audio", "resource"]
+
+#: The most bytes (decoded) one attachment keeps; a bigger one becomes a line of text.
+MAX_ATTACHMENT_BYTES = 5 * 1024 * 1024
+#: The most bytes (decoded) the attachments of one observation keep, together.
+MAX_ATTACHMENTS_BYTES = 20 * 1024 * 1024
+
+# type "/" subtype, then optional parameters (RFC 6838 names; "; charset=utf-8").
+_MEDIA_TYPE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+    r"(?:[ \t]*;[ \t]*[!-~]+(?:[ \t]*[!-~]+)*)?"
+)
+
+
+class FieldRefused(ValueError):
+    """A record's validator refused a field's value: ``field`` names it, the
+    message says why (``describe_structure_error`` shows it at the field's path)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def _check_media_type(instance: Attachment, attribute: Any, value: str) -> None:
+    if type(value) is not str or _MEDIA_TYPE.fullmatch(value) is None:
+        raise FieldRefused("media_type", f"{value!r} is not a media type such as 'image/png'")
+
+
+def _check_base64(instance: Attachment, attribute: Any, value: str) -> None:
+    if type(value) is not str:
+        raise FieldRefused("data", f"expected base64 text, got {type(value).__name__}")
+    try:
+        # Strict: the standard alphabet, whole quads, padding only at the end;
+        # what a provider would refuse is refused here, where it is made.
+        binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise FieldRefused("data", f"not base64 ({exc})") from None
+
+
+def _short_data(data: str) -> str:
+    # A repr (a log line, a failed assertion) shows the size, not megabytes of base64.
+    return f"<{len(data)} base64 characters>"
+
+
+@attrs.frozen
+class Attachment:
+    """Media a tool returned beside its text: an image, audio, or a binary resource.
+
+    ``data`` is the standard base64 of the bytes (checked when the record is
+    made, so a transcript cannot hold one a provider would refuse);
+    ``media_type`` is what they are (``image/png``); ``uri`` and ``name`` say
+    where they came from, when the tool said so (an MCP resource's URI).
+    """
+
+    kind: AttachmentKind
+    media_type: str = attrs.field(validator=_check_media_type)
+    data: str = attrs.field(validator=_check_base64, repr=_short_data)
+    uri: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def of_bytes(
+        cls,
+        kind: AttachmentKind,
+        media_type: str,
+        data: bytes,
+        *,
+        uri: str | None = None,
+        name: str | None = None,
+    ) -> Attachment:
+        """An attachment holding ``data`` (encoded here)."""
+        return cls(kind, media_type, base64_text(data), uri=uri, name=name)
+
+    @property
+    def size(self) -> int:
+        """How many bytes ``data`` decodes to."""
+        return len(self.data) // 4 * 3 - self.data[-2:].count("=")
+
+    @property
+    def base_type(self) -> str:
+        """``media_type`` without parameters, in lower case (``image/png``)."""
+        return self.media_type.partition(";")[0].strip().lower()
+
+    def describe(self) -> str:
+        """One line naming it, for placeholders: ``image: image/png, 1234 bytes``."""
+        where = ", ".join(x for x in (self.name, self.uri) if x)
+        return f"{self.kind}: {where + ', ' if where else ''}{self.media_type}, {self.size} bytes"
+
+
+def base64_text(data: bytes) -> str:
+    """``data`` as standard base64 text, as ``Attachment.data`` holds it."""
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def _attachments(values: Iterable[Attachment]) -> tuple[Attachment, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
+class ToolOutput:
+    """What a tool may return instead of plain text: text, and media beside it.
+
+    The executor makes the call's observation from it: ``text`` is its
+    content, and the attachments within ``MAX_ATTACHMENT_BYTES`` each and
+    ``MAX_ATTACHMENTS_BYTES`` together are kept (``for_observation``).
+    """
+
+    text: str = ""
+    attachments: tuple[Attachment, ...] = attrs.field(default=(), converter=_attachments)
+
+    def for_observation(
+        self,
+        max_bytes: int = MAX_ATTACHMENT_BYTES,
+        max_total: int = MAX_ATTACHMENTS_BYTES,
+    ) -> tuple[str, tuple[Attachment, ...]]:
+        """``(content, attachments)`` of the observation: an attachment over
+        ``max_bytes``, or past ``max_total`` with those before it, is left out
+        and a line of ``content`` says so (never an error: the call succeeded)."""
+        kept: list[Attachment] = []
+        notes: list[str] = []
+        total = 0
+        for attachment in self.attachments:
+            size = attachment.size
+            if size > max_bytes:
+                notes.append(
+                    f"[{attachment.describe()}, not kept: over the {max_bytes} bytes "
+                    "an attachment may have]"
+                )
+            elif total + size > max_total:
+                notes.append(
+                    f"[{attachment.describe()}, not kept: over the {max_total} bytes "
+                    "the attachments of one result may have together]"
+                )
+            else:
+                total += size
+                kept.append(attachment)
+        if not notes:
+            return self.text, tuple(kept)
+        lines = [self.text] if self.text else []
+        return "\n".join(lines + notes), tuple(kept)
 
 
 @attrs.frozen
@@ -85,6 +237,8 @@ class Observation:
     is_error: bool = attrs.field(default=False, validator=_check_is_error)
     error: ToolError | None = None
     duration_s: float = 0.0
+    #: Media beside ``content`` (``ToolOutput``); absent from a record without any.
+    attachments: tuple[Attachment, ...] = attrs.field(default=(), converter=_attachments)
 
     @classmethod
     def failure(
@@ -113,12 +267,19 @@ class Observation:
 
     @classmethod
     def success(
-        cls, call: ToolCall, index: int, content: str, *, duration_s: float = 0.0
+        cls,
+        call: ToolCall,
+        index: int,
+        content: str,
+        *,
+        duration_s: float = 0.0,
+        attachments: tuple[Attachment, ...] = (),
     ) -> Observation:
         """A successful observation: ``content`` as the model will see it, no error.
 
         The same record as ``Observation(call.id, call.name, index, content,
-        duration_s=duration_s)``, made at half the cost: the executor makes one
+        duration_s=duration_s, attachments=attachments)`` (``attachments`` a
+        tuple: no converter runs), made at half the cost: the executor makes one
         per call, and the one validator (``is_error`` exactly when ``error`` is
         set) holds by construction here, so the fields are set through their
         slots without running ``__init__``.
@@ -131,6 +292,7 @@ class Observation:
         _set_is_error(self, False)
         _set_error(self, None)
         _set_duration_s(self, duration_s)
+        _set_attachments(self, attachments)
         return self
 
 
@@ -150,6 +312,7 @@ _set_content = _slot_setter("content")
 _set_is_error = _slot_setter("is_error")
 _set_error = _slot_setter("error")
 _set_duration_s = _slot_setter("duration_s")
+_set_attachments = _slot_setter("attachments")
 
 
 @attrs.frozen
@@ -224,10 +387,40 @@ class _Converter(cattrs.Converter):
         return new
 
 
+def _structure_attachment(conv: cattrs.Converter) -> Callable[[Any, Any], Attachment]:
+    fields = make_dict_structure_fn(Attachment, conv)
+
+    def hook(value: Any, cls: Any) -> Attachment:
+        try:
+            return fields(value, cls)
+        except ClassValidationError as exc:
+            # A validator's refusal comes from __init__, after cattrs' per-field
+            # checks, so cattrs gives it no path: give it its field's.
+            for inner in exc.exceptions:
+                if isinstance(inner, FieldRefused) and not getattr(inner, "__notes__", None):
+                    inner.__notes__ = [
+                        AttributeValidationNote(
+                            f"Structuring class Attachment @ attribute {inner.field}",
+                            inner.field,
+                            str,
+                        )
+                    ]
+            raise
+
+    return hook
+
+
 def _make_converter() -> cattrs.Converter:
     conv = _Converter(forbid_extra_keys=True, unstruct_collection_overrides={Sequence: list})
     for t in (str, int, float, bool):
         conv.register_structure_hook(t, _structure_strict(t))
+    # An observation without attachments is written as before they existed: a
+    # transcript (or a frame) without any reads the same in an older kernel.
+    conv.register_structure_hook(Attachment, _structure_attachment(conv))
+    conv.register_unstructure_hook(
+        Observation,
+        make_dict_unstructure_fn(Observation, conv, attachments=override(omit_if_default=True)),
+    )
     _register_unions(conv)
     return conv
 
@@ -236,10 +429,16 @@ converter: cattrs.Converter = _make_converter()
 """The one converter for kernel records (``unstructure`` / ``structure``)."""
 
 
+def _format_exception(exc: BaseException, type_: type | None) -> str:
+    if isinstance(exc, FieldRefused):
+        return exc.reason
+    return format_exception(exc, type_)
+
+
 def structure_error_paths(
     exc: BaseException,
     root: str = "$",
-    format_exception: Callable[[BaseException, type | None], str] = format_exception,
+    format_exception: Callable[[BaseException, type | None], str] = _format_exception,
 ) -> list[tuple[str, str]]:
     """Each failure in a cattrs error as ``(path, reason)``, e.g. ``("$.a[2].b", ...)``."""
     found = []
@@ -388,20 +587,38 @@ def _recordable_part(part: Part) -> Part:
     name = replace_lone_surrogates(part.name)
     content = replace_lone_surrogates(part.content)
     error = part.error if part.error is None else _recordable_error(part.error)
+    attachments = part.attachments
+    if attachments:
+        attachments = tuple(_recordable_attachment(a) for a in attachments)
+        if all(new is old for new, old in zip(attachments, part.attachments, strict=True)):
+            attachments = part.attachments
     if (
         call_id is part.call_id
         and name is part.name
         and content is part.content
         and error is part.error
+        and attachments is part.attachments
     ):
         return part
-    return attrs.evolve(part, call_id=call_id, name=name, content=content, error=error)
+    return attrs.evolve(
+        part, call_id=call_id, name=name, content=content, error=error, attachments=attachments
+    )
+
+
+def _recordable_attachment(attachment: Attachment) -> Attachment:
+    # data is base64 and media_type ASCII (both checked); a URI or a name came from a tool.
+    uri = attachment.uri if attachment.uri is None else replace_lone_surrogates(attachment.uri)
+    name = attachment.name if attachment.name is None else replace_lone_surrogates(attachment.name)
+    if uri is attachment.uri and name is attachment.name:
+        return attachment
+    return attrs.evolve(attachment, uri=uri, name=name)
 
 
 def recordable(message: Message) -> Message:
     """``message`` as a transcript can hold it (``message`` itself when it already can).
 
-    Text, ids, names and observation content get U+FFFD for each lone surrogate.
+    Text, ids, names, observation content and attachments' URIs and names get
+    U+FFFD for each lone surrogate.
     Arguments are never changed in meaning: raw JSON text gets its surrogates
     escaped, and a dict that holds a lone surrogate or a non-finite number is
     kept as the JSON text of it, which the executor refuses as ``bad_arguments``.
