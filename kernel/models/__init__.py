@@ -22,6 +22,10 @@ from ._base import StopReason as StopReason
 from ._base import TextDelta as TextDelta
 from ._base import ToolCallDelta as ToolCallDelta
 from ._base import Usage as Usage
+from ._budget import BudgetLimits as BudgetLimits
+from ._budget import Grant as Grant
+from ._budget import ModelBudget as ModelBudget
+from ._budget import ProviderLoad as ProviderLoad
 from ._fallback import FallbackModel as FallbackModel
 from ._gemini import GeminiModel as GeminiModel
 from ._gemini import gemini_tools as gemini_tools
@@ -42,15 +46,19 @@ __all__ = [
     "PROVIDERS",
     "STOP_REASONS",
     "AnthropicModel",
+    "BudgetLimits",
     "FallbackModel",
     "GeminiModel",
+    "Grant",
     "Model",
+    "ModelBudget",
     "ModelEvent",
     "ModelRequest",
     "ModelResponse",
     "OpenAIModel",
     "Price",
     "ProviderError",
+    "ProviderLoad",
     "ResponseComplete",
     "RetryPolicy",
     "ScriptedModel",

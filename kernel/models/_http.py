@@ -24,6 +24,7 @@ from ..errors import UsageError
 from ..settings import ModelSettings
 from ._assemble import events_of
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, ResponseComplete
+from ._budget import Grant, ModelBudget, estimate_tokens
 from ._prices import Price
 from ._retry import RETRYABLE_STATUSES, RetryPolicy, parse_retry_after
 from ._sse import SSEDecoder, SSEEvent
@@ -115,12 +116,15 @@ class HTTPModel:
         base_url: str | None = None,
         retry: RetryPolicy | None = None,
         prices: Mapping[str, Price] | None = None,
+        budget: ModelBudget | None = None,
     ) -> None:
         self.model = model
         self.api_key = api_key
         self.base_url = (base_url or self.default_base_url).rstrip("/")
         self.retry = retry if retry is not None else RetryPolicy()
         self.prices = prices
+        #: Shared limits every attempt waits for (``None``: none).
+        self.budget = budget
         self._client = client
 
     @property
@@ -160,10 +164,13 @@ class HTTPModel:
         id_prefix = self._id_prefix(content)
 
         async def attempt() -> ModelResponse:
-            response = await self._send(url, headers, content, stream=False)
-            body = load_json(self.provider, response.content)
-            with response_shape(self.provider):
-                return self.parse(request, body, id_prefix)
+            with await self._grant(request, content) as grant:
+                response = await self._send(url, headers, content, stream=False, grant=grant)
+                body = load_json(self.provider, response.content)
+                with response_shape(self.provider):
+                    parsed = self.parse(request, body, id_prefix)
+                grant.settle(parsed.usage.total_tokens)
+                return parsed
 
         return await self.retry.run(attempt)
 
@@ -181,8 +188,14 @@ class HTTPModel:
         id_prefix = self._id_prefix(content)
 
         async def attempt() -> _OpenStream:
-            response = await self._send(url, headers, content, stream=True)
-            opened = _OpenStream(self, request, response, id_prefix)
+            grant = await self._grant(request, content)
+            try:
+                response = await self._send(url, headers, content, stream=True, grant=grant)
+            except BaseException:
+                grant.release()
+                raise
+            # The stream holds the grant (its connection) until it is closed.
+            opened = _OpenStream(self, request, response, id_prefix, grant)
             try:
                 await opened.prefetch()
             except BaseException:
@@ -204,8 +217,21 @@ class HTTPModel:
         # request holds the one before).
         return f"{self.provider}-{hashlib.sha256(content).hexdigest()[:10]}"
 
+    async def _grant(self, request: ModelRequest, content: bytes) -> Grant | _NoGrant:
+        """Leave from the budget to send one attempt (at once without a budget)."""
+        if self.budget is None:
+            return _NO_GRANT
+        tokens = estimate_tokens(request.effective_settings().max_tokens, len(content))
+        return await self.budget.acquire(self.provider, self.model, tokens)
+
     async def _send(
-        self, url: str, headers: dict[str, str], content: bytes, *, stream: bool
+        self,
+        url: str,
+        headers: dict[str, str],
+        content: bytes,
+        *,
+        stream: bool,
+        grant: Grant | _NoGrant,
     ) -> httpx.Response:
         request = self._client.build_request("POST", url, headers=headers, content=content)
         try:
@@ -219,7 +245,9 @@ class HTTPModel:
                 pass  # the status says enough
             finally:
                 await response.aclose()
-            raise self._status_error(response)
+            error = self._status_error(response)
+            grant.refused(error.status, error.retry_after)
+            raise error
         return response
 
     def connection_error(self, exc: httpx.TransportError) -> ProviderError:
@@ -260,13 +288,41 @@ class HTTPModel:
         )
 
 
+class _NoGrant:
+    """The grant of a model without a budget: nothing to wait for or count."""
+
+    def __enter__(self) -> _NoGrant:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def settle(self, tokens: int) -> None:
+        pass
+
+    def refused(self, status: int | None, retry_after: float | None) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+_NO_GRANT = _NoGrant()
+
+
 class _OpenStream:
     """One streamed HTTP response being decoded."""
 
     def __init__(
-        self, model: HTTPModel, request: ModelRequest, response: httpx.Response, id_prefix: str
+        self,
+        model: HTTPModel,
+        request: ModelRequest,
+        response: httpx.Response,
+        id_prefix: str,
+        grant: Grant | _NoGrant,
     ) -> None:
         self._model = model
+        self._grant = grant
         self._provider = model.provider
         self._request = request
         self._response = response
@@ -290,6 +346,7 @@ class _OpenStream:
                 response = self._model.parse(self._request, body, self._id_prefix)
             self._pending.extend(events_of(response)[:-1])
             self._complete = response
+            self._grant.settle(response.usage.total_tokens)
             self._drained = True
             return
         await self._read_more()
@@ -319,6 +376,7 @@ class _OpenStream:
                     self._pending.extend(self._decoder.feed(event))
                     if self._decoder.done:
                         self._complete = self._decoder.response()
+                        self._grant.settle(self._complete.usage.total_tokens)
         except httpx.TransportError as exc:
             raise ProviderError(
                 self._provider,
@@ -355,10 +413,13 @@ class _OpenStream:
         if self._closed:
             return
         self._closed = True
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_TIMEOUT):
-            if self._generator is not None:
-                await self._generator.aclose()
-            lines = self._lines
-            if isinstance(lines, AsyncGenerator):
-                await lines.aclose()
-            await self._response.aclose()
+        try:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_TIMEOUT):
+                if self._generator is not None:
+                    await self._generator.aclose()
+                lines = self._lines
+                if isinstance(lines, AsyncGenerator):
+                    await lines.aclose()
+                await self._response.aclose()
+        finally:
+            self._grant.release()

@@ -12,6 +12,7 @@ import httpx
 from ..errors import UsageError
 from ._anthropic import ANTHROPIC_BASE_URL, AnthropicModel
 from ._base import Model
+from ._budget import ModelBudget
 from ._fallback import FallbackModel
 from ._gemini import GEMINI_BASE_URL, GeminiModel
 from ._http import HTTPModel
@@ -36,6 +37,7 @@ def resolve_model(
     retry: RetryPolicy | None = None,
     env: Mapping[str, str] | None = None,
     prices: Mapping[str, Price] | None = None,
+    budget: ModelBudget | None = None,
 ) -> Model:
     """The model a ``provider:model`` string names, with ``fallbacks`` behind it.
 
@@ -47,7 +49,8 @@ def resolve_model(
     out when the base URL points at a local or private-network server (a
     vLLM, Ollama or llama.cpp server). With ``fallbacks``, the result is a
     ``FallbackModel`` trying the models in order. ``prices`` adds to or
-    overrides the built-in price table.
+    overrides the built-in price table. ``budget`` is the ``ModelBudget``
+    every HTTP request of the models (fallbacks included) waits for.
 
     Raises:
         UsageError: an unknown provider (the message lists the known ones),
@@ -56,7 +59,7 @@ def resolve_model(
     """
     environ = os.environ if env is None else env
     models = [
-        _resolve_one(s, client=client, retry=retry, env=environ, prices=prices)
+        _resolve_one(s, client=client, retry=retry, env=environ, prices=prices, budget=budget)
         for s in (spec, *fallbacks)
     ]
     return models[0] if len(models) == 1 else FallbackModel(models)
@@ -69,6 +72,7 @@ def _resolve_one(
     retry: RetryPolicy | None,
     env: Mapping[str, str],
     prices: Mapping[str, Price] | None,
+    budget: ModelBudget | None,
 ) -> Model:
     provider, colon, model = spec.partition(":")
     known = ", ".join(PROVIDERS)
@@ -96,9 +100,12 @@ def _resolve_one(
         raise UsageError(
             f"model {spec!r} needs an httpx.AsyncClient: pass client= (see open_http_client)"
         )
-    return factory(
+    built = factory(
         model, client=client, api_key=api_key, base_url=base_url, retry=retry, prices=prices
     )
+    # Set after: GeminiModel's own __init__ does not take budget= (yet).
+    built.budget = budget
+    return built
 
 
 def _is_local(host: str) -> bool:
