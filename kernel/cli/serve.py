@@ -19,8 +19,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser(
         "serve",
         help="serve the kernel over WebSocket",
-        description="Serve the kernel over WebSocket. Prints one line, "
-        "ws://HOST:PORT/?token=TOKEN, then logs to stderr. See docs/protocol.md.",
+        description="Serve the kernel over WebSocket, and a page for the browser on the same "
+        "port. Prints two lines, ws://HOST:PORT/?token=TOKEN then the page's "
+        "http://HOST:PORT/?token=TOKEN, then logs to stderr. See docs/protocol.md and "
+        "docs/web.md.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument(
@@ -94,6 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..errors import KernelError
     from ..kernel import open_kernel
     from ..wire import serve_websocket
+    from ..wire._server import page_url
     from .plugins import ensure_home, os_error_line
 
     logging.basicConfig(
@@ -129,8 +132,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         task_status=task_status,
                     )
                 )
-                # The one line on stdout, first and flushed: scripts read it to connect.
+                # The WebSocket URL first and flushed: scripts read that line to connect.
                 print(url, flush=True)
+                print(page_url(url), flush=True)
                 await _until_stopped()
                 logging.getLogger("tak.server").info("stopping")
                 nursery.cancel_scope.cancel()

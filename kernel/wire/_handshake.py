@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from urllib.parse import parse_qs, urlsplit
 
+import attrs
 import trio
 from trio_websocket import WebSocketConnection, WebSocketRequest
 
@@ -88,6 +89,19 @@ def request_host(request: WebSocketRequest) -> str | None:
     return host if isinstance(host, str) else None
 
 
+def host_url(scheme: str, host: str, port: int) -> str:
+    """``scheme://host:port``, with an IPv6 address in brackets."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+@attrs.frozen
+class Refused:
+    """Why a request is refused before it is served: the HTTP status, and a line for the log."""
+
+    status: int
+    why: str
+
+
 class Gate:
     """The server's token, its allowed origins, and the handshake checks that use them."""
 
@@ -118,19 +132,13 @@ class Gate:
         gets until the token deadline to send ``hello``, plus ``close_grace`` to
         take the refusal.
         """
-        host = request_host(request)
-        host_port = _host_and_port(host, 80) if host is not None else None
-        if host_port is None:
-            await self._reject(request, label, 400, "missing or malformed Host header")
-            return None
-        if not self._allow_remote and not _is_loopback_name(host_port[0]):
-            # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example
-            await self._reject(request, label, 403, "Host is not a loopback name")
-            return None
         headers: dict[bytes, bytes] = {name.lower(): value for name, value in request.headers}
         origin = headers.get(b"origin")
-        if origin is not None and not self._origin_allowed(origin.decode("latin-1"), host_port):
-            await self._reject(request, label, 403, "Origin not allowed")
+        checked = self.check_host_and_origin(
+            request_host(request), origin.decode("latin-1") if origin is not None else None
+        )
+        if isinstance(checked, Refused):
+            await self._reject(request, label, checked.status, checked.why)
             return None
         offered = parse_qs(urlsplit(request.path).query).get("token", [])
         authorization = headers.get(b"authorization", b"").decode("latin-1")
@@ -146,6 +154,26 @@ class Gate:
             await self._reject(request, label, 503, "too many connections")
             return None
         return await request.accept()
+
+    def check_host_and_origin(
+        self, host: str | None, origin: str | None
+    ) -> tuple[str, int] | Refused:
+        """The ``(host, port)`` a client dialled, or why its request is refused.
+
+        Checks the ``Host`` header (a loopback name unless remote clients are
+        allowed: against DNS rebinding) and, when a browser sent one, the
+        ``Origin`` (the server's own, or one allowed). Both the WebSocket
+        handshake and the page (``kernel.wire._http``) go through here.
+        """
+        host_port = _host_and_port(host, 80) if host is not None else None
+        if host_port is None:
+            return Refused(400, "missing or malformed Host header")
+        if not self._allow_remote and not _is_loopback_name(host_port[0]):
+            # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example
+            return Refused(403, "Host is not a loopback name")
+        if origin is not None and not self._origin_allowed(origin, host_port):
+            return Refused(403, "Origin not allowed")
+        return host_port
 
     def _origin_allowed(self, origin: str, host_port: tuple[str, int]) -> bool:
         if origin.rstrip("/").lower() in self._allow_origins:

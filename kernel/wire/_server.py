@@ -5,10 +5,12 @@
     async with open_kernel(model="scripted:demo", tools=tools) as k:
         async with trio.open_nursery() as nursery:
             url = await nursery.start(functools.partial(serve_websocket, k, port=0))
-            # url == "ws://127.0.0.1:PORT/?token=..."
+            # url == "ws://127.0.0.1:PORT/?token=..."; the page: page_url(url)
 
 The accept loop and its budgets are ``kernel.wire._admission``; each TCP
-connection's HTTP handshake is checked by ``kernel.wire._handshake``; an
+connection's request head is read by ``kernel.wire._http``, which answers a
+plain HTTP request itself (the browser page, docs/web.md); a WebSocket
+handshake is checked by ``kernel.wire._handshake``; an
 accepted WebSocket is run by ``kernel.wire._connection``, which answers each
 request with its handler from ``kernel.wire._handlers``.
 
@@ -45,7 +47,8 @@ from ._admission import (
     serve_listeners,
 )
 from ._connection import Connection
-from ._handshake import Gate, is_loopback_address
+from ._handshake import Gate, host_url, is_loopback_address
+from ._http import PageFiles, ReplayStream, answer_page_request, read_request_head
 from ._limits import CLOSE_INTERNAL, ServerLimits
 
 logger = logging.getLogger("tak.server")
@@ -67,7 +70,8 @@ async def serve_websocket(
     """Serve ``kernel`` over WebSocket until cancelled.
 
     ``task_status.started(url)`` gives ``ws://HOST:PORT/?token=TOKEN`` with the
-    port actually bound (``port=0`` picks a free one).
+    port actually bound (``port=0`` picks a free one). The same port serves the
+    browser page at ``http://HOST:PORT/?token=TOKEN`` (``page_url(url)``).
 
     Args:
         token: what clients must present (default: ``secrets.token_urlsafe(32)``,
@@ -109,14 +113,19 @@ async def serve_websocket(
         limits=limits,
         admission=await _open_admission(limits),
     )
-    server = _Server(kernel, gate)
+    pages = await trio.to_thread.run_sync(PageFiles.load)
+    if not pages.files:
+        logger.warning("the page's files (kernel/web/) are not installed: no browser page")
+    server = _Server(kernel, gate, pages)
     url_host = f"[{host}]" if ":" in host else host
-    url = f"ws://{url_host}:{bound_port}/?token={quote(token, safe='')}"
+    url = f"{host_url('ws', host, bound_port)}/?token={quote(token, safe='')}"
     async with trio.open_nursery() as nursery:
         await nursery.start(serve_listeners, listeners, gate.admission, server.handle)
         logger.info(
-            "serving %s on ws://%s:%d/ (model %s, %d tools)",
+            "serving %s on ws://%s:%d/ and its page on http://%s:%d/ (model %s, %d tools)",
             "the kernel",
+            url_host,
+            bound_port,
             url_host,
             bound_port,
             kernel.model.name,
@@ -128,6 +137,11 @@ async def serve_websocket(
                 "can run tools; the connection is not encrypted"
             )
         task_status.started(url)
+
+
+def page_url(url: str) -> str:
+    """The browser page's URL of the server whose WebSocket URL is ``url`` (same token)."""
+    return "http://" + url.removeprefix("ws://")
 
 
 async def _open_admission(limits: ServerLimits) -> Admission:
@@ -158,11 +172,12 @@ async def _open_admission(limits: ServerLimits) -> Admission:
 
 
 class _Server:
-    """Runs each TCP connection: its handshake, then a ``Connection`` when accepted."""
+    """Runs each TCP connection: a page request, or a handshake then a ``Connection``."""
 
-    def __init__(self, kernel: Kernel, gate: Gate) -> None:
+    def __init__(self, kernel: Kernel, gate: Gate, pages: PageFiles) -> None:
         self.kernel = kernel
         self.gate = gate
+        self.pages = pages
         self.limits = gate.limits
         self._numbers = itertools.count(1)
 
@@ -174,10 +189,15 @@ class _Server:
         label = f"#{next(self._numbers)} {_peer(stream)}"
         ws: WebSocketConnection | None = None
         try:
+            head = await read_request_head(stream)
+            if head is None or not head.is_websocket:
+                if head is not None:
+                    await answer_page_request(stream, head, self.gate, self.pages, label)
+                return  # the caller closes the stream
             async with trio.open_nursery() as nursery:  # trio-websocket's reader task
                 request = await wrap_server_stream(
                     nursery,
-                    stream,
+                    ReplayStream(stream, head.received),
                     max_message_size=self.limits.frame_buffer_limit,
                     receive_buffer_size=1 << 16,
                 )
