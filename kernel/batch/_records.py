@@ -98,9 +98,7 @@ class BatchTask:
     def __attrs_post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise UsageError(f"task {self.id!r}: set exactly one of prompt and messages")
-        if self.messages is not None and (
-            not self.messages or self.messages[-1].role != "user"
-        ):
+        if self.messages is not None and (not self.messages or self.messages[-1].role != "user"):
             raise UsageError(f"task {self.id!r}: messages must end with the user's message")
 
 
@@ -135,11 +133,9 @@ class TaskResult:
 
 
 def _make_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=True)
-    # Messages inside tasks use the kernel's one message converter.
-    conv.register_structure_hook(Message, lambda v, _: message_converter.structure(v, Message))
-    conv.register_unstructure_hook(Message, message_converter.unstructure)
-    return conv
+    # A copy of the kernel's: messages inside tasks read as transcripts do, unknown
+    # keys are refused, and scalars are strict (a prompt of 3 is not "3").
+    return message_converter.copy(forbid_extra_keys=True)
 
 
 converter: cattrs.Converter = _make_converter()

@@ -1,0 +1,487 @@
+"""A run's ledger as files in one directory: one process runs it (``DirectoryLedger``).
+
+::
+
+    async with open_run_dir("runs/eval-1") as ledger:
+        summary = await run_batch(kernel, tasks, ledger=ledger)
+
+The directory holds:
+
+- ``manifest.json``: the run id, when it was created, and the run's settings
+  (``RunManifest``; the CLI keeps model, concurrency and limits there);
+- ``tasks.jsonl``: one ``BatchTask`` per line, in task order;
+- ``results.jsonl``: one ``TaskResult`` per line, appended and fsynced (in a
+  thread) before ``finish`` returns: a SIGKILL loses no result ``finish``
+  acknowledged (guarantee 4 of ``kernel.batch._ledger``);
+- ``claims.jsonl``: one line per claim (which attempt a task is on; flushed,
+  not fsynced: it only counts attempts);
+- ``workspaces/<task id>/``: each task's workspace;
+- ``lock``: held (``flock``) by the process running the run, with its pid, so
+  a second process is refused with the pid that holds it. The lock goes with
+  the process, however it ends.
+
+A crash can tear the last line of an append-only file (the line was being
+written). Reopening cuts such a line off, logs that it did, and goes on: the
+line was never acknowledged. Any other line that does not parse is an error
+naming the file and line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+import trio
+
+from kernel.errors import UsageError
+from kernel.messages import describe_structure_error
+
+from ._ledger import Claim, LedgerCounts
+from ._records import BatchTask, TaskResult, check_task_id, converter
+
+logger = logging.getLogger("tak.batch")
+
+MANIFEST = "manifest.json"
+TASKS = "tasks.jsonl"
+RESULTS = "results.jsonl"
+CLAIMS = "claims.jsonl"
+WORKSPACES = "workspaces"
+LOCK = "lock"
+
+#: A task file's lines are read whole; a line longer than this is refused.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class RunManifest:
+    """What ``manifest.json`` holds: the run id, when it was made, its settings."""
+
+    run_id: str
+    created: float  # Unix time
+    settings: dict[str, Any] = attrs.field(factory=dict)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_line(line: bytes, where: str) -> Any:
+    try:
+        return json.loads(line, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{where}: not valid JSON ({exc})") from None
+
+
+def _structure(value: Any, cls: type[Any], where: str) -> Any:
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: $: expected a JSON object, got {type(value).__name__}")
+    try:
+        return converter.structure(value, cls)
+    except UsageError as exc:  # a record's own validator (a task id, a limit)
+        raise UsageError(f"{where}: {exc}") from None
+    except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
+        own = _usage_error_in(exc)
+        if own is not None:
+            raise UsageError(f"{where}: {own}") from None
+        raise UsageError(f"{where}: {describe_structure_error(exc, '$')}") from None
+
+
+def _usage_error_in(exc: BaseException) -> UsageError | None:
+    """The record's own validation error (a task id, a limit) cattrs wrapped, if any:
+    it already says what was wrong, in the record's words."""
+    if isinstance(exc, UsageError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _usage_error_in(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def parse_tasks(lines: Sequence[bytes], name: str) -> list[BatchTask]:
+    """Tasks from ``tasks.jsonl`` lines (blank lines skipped); ``name`` is the file's,
+    for errors.
+
+    Raises:
+        UsageError: ``NAME:LINE: $.path: what was wrong``; a duplicate id names both lines.
+    """
+    tasks: list[BatchTask] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{number}"
+        if len(line) > MAX_LINE_BYTES:
+            raise UsageError(f"{where}: line longer than {MAX_LINE_BYTES} bytes")
+        task: BatchTask = _structure(_parse_line(line, where), BatchTask, where)
+        first = seen.get(task.id)
+        if first is not None:
+            raise UsageError(f"{where}: duplicate task id {task.id!r} (first at line {first})")
+        seen[task.id] = number
+        tasks.append(task)
+    return tasks
+
+
+def load_tasks(path: str | os.PathLike[str]) -> list[BatchTask]:
+    """The tasks of a ``tasks.jsonl`` file, one JSON object per line (docs/batch.md).
+
+    Blocking: call it in a thread from async code.
+
+    Raises:
+        UsageError: the file cannot be read, or ``FILE:LINE: $.path: what was wrong``.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{os.fspath(path)}: cannot read the task file: {exc.strerror}") from None
+    return parse_tasks(data.split(b"\n"), os.fspath(path))
+
+
+def _encode(record: Any, what: str = "a record") -> bytes:
+    """One JSON line. Raises: UsageError: ``what`` holds what JSON cannot (NaN, a lone
+    surrogate, an object that is not data)."""
+    try:
+        text = json.dumps(converter.unstructure(record), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8") + b"\n"
+    except (ValueError, TypeError, UnicodeEncodeError) as exc:
+        reason = " ".join(str(exc).split())
+        raise UsageError(f"{what} cannot be stored: {reason}") from None
+
+
+class _AppendFile:
+    """An append-only JSON-lines file: whole lines, written in order, optionally fsynced."""
+
+    def __init__(self, path: Path, *, durable: bool) -> None:
+        self.path = path
+        self.durable = durable
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._lock = trio.Lock()  # lines in the order their writers asked
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+        if self.durable:
+            os.fsync(self._fd)
+
+    async def append(self, data: bytes) -> None:
+        async with self._lock:
+            # The write must finish once begun: a half line is what reopening cuts off,
+            # but a whole one behind it would then be lost with it.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._write, data)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _read_lines(path: Path) -> list[bytes]:
+    """The file's whole lines; a torn last line (no newline) is cut off the file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            os.fsync(f.fileno())
+        logger.warning(
+            "%s: cut off a torn last line (%d bytes) left by a run that stopped while "
+            "writing it; it was never acknowledged",
+            path,
+            len(data) - keep,
+        )
+        data = data[:keep]
+    return data.split(b"\n")[:-1] if data else []
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            os.close(fd)
+            raise
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise UsageError(
+            f"{path.parent}: the run is in use by process {holder} (it holds {path}); "
+            "wait for it to finish or stop it"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+@attrs.define
+class _State:
+    """What the files say, read once at open; kept current by this process."""
+
+    tasks: dict[str, BatchTask] = attrs.Factory(dict)  # in task order
+    encoded: dict[str, bytes] = attrs.Factory(dict)
+    finished: dict[str, TaskResult] = attrs.Factory(dict)
+    latest: dict[str, TaskResult] = attrs.Factory(dict)
+    attempts: dict[str, int] = attrs.Factory(dict)
+
+
+def _load_state(root: Path) -> _State:
+    state = _State()
+    tasks_file = root / TASKS
+    for task in parse_tasks(_read_lines(tasks_file), str(tasks_file)):
+        state.tasks[task.id] = task
+        state.encoded[task.id] = _encode(task)
+    results_file = root / RESULTS
+    for number, line in enumerate(_read_lines(results_file), 1):
+        if not line.strip():
+            continue
+        where = f"{results_file}:{number}"
+        result: TaskResult = _structure(_parse_line(line, where), TaskResult, where)
+        if result.id not in state.tasks:
+            raise UsageError(f"{where}: a result for task {result.id!r}, which is not in {TASKS}")
+        if result.finished:
+            state.finished.setdefault(result.id, result)
+        if result.id not in state.finished or state.finished[result.id] is result:
+            state.latest[result.id] = result
+    claims_file = root / CLAIMS
+    for line in _read_lines(claims_file):
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            record = json.loads(line)
+            task_id, attempt = record["id"], record["attempt"]
+            if isinstance(attempt, int) and not isinstance(attempt, bool):
+                state.attempts[task_id] = max(state.attempts.get(task_id, 0), attempt)
+    return state
+
+
+class DirectoryLedger:
+    """A run's tasks and results in a directory (see the module docstring and
+    ``kernel.batch._ledger`` for the guarantees). Made by ``open_run_dir``."""
+
+    #: Claims live as long as this process: nothing to renew (``run_batch`` checks).
+    lease_seconds: float | None = None
+
+    def __init__(self, path: Path, manifest: RunManifest, state: _State, lock_fd: int) -> None:
+        self.path = path
+        self.manifest = manifest
+        #: Where ``run_batch`` puts each task's workspace.
+        self.workspaces = path / WORKSPACES
+        self._state = state
+        self._lock_fd = lock_fd
+        self._running: dict[str, str] = {}  # task id -> worker
+        self._tasks_file = _AppendFile(path / TASKS, durable=True)
+        self._results_file = _AppendFile(path / RESULTS, durable=True)
+        self._claims_file = _AppendFile(path / CLAIMS, durable=False)
+        self._adding = trio.Lock()
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.run_id
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The settings the run was created with (``open_run_dir(settings=)``)."""
+        return self.manifest.settings
+
+    @property
+    def created(self) -> float:
+        """When the run was created (Unix time)."""
+        return self.manifest.created
+
+    async def add_tasks(self, tasks: Sequence[BatchTask]) -> None:
+        """Add the tasks not here yet (guarantee 1).
+
+        Raises:
+            UsageError: a task id is here with other content, or twice in ``tasks``.
+        """
+        async with self._adding:
+            new: dict[str, bytes] = {}
+            for index, task in enumerate(tasks):
+                line = _encode(task, f"task {task.id!r} (tasks[{index}])")
+                known = self._state.encoded.get(task.id) or new.get(task.id)
+                if known is None:
+                    new[task.id] = line
+                elif known != line:
+                    raise UsageError(
+                        f"task {task.id!r} (tasks[{index}]) is already in run "
+                        f"{self.run_id!r} with other content; give it another id or "
+                        "start another run"
+                    )
+            if not new:
+                return
+            await self._tasks_file.append(b"".join(new.values()))
+            by_id = {t.id: t for t in tasks}
+            for task_id, line in new.items():
+                self._state.tasks[task_id] = by_id[task_id]
+                self._state.encoded[task_id] = line
+
+    async def claim(self, worker: str, limit: int) -> list[Claim]:
+        """Up to ``limit`` tasks not finished and not running, in task order (guarantee 2).
+
+        Raises:
+            UsageError: ``limit`` is not a positive int.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise UsageError(f"claim: limit must be 1 or more, got {limit!r}")
+        claims: list[Claim] = []
+        state = self._state
+        for task_id, task in state.tasks.items():
+            if len(claims) >= limit:
+                break
+            if task_id in state.finished or task_id in self._running:
+                continue
+            attempt = state.attempts.get(task_id, 0) + 1
+            state.attempts[task_id] = attempt
+            self._running[task_id] = worker
+            claims.append(Claim(task=task, attempt=attempt))
+        if claims:
+            lines = b"".join(
+                _encode({"id": c.task.id, "attempt": c.attempt, "worker": worker}) for c in claims
+            )
+            await self._claims_file.append(lines)
+        return claims
+
+    async def renew(self, worker: str, task_ids: Sequence[str]) -> None:
+        """Nothing to do: claims last as long as this process holds the directory."""
+
+    async def finish(self, worker: str, result: TaskResult) -> bool:
+        """Record ``result`` (guarantees 3 and 4); False when the task had finished already.
+
+        Raises:
+            UsageError: ``result`` is for a task not in the run.
+        """
+        state = self._state
+        if result.id not in state.tasks:
+            raise UsageError(
+                f"a result for task {result.id!r}, which is not in run {self.run_id!r}"
+            )
+        line = _encode(result, f"the result of task {result.id!r}")
+        if result.id in state.finished:
+            self._running.pop(result.id, None)
+            return False
+        if result.finished:
+            state.finished[result.id] = result  # first wins, decided before the write
+        try:
+            await self._results_file.append(line)
+        except BaseException:
+            if state.finished.get(result.id) is result:
+                del state.finished[result.id]
+            raise
+        state.latest[result.id] = result
+        self._running.pop(result.id, None)
+        return True
+
+    async def results(self) -> list[TaskResult]:
+        """The latest result of each task that has one (its finished one), in task order."""
+        latest = self._state.latest
+        return [latest[task_id] for task_id in self._state.tasks if task_id in latest]
+
+    async def tasks(self) -> list[BatchTask]:
+        """Every task of the run, in task order."""
+        return list(self._state.tasks.values())
+
+    async def counts(self) -> LedgerCounts:
+        return LedgerCounts(
+            total=len(self._state.tasks),
+            finished=len(self._state.finished),
+            running=len(self._running),
+        )
+
+    async def aclose(self) -> None:
+        for file in (self._tasks_file, self._results_file, self._claims_file):
+            file.close()
+        os.close(self._lock_fd)  # releases the lock
+
+
+def _open(
+    path: Path, run_id: str | None, create: bool, settings: Mapping[str, Any] | None
+) -> tuple[RunManifest, _State, int]:
+    manifest_path = path / MANIFEST
+    if not path.is_dir():
+        if not create:
+            raise UsageError(f"{path}: no such run directory")
+        path.mkdir(parents=True, exist_ok=True)
+    elif not manifest_path.exists() and not create:
+        raise UsageError(f"{path}: not a run directory (no {MANIFEST})")
+    lock_fd = _lock(path / LOCK)
+    try:
+        if manifest_path.exists():
+            where = str(manifest_path)
+            value = _parse_line(manifest_path.read_bytes(), where)
+            manifest: RunManifest = _structure(value, RunManifest, where)
+            if run_id is not None and run_id != manifest.run_id:
+                raise UsageError(f"{path} holds run {manifest.run_id!r}, not {run_id!r}")
+        else:
+            if run_id is None:
+                run_id = path.resolve().name
+                check_task_id(run_id, f"the run id (the directory's name, {path})")
+            else:
+                check_task_id(run_id, "run_id")
+            manifest = RunManifest(
+                run_id=run_id, created=time.time(), settings=dict(settings or {})
+            )
+            _write_atomically(manifest_path, _encode(manifest, "the run's settings"))
+        (path / WORKSPACES).mkdir(exist_ok=True)
+        return manifest, _load_state(path), lock_fd
+    except BaseException:
+        os.close(lock_fd)
+        raise
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+@contextlib.asynccontextmanager
+async def open_run_dir(
+    path: str | os.PathLike[str],
+    *,
+    run_id: str | None = None,
+    create: bool = True,
+    settings: Mapping[str, Any] | None = None,
+) -> AsyncIterator[DirectoryLedger]:
+    """The run in directory ``path``, held by this process until the block ends.
+
+    Args:
+        run_id: the run's id (default: the directory's name); a directory holding
+            another run is refused.
+        create: make the directory and its manifest when missing (else refuse).
+        settings: stored in a new run's manifest (``ledger.manifest.settings``);
+            an existing run keeps its own.
+
+    Raises:
+        UsageError: another process holds the run (its pid is named); the
+            directory is not a run and ``create`` is off; a file in it is
+            damaged (``FILE:LINE: ...``); the run id is not a valid name.
+    """
+    where = Path(await trio.to_thread.run_sync(os.path.abspath, path))
+    manifest, state, lock_fd = await trio.to_thread.run_sync(_open, where, run_id, create, settings)
+    ledger = DirectoryLedger(where, manifest, state, lock_fd)
+    try:
+        yield ledger
+    finally:
+        await ledger.aclose()
+
+
+__all__ = ["DirectoryLedger", "RunManifest", "load_tasks", "open_run_dir", "parse_tasks"]

@@ -1,0 +1,531 @@
+"""``run_batch``: one agent over many tasks, each in its own session and workspace.
+
+::
+
+    async with open_kernel(model="openai:gpt-4.1-mini") as k, open_run_dir("runs/e1") as ledger:
+        summary = await run_batch(k, tasks, ledger=ledger, max_concurrency=50)
+        print(summary.table())
+
+Guarantees (each test in tests/batch/test_run.py names the one it checks):
+
+1. Isolation: whatever one task does — raise, hang, exhaust a limit, have its
+   model fail, have its scorer raise or hang — ends that task only, with the
+   reason recorded (``error``: one line ``ExcType: message``; ``wall_time``;
+   the limit; ``model_error``); every other task runs on.
+2. Limits per task: ``TaskLimits`` of the task over the run's ``limits``; steps,
+   tokens and cost are the turn's ``RunLimits``; ``wall_time`` bounds the whole
+   task (seeding, the turn, the scorer).
+3. Workspaces: a task's tools work in ``<workspace_root>/<task id>`` (seeded
+   from ``task.workspace`` and ``task.files``), in-process tools and plugin
+   workers alike (``Kernel.open_workspace``); no task sees another's files.
+4. Resume: a task whose session already has entries (its run was killed mid
+   turn) continues its transcript (``Kernel.resume_turn``); a finished task is
+   never run again (the ledger hands out unfinished tasks only).
+5. Cancellation: the tasks running when ``run_batch`` is cancelled are
+   recorded ``cancelled`` (shielded, for at most ``CANCEL_RECORD_S``), which
+   releases them for a resume; then the cancellation goes on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import attrs
+import trio
+
+import kernel.tracing as tracing
+from kernel.agent import AgentEvent, RunLimits, TurnFinished
+from kernel.errors import UsageError
+from kernel.settings import ModelSettings
+
+from ._ledger import Claim, Ledger, LedgerCounts
+from ._records import BatchTask, TaskLimits, TaskReason, TaskResult
+from ._summary import BatchSummary
+from ._workspace import seed_workspace
+
+if TYPE_CHECKING:
+    from kernel.kernel import Kernel
+
+logger = logging.getLogger("tak.batch")
+
+#: How long a stopped run may take to record its running tasks as cancelled.
+CANCEL_RECORD_S = 5.0
+#: How often an idle runner asks the ledger again while other workers hold tasks
+#: (their leases may lapse, and the tasks come to this worker).
+POLL_S = 1.0
+#: The run's limits when none are given: each task's own, else the kernel's.
+NO_LIMITS = TaskLimits()
+#: Renewal period when a ledger does not say its lease (``lease_seconds``).
+DEFAULT_LEASE_S = 30.0
+
+
+@attrs.frozen
+class TaskOutcome:
+    """What a scorer sees of a task: its answer, how it ended, where it worked."""
+
+    text: str
+    reason: TaskReason
+    workspace: Path
+    session_id: str
+
+
+Scorer: TypeAlias = Callable[[BatchTask, TaskOutcome], "Awaitable[float | None] | float | None"]
+
+
+@attrs.frozen
+class BatchProgress:
+    """Where a run stands; ``on_progress`` gets one after every change.
+
+    ``done`` and ``failed`` (finished with a reason other than ``final``) count
+    every finished task of the run, earlier runs included; tokens and cost are
+    those of finished tasks.
+    """
+
+    run_id: str
+    total: int
+    done: int
+    running: int
+    failed: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    started_at: float  # trio.current_time() when run_batch started
+
+
+def one_line(exc: BaseException) -> str:
+    """``ExcType: message`` on one line (a group: its first failure, and how many)."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = _leaves(exc)
+        first = one_line(leaves[0]) if leaves else type(exc).__name__
+        return first if len(leaves) == 1 else f"{first} (and {len(leaves) - 1} more)"
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    return all(isinstance(e, trio.Cancelled) for e in _leaves(exc))
+
+
+def _failures(exc: BaseException) -> BaseException | None:
+    """What of ``exc`` is the task's own failure (an ``Exception``); ``None`` when it is
+    a cancellation (or KeyboardInterrupt, SystemExit): the caller re-raises those."""
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        # A pending cancellation fires again at the next checkpoint: nothing is lost.
+        if rest is not None and all(isinstance(e, Exception) for e in _leaves(rest)):
+            return rest
+    return None
+
+
+def merge_limits(task: TaskLimits | None, run: TaskLimits) -> TaskLimits:
+    """The task's own limits over the run's, field by field."""
+    if task is None:
+        return run
+    return TaskLimits(
+        max_steps=task.max_steps if task.max_steps is not None else run.max_steps,
+        max_tokens=task.max_tokens if task.max_tokens is not None else run.max_tokens,
+        max_cost=task.max_cost if task.max_cost is not None else run.max_cost,
+        wall_time=task.wall_time if task.wall_time is not None else run.wall_time,
+    )
+
+
+def _run_limits(limits: TaskLimits, base: RunLimits) -> RunLimits:
+    """The turn's limits: the task's, else the kernel's. Wall time is the task's own
+    scope (it covers the scorer too), so the turn gets none unless the task has none."""
+    return RunLimits(
+        max_steps=limits.max_steps if limits.max_steps is not None else base.max_steps,
+        max_tokens=limits.max_tokens if limits.max_tokens is not None else base.max_tokens,
+        max_cost=limits.max_cost if limits.max_cost is not None else base.max_cost,
+        wall_time=None if limits.wall_time is not None else base.wall_time,
+    )
+
+
+def _score_value(value: Any) -> float | None:
+    if value is None:
+        return None
+    # bool is an int in Python: a scorer returning True meant something else.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"the scorer returned {value!r}; expected a finite number or None")
+    return float(value)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (an object with an async __call__)
+    )
+
+
+@attrs.define
+class _Turn:
+    """The last ``TurnFinished`` a task's turn emitted (a cancelled turn emits one too)."""
+
+    finished: TurnFinished | None = None
+
+    def __call__(self, event: AgentEvent) -> None:
+        if isinstance(event, TurnFinished):
+            self.finished = event
+
+
+@attrs.define
+class _Totals:
+    done: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+
+    def add(self, result: TaskResult) -> None:
+        self.done += 1
+        self.failed += result.reason != "final"
+        self.input_tokens += result.input_tokens
+        self.output_tokens += result.output_tokens
+        if result.cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + result.cost_usd
+
+
+class _Runner:
+    def __init__(
+        self,
+        kernel: Kernel,
+        ledger: Ledger,
+        *,
+        worker: str,
+        root: Path,
+        model: str | None,
+        settings: ModelSettings | None,
+        tools: Sequence[str] | None,
+        limits: TaskLimits,
+        scorer: Scorer | None,
+        on_progress: Callable[[BatchProgress], None] | None,
+    ) -> None:
+        self.kernel = kernel
+        self.ledger = ledger
+        self.worker = worker
+        self.root = root
+        self.model = model
+        self.settings = settings
+        self.tools = tools
+        self.limits = limits
+        self.scorer = scorer
+        self.on_progress = on_progress
+        self.project = f"batch.{ledger.run_id}"
+        self.running: set[str] = set()
+        self.totals = _Totals()
+        self.total = 0
+        self.started_at = trio.current_time()
+
+    async def load(self) -> None:
+        for result in await self.ledger.results():
+            if result.finished:
+                self.totals.add(result)
+        self.total = (await self.ledger.counts()).total
+        self.progress()
+
+    def progress(self) -> None:
+        if self.on_progress is None:
+            return
+        t = self.totals
+        self.on_progress(
+            BatchProgress(
+                run_id=self.ledger.run_id,
+                total=self.total,
+                done=t.done,
+                running=len(self.running),
+                failed=t.failed,
+                input_tokens=t.input_tokens,
+                output_tokens=t.output_tokens,
+                cost_usd=t.cost_usd,
+                started_at=self.started_at,
+            )
+        )
+
+    async def work(self) -> None:
+        """Claim and run tasks one at a time until none is left for this worker."""
+        while True:
+            claims = await self.ledger.claim(self.worker, 1)
+            if claims:
+                await self.run_task(claims[0])
+                continue
+            counts: LedgerCounts = await self.ledger.counts()
+            self.total = counts.total
+            # Tasks held by other workers may come back (a lapsed lease): wait for them.
+            if counts.finished >= counts.total or counts.running <= len(self.running):
+                return
+            await trio.sleep(POLL_S)
+
+    async def renew(self, period: float) -> None:
+        while True:
+            await trio.sleep(period)
+            if not self.running:
+                continue
+            try:
+                await self.ledger.renew(self.worker, sorted(self.running))
+            except Exception as exc:  # the next renewal may work; the lease is 3 periods
+                logger.warning("could not renew the leases of %s: %s", self.worker, one_line(exc))
+
+    async def run_task(self, claim: Claim) -> None:
+        task = claim.task
+        self.running.add(task.id)
+        self.progress()
+        attributes = {"tak.batch.run_id": self.ledger.run_id, "tak.batch.task_id": task.id}
+        turn = _Turn()
+        started = trio.current_time()
+        try:
+            with tracing.span("batch_task", attributes) as span:
+                try:
+                    result = await self.attempt(claim, turn, started)
+                except BaseException as exc:
+                    if _only_cancelled(exc):
+                        span.set_error("cancelled")
+                        cancelled = self.result(task, "cancelled", turn, claim, started)
+                        with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_RECORD_S):
+                            await self.ledger.finish(self.worker, cancelled)
+                    raise
+                if result.reason != "final":
+                    span.set_error(result.reason, result.error or "")
+                span.set_attribute("tak.batch.reason", result.reason)
+        finally:
+            self.running.discard(task.id)
+        if await self.ledger.finish(self.worker, result):
+            self.totals.add(result)
+        else:
+            logger.warning(
+                "task %s had finished elsewhere already; this attempt's result (%s) is dropped",
+                task.id,
+                result.reason,
+            )
+        self.progress()
+
+    def result(
+        self,
+        task: BatchTask,
+        reason: TaskReason,
+        turn: _Turn,
+        claim: Claim,
+        started: float,
+        *,
+        text: str | None = None,
+        error: str | None = None,
+        score: float | None = None,
+    ) -> TaskResult:
+        finished = turn.finished
+        usage = finished.usage if finished is not None else None
+        return TaskResult(
+            id=task.id,
+            reason=reason,
+            score=score,
+            input_tokens=usage.total_input_tokens if usage is not None else 0,
+            output_tokens=usage.output_tokens if usage is not None else 0,
+            cost_usd=usage.cost_usd if usage is not None else None,
+            wall_seconds=trio.current_time() - started,
+            error=error,
+            text=text if text is not None else (finished.text if finished is not None else ""),
+            steps=finished.steps if finished is not None else 0,
+            attempt=claim.attempt,
+            worker=self.worker,
+            finished_at=time.time(),
+            metadata=task.metadata,
+        )
+
+    async def attempt(self, claim: Claim, turn: _Turn, started: float) -> TaskResult:
+        """Run one task to its result; only a cancellation from outside escapes."""
+        task = claim.task
+        limits = merge_limits(task.limits, self.limits)
+        wall = limits.wall_time if limits.wall_time is not None else math.inf
+        reason: TaskReason = "error"
+        error: str | None = None
+        score: float | None = None
+        scoring = False
+        with trio.move_on_after(wall) as wall_scope:
+            try:
+                path = await seed_workspace(self.root, task)
+                finished = await self.turn(task, path, limits, turn)
+                reason, error = finished.reason, finished.error
+                if finished.reason == "cancelled":
+                    # The turn was cancelled from inside (not by us, not from outside):
+                    # nothing resumable about it.
+                    reason, error = "error", error or "the turn was cancelled"
+            except BaseException as exc:
+                failure = _failures(exc)
+                if failure is None:
+                    raise
+                reason, error = "error", one_line(failure)
+            if self.scorer is not None and reason != "error":
+                scoring = True
+                outcome = TaskOutcome(
+                    text=turn.finished.text if turn.finished is not None else "",
+                    reason=reason,
+                    workspace=self.root / task.id,
+                    session_id=task.id,
+                )
+                score, scorer_error = await self.score(task, outcome)
+                if scorer_error is not None:
+                    error = f"{error}; {scorer_error}" if error else scorer_error
+                scoring = False
+        if wall_scope.cancelled_caught:
+            reason = "wall_time"
+            where = "the scorer was still running" if scoring else "the task was still running"
+            error = f"{where} at the task's wall time limit ({limits.wall_time:g} s)"
+        return self.result(task, reason, turn, claim, started, error=error, score=score)
+
+    async def turn(
+        self, task: BatchTask, path: Path, limits: TaskLimits, turn: _Turn
+    ) -> TurnFinished:
+        kernel = self.kernel
+        session = kernel.session(task.id, project=self.project)
+        run_limits = _run_limits(limits, kernel.agent.limits)
+        common: dict[str, Any] = {
+            "on_event": turn,
+            "model": self.model,
+            "settings": self.settings,
+            "tools": self.tools,
+            "limits": run_limits,
+        }
+        async with kernel.open_workspace(path) as workspace:
+            if await session.entries():
+                # A run stopped mid-task: go on from its transcript, never from scratch.
+                return await kernel.resume_turn(session, workspace=workspace, **common)
+            prompt = task.prompt
+            if task.messages is not None:
+                *earlier, last = task.messages
+                if earlier:
+                    await session.append(*earlier)
+                prompt = last.text
+            assert prompt is not None
+            return await kernel.run_turn(session, prompt, workspace=workspace, **common)
+
+    async def score(self, task: BatchTask, outcome: TaskOutcome) -> tuple[float | None, str | None]:
+        scorer = self.scorer
+        assert scorer is not None
+        try:
+            if _is_async(scorer):
+                value = await scorer(task, outcome)  # type: ignore[misc]
+            else:
+                value = await trio.to_thread.run_sync(scorer, task, outcome, abandon_on_cancel=True)
+                if inspect.isawaitable(value):
+                    value = await value
+            return _score_value(value), None
+        except BaseException as exc:
+            failure = _failures(exc)
+            if failure is None:
+                raise
+            return None, f"scorer: {one_line(failure)}"
+
+
+def default_worker() -> str:
+    """This process as a worker name: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def run_batch(
+    kernel: Kernel,
+    tasks: Sequence[BatchTask] | None,
+    *,
+    ledger: Ledger,
+    model: str | None = None,
+    settings: ModelSettings | None = None,
+    tools: Sequence[str] | None = None,
+    max_concurrency: int = 10,
+    limits: TaskLimits = NO_LIMITS,
+    scorer: Scorer | None = None,
+    worker: str | None = None,
+    workspace_root: Path | None = None,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+) -> BatchSummary:
+    """Run every unfinished task of ``ledger`` (after adding ``tasks``), at most
+    ``max_concurrency`` at once, and return the run's summary (see the module docstring).
+
+    Args:
+        tasks: added to the ledger first (idempotent); ``None`` when it holds them
+            already (a resume, a worker of a many-host run).
+        model, settings, tools: as ``Kernel.run_turn`` takes them, for every task.
+        limits: each task's, under its own ``task.limits``.
+        scorer: ``scorer(task, outcome) -> float | None``, sync (run in a thread) or
+            async; run after the task, within its wall time.
+        worker: this worker's name in the ledger (default ``host:pid``).
+        workspace_root: where task workspaces go (default: the ledger's
+            ``workspaces`` directory, else ``$TAK_HOME/batch/<run id>/workspaces``).
+        on_progress: called (it must not block) after every change.
+
+    Raises:
+        UsageError: ``max_concurrency`` below 1, a bad model string, a task that
+            conflicts with the ledger's.
+        trio.Cancelled: the run was cancelled; running tasks were recorded ``cancelled``.
+    """
+    if (
+        isinstance(max_concurrency, bool)
+        or not isinstance(max_concurrency, int)
+        or max_concurrency < 1
+    ):
+        raise UsageError(f"max_concurrency must be 1 or more, got {max_concurrency!r}")
+    kernel.agent_for(model)  # a bad model string is refused before any task runs
+    if tasks is not None:
+        await ledger.add_tasks(tasks)
+    root = workspace_root
+    if root is None:
+        found = getattr(ledger, "workspaces", None)
+        root = (
+            Path(found)
+            if found is not None
+            else kernel.home.root / "batch" / ledger.run_id / "workspaces"
+        )
+    runner = _Runner(
+        kernel,
+        ledger,
+        worker=worker or default_worker(),
+        root=Path(await trio.to_thread.run_sync(os.path.abspath, root)),
+        model=model,
+        settings=settings,
+        tools=tools,
+        limits=limits,
+        scorer=scorer,
+        on_progress=on_progress,
+    )
+    await runner.load()
+    lease = getattr(ledger, "lease_seconds", DEFAULT_LEASE_S)
+    try:
+        async with trio.open_nursery() as nursery:
+            if lease is not None:
+                nursery.start_soon(runner.renew, lease / 3)
+            async with trio.open_nursery() as runners:
+                for _ in range(max_concurrency):
+                    runners.start_soon(runner.work)
+            nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if _only_cancelled(group):
+            # The Cancelled of the runners came from a scope around us, still
+            # cancelled: this checkpoint raises the caller's own, bare.
+            await trio.lowlevel.checkpoint()
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+    return BatchSummary(ledger.run_id, tuple(await ledger.results()))
+
+
+__all__ = [
+    "BatchProgress",
+    "BatchSummary",
+    "Scorer",
+    "TaskOutcome",
+    "default_worker",
+    "merge_limits",
+    "one_line",
+    "run_batch",
+]
