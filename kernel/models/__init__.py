@@ -35,6 +35,7 @@ from ._openai import openai_tools as openai_tools
 from ._prices import PRICES as PRICES
 from ._prices import Price as Price
 from ._prices import find_price as find_price
+from ._replay import ReplayModel as ReplayModel
 from ._resolve import PROVIDERS as PROVIDERS
 from ._resolve import resolve_model as resolve_model
 from ._retry import RetryPolicy as RetryPolicy
@@ -59,6 +60,7 @@ __all__ = [
     "Price",
     "ProviderError",
     "ProviderLoad",
+    "ReplayModel",
     "ResponseComplete",
     "RetryPolicy",
     "ScriptedModel",
