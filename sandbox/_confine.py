@@ -25,6 +25,9 @@ import os
 import resource
 import signal
 import sys
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
 
 from kernel.errors import SandboxError
 
@@ -77,8 +80,13 @@ def _max_fd() -> int:
     return max(soft if soft != resource.RLIM_INFINITY else 1 << 20, 1024)
 
 
-def set_rlimits(config: WorkerConfig, report: Confinement) -> None:
-    limits = config.limits
+def set_rlimits(
+    limits: Mapping[str, int | None],
+    report: Confinement,
+    *,
+    subprocess: bool,
+    cgroups: Sequence[str],
+) -> None:
     wanted: list[tuple[str, int, int | None]] = [
         ("cpu_seconds", resource.RLIMIT_CPU, limits.get("cpu_seconds")),
         ("memory_bytes", resource.RLIMIT_AS, limits.get("memory_bytes")),
@@ -86,7 +94,7 @@ def set_rlimits(config: WorkerConfig, report: Confinement) -> None:
         ("open_files", resource.RLIMIT_NOFILE, limits.get("open_files")),
         ("core", resource.RLIMIT_CORE, 0),
     ]
-    if config.subprocess and os.getuid() != 0 and not _cgroup.limits_processes(config.cgroups):
+    if subprocess and os.getuid() != 0 and not _cgroup.limits_processes(list(cgroups)):
         # Per-user count: allow what this user already runs plus the worker's share.
         processes = limits.get("processes") or 128
         wanted.append(("processes", resource.RLIMIT_NPROC, _tasks_of_uid(os.getuid()) + processes))
@@ -258,42 +266,102 @@ def _single_threaded() -> bool:
         return True
 
 
+@attrs.frozen(kw_only=True)
+class Layers:
+    """What ``apply_layers`` puts on the calling process: a worker's, or a program's
+    that ``sandbox.exec`` runs.
+
+    Attributes:
+        env: the whole environment the confined code sees.
+        limits: ``Limits`` as a mapping (``cpu_seconds``, ``memory_bytes``, ...).
+        workspace: its ``.tak/`` is made read-only when ``protect_tak`` (``None``: no
+            workspace at all).
+        network: TCP sockets; ``direct_connect``: the process may ``connect`` itself.
+        subprocess: may fork and execute; ``execute``: may only replace itself.
+        seccomp, landlock: the mechanism is there (else it is reported missing).
+        require: a layer that cannot be applied raises (fail closed) instead of
+            being reported in ``Confinement.unconfined``.
+    """
+
+    env: Mapping[str, str]
+    limits: Mapping[str, int | None]
+    workspace: str | None
+    protect_tak: bool = True
+    network: bool = False
+    direct_connect: bool = False
+    tcp_ports: Sequence[int] = ()
+    subprocess: bool = False
+    execute: bool = False
+    cgroups: Sequence[str] = ()
+    kernel_pid: int = 0
+    seccomp: bool = True
+    landlock: bool = True
+    require: bool = True
+
+
 def confine(config: WorkerConfig) -> Confinement:
-    """Steps 2 to 8 (step 1, closing fds, comes before the config is read).
+    """Steps 2 to 9 for a plugin worker (step 1, closing fds, comes before the config
+    is read).
+
+    Raises:
+        SandboxError: a required layer could not be applied.
+    """
+    layers = Layers(
+        env=config.env,
+        limits=config.limits,
+        workspace=config.workspace,
+        network=config.network,
+        # The kernel connects for it (sandbox._netbroker): no connect() here.
+        direct_connect=False,
+        tcp_ports=config.tcp_ports,
+        subprocess=config.subprocess,
+        cgroups=config.cgroups,
+        kernel_pid=config.kernel_pid,
+        seccomp=config.seccomp,
+        landlock=config.landlock,
+        require=config.require,
+    )
+    return apply_layers(layers, lambda: landlock_rules(config))
+
+
+def apply_layers(layers: Layers, rules: Callable[[], list[landlock.PathRule]]) -> Confinement:
+    """Steps 2 to 9 on the calling process; ``rules`` gives the Landlock rules (called
+    after ``no_new_privs``, before seccomp: it may read /proc and /sys).
 
     Raises:
         SandboxError: a required layer could not be applied.
     """
     report = Confinement()
-    # The environment the plugin will see, and nothing else.
+    # The environment the confined code will see, and nothing else.
     os.environ.clear()
-    os.environ.update(config.env)
+    os.environ.update(layers.env)
 
     def unavailable(reason: str) -> None:
-        if config.require:
+        if layers.require:
             raise SandboxError(f"refusing to run unconfined: {reason}")
         report.unconfined.append(reason)
 
-    set_rlimits(config, report)
-    set_parent_death_signal(config.kernel_pid)
-    if config.cgroups:
-        _cgroup.join(config.cgroups)
-        report.cgroup = ", ".join(config.cgroups)
-    protect_tak_dir(config.workspace, report)
+    set_rlimits(layers.limits, report, subprocess=layers.subprocess, cgroups=layers.cgroups)
+    set_parent_death_signal(layers.kernel_pid)
+    if layers.cgroups:
+        _cgroup.join(list(layers.cgroups))
+        report.cgroup = ", ".join(layers.cgroups)
+    if layers.workspace is not None and layers.protect_tak:
+        protect_tak_dir(layers.workspace, report)
     drop_capabilities(report)
     set_no_new_privs(report)
     if not _single_threaded():
-        raise SandboxError("the worker has more than one thread before confinement")
+        raise SandboxError("the process has more than one thread before confinement")
     # The rules are computed before seccomp and Landlock: they read /proc and /sys.
-    rules = landlock_rules(config)
-    if config.seccomp:
+    path_rules = rules()
+    if layers.seccomp:
         try:
             count = seccomp.install(
                 seccomp.SeccompPolicy(
-                    network=config.network,
-                    subprocess=config.subprocess,
-                    # The kernel connects for it (sandbox._netbroker): no connect() here.
-                    direct_connect=False,
+                    network=layers.network,
+                    subprocess=layers.subprocess,
+                    direct_connect=layers.direct_connect,
+                    execute=layers.execute,
                 )
             )
             report.seccomp = f"{count}-instruction filter"
@@ -301,9 +369,9 @@ def confine(config: WorkerConfig) -> Confinement:
             unavailable(str(exc))
     else:
         unavailable("seccomp is not available")
-    if config.landlock:
+    if layers.landlock:
         try:
-            result = landlock.restrict_self(rules, tcp_connect=config.tcp_ports)
+            result = landlock.restrict_self(path_rules, tcp_connect=layers.tcp_ports)
             parts = ["filesystem"]
             if result.network:
                 parts.append("TCP")

@@ -23,7 +23,9 @@ Arguments are checked where the harm is in a register:
    then limits the ports); in every worker no socket ioctl (0x8900-0x89ff: the
    host's interfaces, addresses and MACs);
 3. without ``subprocess`` no process may be created (threads may) and nothing
-   may be executed; ``execveat`` and ``memfd_create`` (an anonymous file runs
+   may be executed, unless ``execute``: then ``execve`` may replace the process
+   (the confine-then-exec launcher, ``sandbox.exec``, needs it; Landlock names the
+   files it may run) while it still cannot fork; ``execveat`` and ``memfd_create`` (an anonymous file runs
    through ``execveat`` or ``/proc/self/fd/N``: code on no disk) are refused always.
 
 ``setsid``/``setpgid`` are refused so that every descendant stays in the
@@ -305,11 +307,14 @@ class SeccompPolicy:
         subprocess: fork and execve.
         direct_connect: with ``network``, the worker may call ``connect`` itself. False
             when the kernel makes the connections and passes the sockets over the channel.
+        execute: without ``subprocess``, ``execve`` is still allowed: the process may
+            replace itself (never fork), with a program Landlock lets it execute.
     """
 
     network: bool = False
     subprocess: bool = False
     direct_connect: bool = True
+    execute: bool = False
 
 
 def available() -> bool:
@@ -415,7 +420,10 @@ def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = N
 
     answer_each(ALWAYS_DENIED, deny)
     if not policy.subprocess:
-        answer_each(PROCESS_CREATION, deny)
+        creation: tuple[str, ...] = PROCESS_CREATION
+        if policy.execute:
+            creation = tuple(n for n in creation if n != "execve")
+        answer_each(creation, deny)
     if not (policy.network and policy.direct_connect):
         answer_each(("connect",), deny)
     answer_each(NOT_IMPLEMENTED, RET_ERRNO | errno.ENOSYS)

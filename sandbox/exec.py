@@ -1,0 +1,431 @@
+"""Confine, then exec: run a program under the sandbox plugin workers have.
+
+::
+
+    python -I -m sandbox.exec POLICY_FD REPORT_FD
+
+reads an ``ExecPolicy`` (JSON) from ``POLICY_FD``, puts on itself the layers of
+``sandbox._confine`` in the same order (a cleared environment, rlimits,
+``PDEATHSIG``, cgroups, ``.tak/`` read-only, no capabilities, ``no_new_privs``,
+seccomp, Landlock), writes what it applied to ``REPORT_FD`` (one JSON line,
+``{"confinement": {...}}``), and replaces itself with the program
+(``os.execve``). ``REPORT_FD`` is close-on-exec: its end of file, with no
+``{"error": ...}`` line, tells the caller the program is running.
+
+A layer that cannot be applied stops the launch (fail closed): one line on
+stderr and on ``REPORT_FD``, exit status 126, unless the policy does not
+``require`` confinement (then the gap is reported in ``unconfined``).
+
+The program may execute (Landlock ``EXECUTE``) only what it needs to start:
+
+- its executable (the real file behind ``argv[0]``), the interpreters of its
+  ``#!`` line (``/usr/bin/env NAME`` looked up on ``PATH``) and the ELF
+  interpreter (``ld.so``) of each; with ``subprocess``, the system's binary
+  directories too. Without ``subprocess`` the seccomp filter lets ``execve``
+  replace the process (how a ``#!`` script or ``env`` starts) but never fork;
+
+and read:
+
+- the system's libraries (``sandbox._confine``), the installation prefix of the
+  program and of each interpreter (``PREFIX`` of ``PREFIX/bin/NAME``, when it
+  holds a ``lib`` directory or a ``pyvenv.cfg``: a virtual environment, a
+  Python or Node installation), the files its arguments name, and the ``read``
+  paths of the policy; ``write`` paths read-write; the workspace read-only,
+  read-write or not at all.
+
+Network: with ``network``, TCP sockets, and ``connect`` only to the declared
+ports (Landlock). The host part of ``host:port`` cannot be enforced here: the
+kernel's connection broker (``sandbox._netbroker``) serves plugin workers over
+their channel, which an exec'd program does not speak. UDP (so DNS over UDP) is
+refused: Landlock has no UDP rules, and a UDP socket would reach any host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from kernel.errors import SandboxError
+
+from . import _protocol, landlock
+from ._confine import (
+    _DEVICES_READ,
+    _EXECUTABLES,
+    _NETWORK_READ,
+    _SYSTEM_READ,
+    Layers,
+    apply_layers,
+)
+from ._policy import check_network
+from ._protocol import Confinement
+
+#: Exit status of a launch that was refused or failed (as shells use for "cannot run").
+EXIT_REFUSED = 126
+#: The ``PATH`` a program is looked up on when its environment has none.
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Name resolution from files (DNS itself needs ``RES_OPTIONS=use-vc`` and port 53).
+_RESOLVER_READ = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/host.conf",
+)
+_MAX_POLICY_BYTES = 1 << 20
+#: How many ``#!`` interpreters deep a program is followed (the kernel allows 4).
+_MAX_INTERPRETERS = 4
+
+ExecWorkspace = Literal["read", "write", "none"]
+
+
+@attrs.frozen(kw_only=True)
+class ExecPolicy:
+    """What the launcher runs, and under which confinement.
+
+    Attributes:
+        argv: the program (``argv[0]``, an absolute path: ``resolve_program``) and
+            its arguments.
+        env: the program's whole environment.
+        workspace: the workspace directory (``None``: none), reached as
+            ``workspace_access`` says (``"none"``: not at all).
+        read: more paths the program may read.
+        write: paths it may read and write (its own state directory).
+        network: ``host:port`` entries: TCP to these ports (any host).
+        subprocess: may start programs (from the system's binary directories).
+        limits: ``sandbox.Limits`` as a mapping.
+        cgroups: cgroups to join (made by the caller, which removes them).
+        kernel_pid: the process that must be its parent (``PDEATHSIG``).
+        require: refuse to run when a layer cannot be applied.
+    """
+
+    argv: tuple[str, ...]
+    env: dict[str, str] = attrs.Factory(dict)
+    workspace: str | None = None
+    workspace_access: ExecWorkspace = "none"
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    network: tuple[str, ...] = ()
+    subprocess: bool = False
+    limits: dict[str, int | None] = attrs.Factory(dict)
+    cgroups: tuple[str, ...] = ()
+    kernel_pid: int = 0
+    require: bool = True
+
+    def to_json(self) -> bytes:
+        return json.dumps(_protocol.converter.unstructure(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ExecPolicy:
+        """Raises: SandboxError: not a policy (the field is named by path)."""
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise SandboxError(f"the policy is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise SandboxError("the policy is not a JSON object")
+        try:
+            policy: ExecPolicy = _protocol.structure_frame(data, cls)
+        except _protocol.WorkerFrameError as exc:
+            raise SandboxError(str(exc).replace("malformed None frame", "bad policy")) from None
+        if not policy.argv or not os.path.isabs(policy.argv[0]):
+            raise SandboxError("bad policy: $.argv[0]: expected an absolute path")
+        check_network(policy.network, "$.network")
+        return policy
+
+    @property
+    def tcp_ports(self) -> tuple[int, ...]:
+        return tuple(sorted({int(e.rpartition(":")[2]) for e in self.network}))
+
+
+# -- the program's files ------------------------------------------------------------
+
+
+def resolve_program(command: str, *, path: str | None = None, cwd: str | None = None) -> str:
+    """``command`` as an absolute path: looked up on ``path`` when it has no ``/``.
+
+    Raises:
+        SandboxError: it is not found or not executable.
+    """
+    if os.sep in command:
+        found = os.path.abspath(os.path.join(cwd or os.getcwd(), command))
+        if not (os.path.isfile(found) and os.access(found, os.X_OK)):
+            raise SandboxError(f"{command}: no such executable file")
+        return found
+    found_on_path = shutil.which(command, path=path or DEFAULT_PATH)
+    if found_on_path is None:
+        raise SandboxError(f"{command}: not found on PATH ({path or DEFAULT_PATH})")
+    return os.path.abspath(found_on_path)
+
+
+@attrs.frozen
+class ProgramFiles:
+    """The files a program runs from, found without running it.
+
+    Attributes:
+        executables: its executable and ``#!`` interpreters (real paths), in order.
+        loaders: the ELF interpreters (``ld.so``) of those.
+        prefixes: installation directories to read (see the module docstring).
+        arguments: regular files its arguments name (real paths).
+    """
+
+    executables: tuple[str, ...]
+    loaders: tuple[str, ...]
+    prefixes: tuple[str, ...]
+    arguments: tuple[str, ...]
+
+    def digest(self) -> str:
+        """SHA-256 over the executables and the argument files (names and bytes).
+
+        Raises:
+            OSError: one cannot be read.
+        """
+        total = hashlib.sha256()
+        for path in (*self.executables, *self.arguments):
+            total.update(f"{path}\0".encode())
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    total.update(chunk)
+            total.update(b"\0")
+        return total.hexdigest()
+
+
+def program_files(
+    argv: Sequence[str], *, path: str | None = None, cwd: str | None = None
+) -> ProgramFiles:
+    """The files of ``argv`` (``argv[0]`` absolute; ``path`` is its ``PATH``)."""
+    executables: list[str] = []
+    given: list[str] = [argv[0]]
+    current = argv[0]
+    for _ in range(_MAX_INTERPRETERS + 1):
+        real = os.path.realpath(current)
+        if real in executables:
+            break
+        executables.append(real)
+        interpreter = _shebang_interpreter(real, path)
+        if interpreter is None:
+            break
+        given.append(interpreter)
+        current = interpreter
+    loaders = [loader for e in executables if (loader := _elf_interpreter(e)) is not None]
+    prefixes: list[str] = []
+    for program in [*given, *executables]:
+        prefix = _installation_prefix(program)
+        if prefix is not None and prefix not in prefixes:
+            prefixes.append(prefix)
+    arguments: list[str] = []
+    for arg in argv[1:]:
+        candidate = os.path.join(cwd or os.getcwd(), arg)
+        if arg and not arg.startswith("-") and os.path.isfile(candidate):
+            arguments.append(os.path.realpath(candidate))
+    return ProgramFiles(
+        tuple(executables),
+        tuple(dict.fromkeys(os.path.realpath(p) for p in loaders)),
+        tuple(prefixes),
+        tuple(dict.fromkeys(arguments)),
+    )
+
+
+def _shebang_interpreter(path: str, search: str | None) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+    if not words:
+        return None
+    interpreter = words[0]
+    if os.path.basename(interpreter) == "env":
+        names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        if names:
+            found = shutil.which(names[0], path=search or DEFAULT_PATH)
+            return os.path.abspath(found) if found else interpreter
+    return interpreter
+
+
+def _elf_interpreter(path: str) -> str | None:
+    """``PT_INTERP`` of a 64-bit little-endian ELF file, else ``None``."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(64)
+            if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+                return None
+            phoff = struct.unpack_from("<Q", header, 0x20)[0]
+            phentsize, phnum = struct.unpack_from("<HH", header, 0x36)
+            for index in range(min(phnum, 64)):
+                f.seek(phoff + index * phentsize)
+                entry = f.read(56)
+                if len(entry) < 56:
+                    return None
+                p_type, _, p_offset = struct.unpack_from("<IIQ", entry, 0)
+                if p_type == 3:  # PT_INTERP
+                    p_filesz = struct.unpack_from("<Q", entry, 32)[0]
+                    f.seek(p_offset)
+                    return f.read(min(p_filesz, 4096)).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _installation_prefix(program: str) -> str | None:
+    folder = os.path.dirname(program)
+    if os.path.basename(folder) not in ("bin", "sbin"):
+        return None
+    prefix = os.path.dirname(folder)
+    home = os.path.expanduser("~")
+    if prefix in ("/", "") or os.path.commonpath([prefix, home]) == prefix:
+        return None  # never all of / or of a home directory
+    if os.path.isdir(os.path.join(prefix, "lib")) or os.path.isfile(
+        os.path.join(prefix, "pyvenv.cfg")
+    ):
+        return prefix
+    return None
+
+
+def exec_rules(policy: ExecPolicy, files: ProgramFiles) -> list[landlock.PathRule]:
+    """The Landlock rules of ``policy`` for a program made of ``files``."""
+    run = landlock.READ | landlock.EXECUTE
+    rules = [landlock.PathRule(p, landlock.READ) for p in _SYSTEM_READ]
+    rules += [landlock.PathRule(p, run) for p in (*files.executables, *files.loaders)]
+    rules += [landlock.PathRule(p, landlock.READ) for p in (*files.prefixes, *files.arguments)]
+    rules += [landlock.PathRule(p, landlock.READ) for p in policy.read]
+    rules += [landlock.PathRule(p, landlock.READ_WRITE) for p in policy.write]
+    rules += [landlock.PathRule(p, landlock.READ_FILE) for p in _DEVICES_READ]
+    rules.append(landlock.PathRule("/dev/null", landlock.READ_FILE | landlock.WRITE_FILE))
+    if policy.network:
+        rules += [landlock.PathRule(p, landlock.READ) for p in (*_NETWORK_READ, *_RESOLVER_READ)]
+    if policy.subprocess:
+        rules += [landlock.PathRule(p, run) for p in (*_EXECUTABLES, *_SYSTEM_READ)]
+    if policy.workspace is not None and policy.workspace_access != "none":
+        access = landlock.READ_WRITE if policy.workspace_access == "write" else landlock.READ
+        rules.append(landlock.PathRule(policy.workspace, access))
+    return rules
+
+
+# -- the launcher -------------------------------------------------------------------
+
+
+def confine_and_exec(policy: ExecPolicy, report_fd: int) -> None:
+    """Confine this process as ``policy`` says, report, and exec the program.
+
+    Returns only by raising.
+
+    Raises:
+        SandboxError: a required layer could not be applied.
+    """
+    path = policy.env.get("PATH")
+    files = program_files(policy.argv, path=path)
+    layers = Layers(
+        env=policy.env,
+        limits=policy.limits,
+        workspace=policy.workspace,
+        # .tak/ matters only where the program may write.
+        protect_tak=policy.workspace_access == "write",
+        network=bool(policy.network),
+        direct_connect=True,
+        tcp_ports=policy.tcp_ports,
+        subprocess=policy.subprocess,
+        execute=True,
+        cgroups=policy.cgroups,
+        kernel_pid=policy.kernel_pid,
+        seccomp=_seccomp_available(),
+        landlock=landlock.abi_version() >= 1,
+        require=policy.require,
+    )
+    report = apply_layers(layers, lambda: exec_rules(policy, files))
+    _write_line(report_fd, {"confinement": report.to_json()})
+    try:
+        os.execve(policy.argv[0], list(policy.argv), policy.env)
+    except OSError as exc:
+        raise SandboxError(f"cannot execute {policy.argv[0]}: {exc.strerror or exc}") from None
+
+
+def _seccomp_available() -> bool:
+    from . import seccomp
+
+    return seccomp.available()
+
+
+def _write_line(fd: int, value: dict[str, Any]) -> None:
+    data = json.dumps(value).encode() + b"\n"
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        pass  # the caller stopped listening: it learns from the exit status
+
+
+def read_policy(fd: int) -> ExecPolicy:
+    """Raises: SandboxError: unreadable, too big, or not a policy."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while chunk := os.read(fd, 65536):
+            size += len(chunk)
+            if size > _MAX_POLICY_BYTES:
+                raise SandboxError(f"the policy is larger than {_MAX_POLICY_BYTES} bytes")
+            chunks.append(chunk)
+    except OSError as exc:
+        raise SandboxError(f"cannot read the policy: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    return ExecPolicy.from_json(b"".join(chunks))
+
+
+def parse_report(lines: Iterable[bytes]) -> tuple[Confinement | None, str | None]:
+    """What the launcher wrote on its report descriptor: ``(confinement, error)``."""
+    confinement: Confinement | None = None
+    error: str | None = None
+    for line in lines:
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("error"), str):
+            error = data["error"]
+        elif isinstance(data.get("confinement"), dict):
+            try:
+                confinement = _protocol.converter.structure(data["confinement"], Confinement)
+            except Exception:
+                error = "the launcher's report is not a confinement"
+    return confinement, error
+
+
+def launcher_argv(policy_fd: int, report_fd: int, python: str = sys.executable) -> list[str]:
+    """The command that runs the launcher with these descriptors."""
+    return [python, "-I", "-m", "sandbox.exec", str(policy_fd), str(report_fd)]
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m sandbox.exec POLICY_FD REPORT_FD``; returns only on failure."""
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        print("usage: python -m sandbox.exec POLICY_FD REPORT_FD", file=sys.stderr)
+        return 2
+    policy_fd, report_fd = int(argv[0]), int(argv[1])
+    os.set_inheritable(report_fd, False)  # closed by the exec: its EOF means "running"
+    try:
+        policy = read_policy(policy_fd)
+        confine_and_exec(policy, report_fd)
+        reason = "execve returned"  # pragma: no cover (it does not)
+    except SandboxError as exc:
+        reason = str(exc)
+    reason = " ".join(reason.split())
+    print(f"sandbox.exec: {reason}", file=sys.stderr, flush=True)
+    _write_line(report_fd, {"error": reason})
+    return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
