@@ -1,4 +1,10 @@
-"""``tak batch``'s commands (the parser is ``kernel.cli.batch``'s, docs/batch.md)."""
+"""``tak batch``'s commands (the parser is ``kernel.cli.batch``'s; docs/batch.md).
+
+What ``tak batch run`` was given (model, tools, limits, settings, plugins,
+concurrency: a ``RunCommand``) is the run's settings, kept by its ledger (the
+directory's ``manifest.json``, or the PostgreSQL run's row): ``resume`` and
+``worker`` run the same way from them.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +12,33 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import attrs
+import cattrs
 
-from .plugins import home_option, one_line_errors, tak_command
+from ..errors import UsageError
+from ..home import STORE_URL_ENV, TakHome
+from .plugins import ensure_home, home_option, one_line_errors, tak_command
 from .run import model_settings, tool_patterns
 
 if TYPE_CHECKING:
-    from ..batch import BatchProgress, BatchTask, Ledger, TaskLimits, TaskResult
+    from ..batch import BatchTask, Ledger, TaskLimits, TaskResult
+    from ..batch._run import BatchProgress
     from ..kernel import Kernel
     from ..settings import ModelSettings
 
 #: How often progress is redrawn on a terminal, at most (seconds).
 TTY_REDRAW_S = 0.1
-#: The file in a run's directory holding what the command was given (for ``resume``).
-COMMAND_FILE = "command.json"
+
+OpenLedger = Callable[[dict[str, Any] | None], AbstractAsyncContextManager["Ledger"]]
 
 
 # --- what a run was started with --------------------------------------------
@@ -34,16 +46,19 @@ COMMAND_FILE = "command.json"
 
 @attrs.frozen(kw_only=True)
 class RunCommand:
-    """What ``tak batch run`` was given, kept in the run's ``command.json`` so that
-    ``tak batch resume RUN`` opens the same kernel and runs the same way."""
+    """What ``tak batch run`` was given: the run's settings in its ledger, so that
+    ``resume`` and every ``worker`` open the same kernel and run the same way.
+
+    ``concurrency`` is the first command's; ``resume`` and ``worker`` may give their own.
+    """
 
     model: str
     fallbacks: tuple[str, ...] = ()
     system: str | None = None
     plugins: tuple[str, ...] = ()
     tools: tuple[str, ...] | None = None
-    settings: dict[str, Any] | None = None  # ModelSettings, as tak.toml spells it
-    limits: dict[str, Any] = attrs.field(factory=dict)  # TaskLimits' fields that are set
+    settings: dict[str, Any] | None = None  # ModelSettings, as [model.settings] spells them
+    limits: dict[str, float] = attrs.field(factory=dict)  # the TaskLimits fields given
     concurrency: int = 10
 
     def model_settings(self) -> ModelSettings | None:
@@ -54,20 +69,53 @@ class RunCommand:
     def task_limits(self) -> TaskLimits:
         from ..batch import TaskLimits
 
-        return TaskLimits(**self.limits)
+        return TaskLimits(**self.limits)  # type: ignore[arg-type]
+
+    def to_settings(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(json.dumps(_converter.unstructure(self)))
+        return data
+
+    @classmethod
+    def from_settings(cls, run_id: str, settings: object) -> RunCommand:
+        """The command a run was started with, from its ledger's settings.
+
+        Raises:
+            UsageError: the run was not started by ``tak batch`` (by ``run_batch``
+                in a program, say): its settings say nothing of a model.
+        """
+        try:
+            command: RunCommand = _converter.structure(settings, cls)
+        except (cattrs.BaseValidationError, TypeError, ValueError, KeyError):
+            raise UsageError(
+                f"run {run_id!r} was not started by `tak batch run` (its settings name no "
+                "model and tools); resume it from the program that started it"
+            ) from None
+        return command
+
+    def differences(self, other: RunCommand) -> list[str]:
+        """The fields (concurrency aside) where ``other`` differs, as flags."""
+        names = [f.name for f in attrs.fields(RunCommand) if f.name != "concurrency"]
+        flags = {"fallbacks": "--fallback", "plugins": "--plugin", "settings": "model settings",
+                 "limits": "limits"}  # fmt: skip
+        return [
+            flags.get(name, f"--{name}")
+            for name in names
+            if getattr(self, name) != getattr(other, name)
+        ]
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
 
 
 def _command_of(args: argparse.Namespace) -> RunCommand:
-    """The run's settings from the flags.
+    """The run's settings from ``tak batch run``'s flags.
 
     Raises:
         UsageError: a bad value, naming its flag.
     """
     from ..batch import TaskLimits
-    from ..errors import UsageError
 
-    if args.concurrency < 1:
-        raise UsageError(f"--concurrency: expected 1 or more, got {args.concurrency}")
+    _check_concurrency(args.concurrency)
     given = {
         name: getattr(args, name)
         for name in ("max_steps", "max_tokens", "max_cost", "wall_time")
@@ -79,20 +127,18 @@ def _command_of(args: argparse.Namespace) -> RunCommand:
         except UsageError:
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag}: expected a positive number, got {value}") from None
-    # run.model_settings reads every flag of `tak run`'s; batch offers a few (and
-    # --max-tokens is a task's limit here: a reply's is --set max_tokens=N).
+    # run.model_settings reads every model flag of `tak run`; batch offers a few (its
+    # --max-tokens is a task's limit: a reply's is --set max_tokens=N).
     flags = argparse.Namespace(
-        **{
-            "set": args.set,
-            "temperature": args.temperature,
-            "top_p": None,
-            "max_tokens": None,
-            "stop": None,
-            "seed": args.seed,
-            "tool_choice": None,
-            "parallel_tool_calls": None,
-            "reasoning_effort": args.reasoning_effort,
-        }
+        set=args.set,
+        temperature=args.temperature,
+        top_p=None,
+        max_tokens=None,
+        stop=None,
+        seed=args.seed,
+        tool_choice=None,
+        parallel_tool_calls=None,
+        reasoning_effort=args.reasoning_effort,
     )
     settings = model_settings(flags)
     tools = tool_patterns(args)
@@ -108,76 +154,55 @@ def _command_of(args: argparse.Namespace) -> RunCommand:
     )
 
 
+def _check_concurrency(value: int | None) -> None:
+    if value is not None and value < 1:
+        raise UsageError(f"--concurrency: expected 1 or more, got {value}")
+
+
 def _settings_mapping(settings: ModelSettings) -> dict[str, Any]:
-    """``settings`` as ``tak.toml``'s ``[model.settings]`` spells them (the fields set)."""
+    """``settings`` as ``[model.settings]`` spells them: the fields that are set."""
     out: dict[str, Any] = {}
     for name, value in attrs.asdict(settings, recurse=False).items():
         if value is None:
             continue
-        out[name] = list(value) if isinstance(value, tuple) else value
-        if name == "extra":
-            out[name] = dict(value)
+        if isinstance(value, tuple):
+            value = list(value)
+        elif name == "extra":
+            value = dict(value)
+        out[name] = value
     return out
-
-
-def _write_command(run_dir: Path, command: RunCommand) -> None:
-    path = run_dir / COMMAND_FILE
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(attrs.asdict(command), indent=2) + "\n")
-    os.replace(temporary, path)
-
-
-def _read_command(run_dir: Path) -> RunCommand:
-    """What the run was started with.
-
-    Raises:
-        UsageError: the file is missing or damaged (one line naming it).
-    """
-    import cattrs
-
-    from ..errors import UsageError
-
-    path = run_dir / COMMAND_FILE
-    try:
-        data = json.loads(path.read_text())
-        return cattrs.Converter(forbid_extra_keys=True).structure(data, RunCommand)
-    except FileNotFoundError:
-        raise UsageError(
-            f"{run_dir}: not a run started by `tak batch` (no {COMMAND_FILE})"
-        ) from None
-    except (ValueError, cattrs.BaseValidationError) as exc:
-        raise UsageError(f"{path}: damaged: {exc}") from None
 
 
 # --- where runs live --------------------------------------------------------
 
 
 def runs_dir(home: str | None) -> Path:
-    """``<home>/data/batch``: a directory (or a link to one) per run."""
-    from ..home import TakHome
+    """``<home>/batch``: a directory (or a link to one) per run.
 
-    return TakHome.locate(home).data / "batch"
+    Not under ``<home>/data``: a run's directory holds its tasks' workspaces, and
+    a workspace may not lie inside the kernel's data (``sandbox._overlap``).
+    """
+    return TakHome.locate(home).root / "batch"
 
 
 def _run_dir(home: str | None, run: str) -> Path:
-    """The directory of ``run``: a path to a run's directory, or a run id under the home.
+    """The directory of ``run``: a run id under the home, or a path to a run's directory.
 
     Raises:
         UsageError: there is no such run.
     """
-    from ..errors import UsageError
+    from ..batch import check_task_id
 
+    under_home = runs_dir(home) / run
+    if os.sep not in run and run not in (".", "..") and (under_home / "manifest.json").is_file():
+        return under_home
     given = Path(run)
-    if os.sep in run or run in (".", ".."):
-        if not (given / COMMAND_FILE).is_file() and not (given / "manifest.json").is_file():
-            raise UsageError(f"{run}: not a batch run's directory")
+    if (given / "manifest.json").is_file():
         return given.absolute()
-    path = runs_dir(home) / run
-    if not path.is_dir():
-        if (given / COMMAND_FILE).is_file():  # a run directory in the current one
-            return given.absolute()
-        raise UsageError(f"no run {run!r} under {runs_dir(home)} (see tak batch ls)")
-    return path
+    if os.sep in run:
+        raise UsageError(f"{run}: not a batch run's directory (no manifest.json)")
+    check_task_id(run, "RUN")
+    raise UsageError(f"no run {run!r} under {runs_dir(home)} (see tak batch ls)")
 
 
 def _default_run_id(args: argparse.Namespace) -> str:
@@ -190,19 +215,17 @@ def _default_run_id(args: argparse.Namespace) -> str:
         check_task_id(args.run_id, "--run-id")
         return str(args.run_id)
     name = args.out.absolute().name if args.out is not None else args.tasks.stem
-    run_id = re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("._-")[:128] or "run"
-    check_task_id(run_id, "run id")
+    run_id = re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("._-")[:128].replace("..", "-")
+    check_task_id(run_id or "-", "the run id (from the name; give one with --run-id)")
     return run_id
 
 
 def _link_run(home: str | None, run_id: str, run_dir: Path) -> None:
-    """Make ``<home>/data/batch/<run_id>`` name ``run_dir`` (a link when it is elsewhere).
+    """Make ``<home>/batch/<run_id>`` lead to ``run_dir`` (a link when it is elsewhere).
 
     Raises:
         UsageError: the id names another run.
     """
-    from ..errors import UsageError
-
     link = runs_dir(home) / run_id
     if link.absolute() == run_dir.absolute():
         return
@@ -216,95 +239,129 @@ def _link_run(home: str | None, run_id: str, run_dir: Path) -> None:
     link.symlink_to(run_dir.absolute(), target_is_directory=True)
 
 
+def _store_url(args: argparse.Namespace) -> str:
+    url = args.store or os.environ.get(STORE_URL_ENV)
+    if not url:
+        raise UsageError(f"--store URL is needed (or ${STORE_URL_ENV})")
+    return str(url)
+
+
+def _settings_of(ledger: Ledger) -> object:
+    """The run's settings: ``PostgresLedger.settings``, a directory's manifest."""
+    settings = getattr(ledger, "settings", None)
+    if settings is None:
+        settings = getattr(getattr(ledger, "manifest", None), "settings", None)
+    return settings
+
+
 # --- tak batch run / resume / worker -----------------------------------------
 
 
 @one_line_errors("tak batch")
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..batch import load_tasks
-    from .plugins import ensure_home
+    from ..batch._directory import load_tasks
 
-    command = _command_of(args)
-    tasks = load_tasks(args.tasks)  # UsageError: "FILE:LINE: ..."
+    given = _command_of(args)
+    tasks = load_tasks(args.tasks)  # UsageError: "FILE:LINE: $.path: ..."
     ensure_home(args.home)
     run_id = _default_run_id(args)
     if args.store is not None:
-        return _drive(args, command, run_id, tasks, store=args.store)
+        url = _store_url(args)
+
+        def open_postgres(settings: dict[str, Any] | None) -> Any:
+            from ..batch._postgres import open_postgres_ledger
+
+            return open_postgres_ledger(url, run_id, settings=settings)
+
+        return _drive(args, open_postgres, tasks=tasks, given=given, run_dir=None)
     run_dir = (args.out if args.out is not None else runs_dir(args.home) / run_id).absolute()
     _link_run(args.home, run_id, run_dir)
-    return _drive(args, command, run_id, tasks, run_dir=run_dir)
+
+    def open_directory(settings: dict[str, Any] | None) -> Any:
+        from ..batch._directory import open_run_dir
+
+        return open_run_dir(run_dir, run_id=run_id, settings=settings)
+
+    return _drive(args, open_directory, tasks=tasks, given=given, run_dir=run_dir)
 
 
 @one_line_errors("tak batch resume")
 def cmd_resume(args: argparse.Namespace) -> int:
+    _check_concurrency(args.concurrency)
     run_dir = _run_dir(args.home, args.run)
-    command = _read_command(run_dir)
-    if args.concurrency is not None:
-        if args.concurrency < 1:
-            from ..errors import UsageError
 
-            raise UsageError(f"--concurrency: expected 1 or more, got {args.concurrency}")
-        command = attrs.evolve(command, concurrency=args.concurrency)
-    return _drive(args, command, None, None, run_dir=run_dir.resolve())
+    def open_directory(settings: dict[str, Any] | None) -> Any:
+        from ..batch._directory import open_run_dir
+
+        return open_run_dir(run_dir, create=False)
+
+    return _drive(args, open_directory, run_dir=run_dir, concurrency=args.concurrency)
 
 
 @one_line_errors("tak batch worker")
 def cmd_worker(args: argparse.Namespace) -> int:
     from ..batch import check_task_id
 
+    _check_concurrency(args.concurrency)
     check_task_id(args.run, "--run")
-    return _drive(args, _command_of(args), args.run, None, store=args.store)
+    url = _store_url(args)
+    ensure_home(args.home)
+
+    def open_postgres(settings: dict[str, Any] | None) -> Any:
+        from ..batch._postgres import open_postgres_ledger
+
+        return open_postgres_ledger(url, args.run, create=False)
+
+    return _drive(args, open_postgres, run_dir=None, concurrency=args.concurrency)
 
 
 def _drive(
     args: argparse.Namespace,
-    command: RunCommand,
-    run_id: str | None,
-    tasks: Sequence[BatchTask] | None,
+    open_ledger: OpenLedger,
     *,
-    run_dir: Path | None = None,
-    store: str | None = None,
+    tasks: Sequence[BatchTask] | None = None,
+    given: RunCommand | None = None,
+    run_dir: Path | None,
+    concurrency: int | None = None,
 ) -> int:
-    """Open the kernel and the run's ledger, run the tasks with progress; the summary.
+    """Open the run's ledger and a kernel as the run says, run the tasks showing
+    progress, print the summary; the exit status.
 
-    ``tasks`` are added to the ledger first (``None``: it holds them: resume, a worker).
+    ``tasks`` and ``given`` come from ``tak batch run`` (the tasks are added, the
+    command becomes the settings of a new run and must match an existing one's);
+    ``None``: the ledger holds them (resume, a worker).
     """
-    import contextlib
-
     import trio
 
     from ..kernel import open_kernel
 
     async def main() -> int:
-        async with contextlib.AsyncExitStack() as stack:
-            if run_dir is not None:
-                from ..batch import open_run_dir
-
-                ledger: Ledger = await stack.enter_async_context(
-                    open_run_dir(run_dir, run_id=run_id, create=tasks is not None)
+        settings = None if given is None else given.to_settings()
+        async with open_ledger(settings) as ledger:
+            command = RunCommand.from_settings(ledger.run_id, _settings_of(ledger))
+            if given is not None:
+                changed = command.differences(given)
+                if changed:
+                    raise UsageError(
+                        f"run {ledger.run_id!r} was started with other {', '.join(changed)}; "
+                        "run it as it was (tak batch resume) or give a new --run-id"
+                    )
+                command = attrs.evolve(command, concurrency=given.concurrency)
+            if concurrency is not None:
+                command = attrs.evolve(command, concurrency=concurrency)
+            workspace_root = None
+            if run_dir is None:  # PostgreSQL: each host keeps its tasks' workspaces
+                workspace_root = runs_dir(args.home) / ledger.run_id / "workspaces"
+            async with open_kernel(
+                home=args.home,
+                model=command.model,
+                fallbacks=command.fallbacks,
+                extra_plugins=command.plugins,
+                system=command.system,
+            ) as kernel:
+                return await _run_with_progress(
+                    args, kernel, ledger, tasks, command, run_dir, workspace_root
                 )
-                # after the lock: two commands never write it at once
-                await trio.to_thread.run_sync(_write_command, run_dir, command)
-                workspace_root = None
-            else:
-                assert store is not None and run_id is not None
-                from ..batch import open_postgres_ledger
-
-                ledger = await stack.enter_async_context(open_postgres_ledger(store, run_id))
-                workspace_root = runs_dir(args.home) / run_id / "workspaces"
-            kernel = await stack.enter_async_context(
-                open_kernel(
-                    home=args.home,
-                    model=command.model,
-                    fallbacks=command.fallbacks,
-                    extra_plugins=command.plugins,
-                    system=command.system,
-                )
-            )
-            return await _run_with_progress(
-                args, kernel, ledger, tasks, command, run_dir, workspace_root
-            )
-        raise AssertionError("unreachable")  # pragma: no cover (mypy: the stack may swallow)
 
     return trio.run(main)
 
@@ -318,11 +375,10 @@ async def _run_with_progress(
     run_dir: Path | None,
     workspace_root: Path | None,
 ) -> int:
-    import signal
-
+    """``run_batch`` with a progress view, stopped cleanly by the first Ctrl-C."""
     import trio
 
-    from ..batch import run_batch
+    from ..batch._run import run_batch
 
     view = ProgressView(sys.stderr, kernel, every=args.progress_every)
     interrupted = False
@@ -333,10 +389,11 @@ async def _run_with_progress(
             nonlocal interrupted
             with trio.open_signal_receiver(signal.SIGINT) as signals:
                 async for _ in signals:
-                    if not interrupted:
-                        interrupted = True
-                        view.note("stopping: recording the running tasks as cancelled")
-                        run_scope.cancel()
+                    if interrupted:  # a second Ctrl-C: stop waiting for the records
+                        raise KeyboardInterrupt
+                    interrupted = True
+                    view.note("tak batch: stopping; the running tasks are recorded cancelled")
+                    run_scope.cancel()
 
         nursery.start_soon(stop_on_sigint)
         nursery.start_soon(view.redraw)
@@ -354,10 +411,10 @@ async def _run_with_progress(
                 on_progress=view.update,
             )
         nursery.cancel_scope.cancel()
-    view.finish()
+    view.finish(show=not interrupted)  # interrupted, its last line is out of date
     results = await ledger.results()
     counts = await ledger.counts()
-    print(_summary_text(ledger.run_id, results, counts.total, run_dir))
+    print(summary_text(ledger.run_id, results, counts.total, run_dir))
     sys.stdout.flush()
     if interrupted:
         resume = _resume_command(args, ledger.run_id, run_dir, command)
@@ -370,17 +427,13 @@ def _resume_command(
     args: argparse.Namespace, run_id: str, run_dir: Path | None, command: RunCommand
 ) -> str:
     """The command that finishes the run, as a person can paste it here."""
-    if run_dir is None:  # a PostgreSQL run: another worker on the same run
-        words = ["batch", "worker", "--run", run_id, "--store", str(args.store)]
-        words += ["--model", command.model, "--concurrency", str(command.concurrency)]
-        return tak_command(*home_option(args.home), *_plugin_options(command), *words)
+    home = home_option(args.home)
+    if run_dir is None:  # a PostgreSQL run: a worker takes the rest
+        store = ("--store", args.store) if args.store else ()
+        return tak_command(*home, "batch", "worker", "--run", run_id, *store)
     linked = runs_dir(args.home) / run_id
-    target = run_id if linked.resolve() == run_dir.resolve() else str(run_dir)
-    return tak_command(*home_option(args.home), "batch", "resume", target)
-
-
-def _plugin_options(command: RunCommand) -> list[str]:
-    return [word for name in command.plugins for word in ("--plugin", name)]
+    by_id = linked.exists() and linked.resolve() == run_dir.resolve()
+    return tak_command(*home, "batch", "resume", run_id if by_id else str(run_dir))
 
 
 # --- progress ----------------------------------------------------------------
@@ -388,7 +441,7 @@ def _plugin_options(command: RunCommand) -> list[str]:
 
 class ProgressView:
     """A run's progress on ``out``: on a terminal one line redrawn (at most every
-    ``TTY_REDRAW_S``), else a plain line every ``every`` seconds when something
+    ``TTY_REDRAW_S``); else a plain line every ``every`` seconds when something
     changed, and one at the end."""
 
     def __init__(self, out: IO[str], kernel: Kernel, *, every: float) -> None:
@@ -417,25 +470,28 @@ class ProgressView:
             self._show()
 
     def note(self, text: str) -> None:
+        """A line of its own (the progress line is drawn again below it)."""
         self._clear()
         self.out.write(f"{text}\n")
         self.out.flush()
 
-    def finish(self) -> None:
-        self._show(always=True)
-        if self.tty and self.drawn:
+    def finish(self, *, show: bool = True) -> None:
+        """The last line (``show``), and the terminal's cursor left below it."""
+        if show:
+            self._show(last=True)
+        if self.drawn:
             self.out.write("\n")
             self.drawn = False
         self.out.flush()
 
     def _clear(self) -> None:
-        if self.tty and self.drawn:
+        if self.drawn:
             self.out.write("\r\x1b[2K")
             self.drawn = False
 
-    def _show(self, *, always: bool = False) -> None:
+    def _show(self, *, last: bool = False) -> None:
         line = self.line()
-        if line is None or (line == self.shown and not always and not self.tty):
+        if line is None or (line == self.shown and not last and not self.tty):
             return
         self.shown = line
         if self.tty:
@@ -447,7 +503,7 @@ class ProgressView:
         self.out.flush()
 
     def line(self) -> str | None:
-        """The progress as one line (``None`` before the first update)."""
+        """The progress in one line (``None`` before the first update)."""
         import trio
 
         p = self.latest
@@ -469,6 +525,7 @@ class ProgressView:
         return f"{line} | {load}" if load else line
 
     def _eta(self, p: BatchProgress, now: float) -> str | None:
+        """From the pace since this command started (earlier runs' tasks aside)."""
         if self.first is None or p.done >= p.total:
             return None
         since, done_then = self.first
@@ -478,14 +535,14 @@ class ProgressView:
         return _duration((p.total - p.done) * (now - since) / done)
 
     def _budget(self) -> str:
-        """The shared model budget's load: in flight (of the limit) and waiting, per provider."""
+        """The shared model budget's load per provider: in flight (of its limit), waiting."""
         budget = getattr(self.kernel, "budget", None)
         snapshot = getattr(budget, "snapshot", None)
         if snapshot is None:
             return ""
         shown = []
         for load in snapshot():
-            name = getattr(load, "provider", "?")
+            name = str(getattr(load, "provider", "?"))
             model = getattr(load, "model", None)
             if model:
                 name = f"{name}/{model}"
@@ -502,12 +559,12 @@ def _columns() -> int:
 
 
 def _duration(seconds: float) -> str:
-    seconds = max(0, math.ceil(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
+    whole = max(0, math.ceil(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    minutes, whole = divmod(whole, 60)
     if minutes < 60:
-        return f"{minutes}m{seconds:02d}s"
+        return f"{minutes}m{whole:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
 
@@ -517,10 +574,11 @@ def _duration(seconds: float) -> str:
 
 @attrs.frozen(kw_only=True)
 class RunView:
-    """What a run's files say, read without its lock (a run may be going on)."""
+    """A run as its ledger holds it now (a directory's read without its lock: the
+    run may be going on)."""
 
     run_id: str
-    path: Path
+    where: str  # its directory, or the PostgreSQL store
     created: float | None  # Unix time
     model: str | None
     total: int
@@ -540,51 +598,47 @@ class RunView:
         return sum(costs) if costs else None
 
 
-def read_run(run_id: str, path: Path) -> RunView:
-    """A run's manifest, tasks and results, as they are on disk now (blocking I/O).
+def read_run(path: Path) -> RunView:
+    """A run directory's manifest, tasks and results as they are on disk (blocking I/O).
 
-    A last line being written (no newline yet) is left out.
+    A last line still being written (no newline yet) is left out.
 
     Raises:
-        UsageError: a file is damaged (one line naming it and the line).
+        UsageError: a file is damaged (one line naming it, and the line).
     """
-    from ..batch import converter
-    from ..errors import UsageError
+    from ..batch import TaskResult, converter
 
-    created: float | None = None
-    model: str | None = None
+    manifest_path = path / "manifest.json"
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    if isinstance(manifest, dict):
-        created = _unix_time(manifest.get("created"))
-        run_id = str(manifest.get("run_id", run_id))
-        model = manifest.get("model") if isinstance(manifest.get("model"), str) else None
-    if model is None:
-        with _suppress_usage():
-            model = _read_command(path).model
-    total = sum(1 for _ in _complete_lines(path / "tasks.jsonl"))
+        manifest = json.loads(manifest_path.read_text())
+        run_id = str(manifest["run_id"])
+        created = float(manifest["created"])
+        settings = manifest.get("settings") or {}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{manifest_path}: damaged ({exc})") from None
+    model = settings.get("model") if isinstance(settings, dict) else None
+    order: dict[str, int] = {}
+    for number, line in enumerate(_complete_lines(path / "tasks.jsonl"), 1):
+        try:
+            order.setdefault(str(json.loads(line)["id"]), number)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"{path / 'tasks.jsonl'}:{number}: damaged ({exc})") from None
     latest: dict[str, TaskResult] = {}
     for number, line in enumerate(_complete_lines(path / "results.jsonl"), 1):
         try:
-            from ..batch import TaskResult
-
             result = converter.structure(json.loads(line), TaskResult)
         except Exception as exc:
             raise UsageError(f"{path / 'results.jsonl'}:{number}: {exc}") from None
-        if result.finished or result.id not in latest or not latest[result.id].finished:
+        # the ledger's rule: a finished result is the last word on its task
+        if result.id not in latest or not latest[result.id].finished:
             latest[result.id] = result
-    if created is None:
-        with _suppress_os():
-            created = (path / COMMAND_FILE).stat().st_mtime
     return RunView(
         run_id=run_id,
-        path=path,
+        where=str(path),
         created=created,
-        model=model,
-        total=total,
-        results=tuple(latest.values()),
+        model=model if isinstance(model, str) else None,
+        total=len(order),
+        results=tuple(sorted(latest.values(), key=lambda r: order.get(r.id, math.inf))),
     )
 
 
@@ -593,67 +647,34 @@ def _complete_lines(path: Path) -> list[str]:
         text = path.read_text()
     except FileNotFoundError:
         return []
-    lines = text.split("\n")
-    return [line for line in lines[:-1] if line.strip()]  # the last is "" or unfinished
-
-
-def _unix_time(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        from datetime import datetime
-
-        try:
-            return datetime.fromisoformat(value).timestamp()
-        except ValueError:
-            return None
-    return None
-
-
-def _suppress_usage() -> Any:
-    import contextlib
-
-    from ..errors import UsageError
-
-    return contextlib.suppress(UsageError)
-
-
-def _suppress_os() -> Any:
-    import contextlib
-
-    return contextlib.suppress(OSError)
+    return [line for line in text.split("\n")[:-1] if line.strip()]  # the last: "" or torn
 
 
 @one_line_errors("tak batch ls")
 def cmd_ls(args: argparse.Namespace) -> int:
     root = runs_dir(args.home)
     entries = sorted(root.iterdir()) if root.is_dir() else []
-    runs: list[RunView] = []
-    missing: list[str] = []
-    for entry in entries:
-        if not entry.is_dir():
-            missing.append(f"{entry.name} -> {os.readlink(entry)}" if entry.is_symlink() else "")
-            continue
-        runs.append(read_run(entry.name, entry))
-    missing = [m for m in missing if m]
-    if not runs and not missing:
+    runs = [read_run(e) for e in entries if (e / "manifest.json").is_file()]
+    gone = [e for e in entries if e.is_symlink() and not e.exists()]
+    if not runs:
         print(f"no batch runs under {root}")
-        return 0
-    runs.sort(key=lambda r: (-(r.created or 0), r.run_id))
-    width = max(len("ID"), *(len(r.run_id) for r in runs)) if runs else len("ID")
-    print(
-        f"{'ID':<{width}}  {'CREATED':<19}  {'TASKS':>6}  {'FINISHED':>8}  {'FAILED':>6}  "
-        f"{'COST':>9}  MODEL"
-    )
-    for r in runs:
-        created = _local_time(r.created) if r.created is not None else "?"
-        cost = f"${r.cost_usd:.4f}" if r.cost_usd is not None else "-"
+    else:
+        runs.sort(key=lambda r: (-(r.created or 0), r.run_id))
+        width = max(len("ID"), *(len(r.run_id) for r in runs))
         print(
-            f"{r.run_id:<{width}}  {created:<19}  {r.total:>6}  {r.finished:>8}  "
-            f"{r.failed:>6}  {cost:>9}  {r.model or '?'}"
+            f"{'ID':<{width}}  {'CREATED':<19}  {'TASKS':>6}  {'FINISHED':>8}  {'FAILED':>6}  "
+            f"{'COST':>9}  MODEL"
         )
-    for m in missing:
-        print(f"tak batch ls: the directory is gone: {m}", file=sys.stderr)
+        for r in runs:
+            created = _local_time(r.created) if r.created is not None else "?"
+            cost = f"${r.cost_usd:.4f}" if r.cost_usd is not None else "-"
+            print(
+                f"{r.run_id:<{width}}  {created:<19}  {r.total:>6}  {r.finished:>8}  "
+                f"{r.failed:>6}  {cost:>9}  {r.model or '?'}"
+            )
+    for link in gone:
+        print(f"tak batch ls: {link.name}: its directory is gone ({link.readlink()})",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -666,47 +687,48 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.store is not None:
         view = _read_postgres_run(args.store, args.run)
     else:
-        path = _run_dir(args.home, args.run)
-        view = read_run(path.name, path)
+        view = read_run(_run_dir(args.home, args.run))
     if args.json:
         print(json.dumps(show_json(view), indent=2, ensure_ascii=False))
     else:
-        print(_summary_text(view.run_id, view.results, view.total, view.path))
+        print(summary_text(view.run_id, view.results, view.total, view.where))
     return 0
 
 
 def _read_postgres_run(url: str, run_id: str) -> RunView:
     import trio
 
-    from ..batch import check_task_id, open_postgres_ledger
+    from ..batch import check_task_id
+    from ..batch._postgres import open_postgres_ledger
 
     check_task_id(run_id, "RUN")
 
     async def main() -> RunView:
-        async with open_postgres_ledger(url, run_id) as ledger:
+        async with open_postgres_ledger(url, run_id, create=False) as ledger:
             results = await ledger.results()
             counts = await ledger.counts()
-        return RunView(
-            run_id=run_id,
-            path=Path(url),
-            created=None,
-            model=None,
-            total=counts.total,
-            results=tuple(results),
-        )
+            model = ledger.settings.get("model")
+            return RunView(
+                run_id=run_id,
+                where=repr(ledger),
+                created=ledger.created,
+                model=model if isinstance(model, str) else None,
+                total=counts.total,
+                results=tuple(results),
+            )
 
     return trio.run(main)
 
 
 def show_json(view: RunView) -> dict[str, Any]:
-    """``tak batch show --json``: the run's totals, its counts by reason, its failed tasks
-    and every task's latest result (``results.jsonl``'s records)."""
+    """``tak batch show --json``: the run's totals, counts by reason, the tasks that did
+    not end ``final``, and every task's latest result (``results.jsonl``'s records)."""
     from ..batch import converter
 
     scores = [r.score for r in view.results if r.score is not None]
     return {
         "run_id": view.run_id,
-        "path": str(view.path),
+        "where": view.where,
         "created": view.created,
         "model": view.model,
         "total": view.total,
@@ -718,7 +740,7 @@ def show_json(view: RunView) -> dict[str, Any]:
         "output_tokens": sum(r.output_tokens for r in view.results),
         "cost_usd": view.cost_usd,
         "score_mean": sum(scores) / len(scores) if scores else None,
-        "failed_tasks": [
+        "not_final": [
             {"id": r.id, "reason": r.reason, "error": r.error}
             for r in view.results
             if r.reason != "final"
@@ -727,22 +749,25 @@ def show_json(view: RunView) -> dict[str, Any]:
     }
 
 
-def _summary_text(run_id: str, results: Sequence[TaskResult], total: int, path: Path | None) -> str:
-    """The summary table (``BatchSummary.table``), then what did not end ``final``."""
-    from ..batch import BatchSummary
+def summary_text(
+    run_id: str, results: Sequence[TaskResult], total: int, where: Path | str | None
+) -> str:
+    """``BatchSummary.table``, how many tasks finished, and each that did not end
+    ``final`` with its one-line error."""
+    from ..batch._summary import BatchSummary
 
     finished = sum(r.finished for r in results)
-    lines = [f"run {run_id}: {finished}/{total} tasks finished"]
-    if path is not None:
-        lines[0] += f" ({path})"
-    lines.append(BatchSummary(run_id=run_id, results=tuple(results)).table().rstrip("\n"))
+    lines = [BatchSummary(run_id=run_id, results=tuple(results)).table().rstrip("\n"), ""]
+    lines.append(f"  finished    {finished} of {total} tasks")
+    if where is not None:
+        lines.append(f"  run         {where}")
     failed = [r for r in results if r.reason != "final"]
     if failed:
-        lines.append(f"not final ({len(failed)}):")
+        lines += ["", f"  not final ({len(failed)}):"]
         width = max(len(r.id) for r in failed)
         for r in failed:
-            error = (r.error or "").replace("\n", " ")
+            error = " ".join((r.error or "").split())
             if len(error) > 160:
                 error = error[:157] + "..."
-            lines.append(f"  {r.id:<{width}}  {r.reason:<11}  {error}".rstrip())
+            lines.append(f"    {r.id:<{width}}  {r.reason:<11}  {error}".rstrip())
     return "\n".join(lines)

@@ -8,7 +8,7 @@
     tak batch show RUN [--json]            # a run's summary, its failed tasks
     tak batch worker --run RUN --store URL # one of many hosts sharing a run in PostgreSQL
 
-A run lives in a directory: ``--out DIR``, else ``<home>/data/batch/<run-id>``
+A run lives in a directory: ``--out DIR``, else ``<home>/batch/<run-id>``
 (a run elsewhere is linked there under its id, so ``ls``, ``show`` and
 ``resume`` find it by id). Its id is ``--run-id``, else ``DIR``'s name, else
 the tasks file's stem: running the same command again continues the same run,
@@ -30,6 +30,8 @@ from typing import Any
 
 #: How often a progress line is printed when stderr is not a terminal (seconds).
 LINE_EVERY_S = 5.0
+#: ``kernel.home.STORE_URL_ENV`` (importing kernel.home would slow ``tak --help``).
+STORE_URL_ENV = "TAK_STORE_URL"
 
 
 class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
@@ -41,7 +43,7 @@ class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.choices = _CommandOrFile(self._name_parser_map)
+        self.choices = _CommandOrFile(self._name_parser_map)  # type: ignore[assignment]
 
     def __call__(
         self,
@@ -103,7 +105,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--out",
         type=Path,
         metavar="DIR",
-        help="the run's directory (default: <home>/data/batch/<run-id>)",
+        help="the run's directory (default: <home>/batch/<run-id>)",
     )
     p.add_argument(
         "--run-id",
@@ -138,17 +140,20 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = commands.add_parser(
         "worker",
         help="claim and run tasks of a PostgreSQL run (as many as you like, on any hosts)",
-        description="Claim tasks of RUN from PostgreSQL and run them until none is left. "
-        "Give every worker the same model and limits.",
+        description="Claim tasks of RUN from PostgreSQL and run them, as the run was started "
+        "(`tak batch run TASKS --store URL`: its model, tools, limits), until none is left.",
     )
     p.add_argument("--run", required=True, metavar="RUN", help="the run's id")
-    _kernel_options(p)
-    _store_option(p, "the PostgreSQL store holding the run", required=True)
+    _store_option(p, f"the PostgreSQL store holding the run (default: ${STORE_URL_ENV})")
+    p.add_argument(
+        "--concurrency", type=int, metavar="N", help="tasks at once (default: the run's)"
+    )
+    _progress_option(p)
     p.set_defaults(func=_handler("cmd_worker"))
 
 
-def _store_option(p: argparse.ArgumentParser, text: str, *, required: bool = False) -> None:
-    p.add_argument("--store", metavar="URL", required=required, help=f"postgresql://...: {text}")
+def _store_option(p: argparse.ArgumentParser, text: str) -> None:
+    p.add_argument("--store", metavar="URL", help=f"postgresql://...: {text}")
 
 
 def _progress_option(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,385 @@
+"""`tak batch` end to end: real `tak` subprocesses, the scripted model, a temporary home.
+
+``scripted:demo`` calls the tools a prompt names (``/call NAME {json}``) and then
+answers with how each call went; the demo plugin gives it ``add``, ``divide``
+and ``sleep``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel.batch import TaskResult, converter
+from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
+
+
+def tak_argv(home: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "kernel.cli", "--home", str(home), "--plugin", "demo", *args]
+
+
+def tak(home: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        tak_argv(home, *args), capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"/call {name} {json.dumps(arguments)}"
+
+
+def write_tasks(path: Path, tasks: Sequence[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
+
+
+def results(run_dir: Path) -> list[TaskResult]:
+    """Every line of results.jsonl, in order."""
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    return [converter.structure(json.loads(line), TaskResult) for line in lines]
+
+
+def transcript(home: Path, run_id: str, task_id: str) -> list[dict[str, Any]]:
+    path = home / "data" / "sessions" / f"batch.{run_id}" / task_id / "transcript.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def progress_lines(stderr: str, run_id: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"{run_id}: ")]
+
+
+THREE = [
+    {"id": "add", "prompt": call("add", a=1, b=2)},
+    {"id": "divide", "prompt": call("divide", a=1, b=0)},
+    {"id": "hello", "prompt": "hello"},
+]
+
+
+def test_a_run_finishes_every_task_and_running_it_again_does_nothing(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "evals.jsonl", THREE)
+    out = tmp_path / "out"
+    command = ["batch", str(tasks), "--out", str(out), "--concurrency", "2"]
+    first = tak(tmp_path / "home", *command, "--progress-every", "0.1")
+    assert first.returncode == 0, first.stderr
+    by_id = {r.id: r for r in results(out)}
+    assert sorted(by_id) == ["add", "divide", "hello"]
+    assert {r.reason for r in by_id.values()} == {"final"}
+    assert "add: ok" in by_id["add"].text and "division by zero" in by_id["divide"].text
+    assert by_id["hello"].text == "You said: hello"
+    # the summary table on stdout; plain progress lines on stderr (not a terminal)
+    assert "finished    3 of 3 tasks" in first.stdout
+    assert re.search(r"^  final +3$", first.stdout, re.M), first.stdout
+    lines = progress_lines(first.stderr, "out")
+    assert lines and "\r" not in first.stderr and "\x1b[" not in first.stderr
+    assert lines[-1].startswith("out: 3/3 done, 0 running, 0 failed"), lines
+    # the run is listed under the home by its id (a link to --out)
+    assert (tmp_path / "home" / "batch" / "out").resolve() == out.resolve()
+
+    again = tak(tmp_path / "home", *command)
+    assert again.returncode == 0, again.stderr
+    assert len(results(out)) == 3  # nothing ran again
+    assert "finished    3 of 3 tasks" in again.stdout
+    for task in ("add", "divide", "hello"):
+        users = [e for e in transcript(tmp_path / "home", "out", task) if e["type"] == "user"]
+        assert len(users) == 1, task
+
+
+def test_the_shorthand_is_tak_batch_run_and_the_run_id_defaults_to_the_file_stem(
+    tmp_path: Path,
+) -> None:
+    tasks = write_tasks(tmp_path / "my evals.jsonl", THREE[2:])
+    home = tmp_path / "home"
+    done = tak(home, "batch", "run", str(tasks))
+    assert done.returncode == 0, done.stderr
+    assert [r.id for r in results(home / "batch" / "my-evals")] == ["hello"]
+    # the same command in its short form is the same run: nothing to do
+    again = tak(home, "batch", str(tasks))
+    assert again.returncode == 0, again.stderr
+    assert len(results(home / "batch" / "my-evals")) == 1
+
+
+def test_running_again_with_other_settings_is_refused_in_one_line(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "evals.jsonl", THREE[2:])
+    home = tmp_path / "home"
+    assert tak(home, "batch", str(tasks)).returncode == 0
+    other = tak(home, "batch", str(tasks), "--model", "scripted:echo", "--max-steps", "3")
+    assert other.returncode == 2
+    assert other.stderr == (
+        "tak batch: run 'evals' was started with other --model, limits; run it as it was "
+        "(tak batch resume) or give a new --run-id\n"
+    )
+    # concurrency is the command's own: not a difference
+    assert tak(home, "batch", str(tasks), "--concurrency", "3").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ('{"id": "b", "prompt": "hi", "colour": 1}', "colour"),
+        ('{"id": "b", "prompt": "hi"', "not valid JSON"),
+        ('{"id": "../b", "prompt": "hi"}', "A-Z a-z 0-9"),
+    ],
+)
+def test_a_bad_tasks_file_is_one_line_naming_the_file_and_line(
+    tmp_path: Path, line: str, error: str
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a", "prompt": "hi"}\n' + line + "\n")
+    result = tak(tmp_path / "home", "batch", str(tasks))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"tak batch: {tasks}:2: "), result.stderr
+    assert error in result.stderr
+    assert not (tmp_path / "home" / "batch" / "tasks").exists()  # nothing started
+
+
+def test_bad_flags_and_runs_are_one_line(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", THREE[2:])
+    home = tmp_path / "home"
+    for args, expected in [
+        (["--concurrency", "0"], "tak batch: --concurrency: expected 1 or more, got 0\n"),
+        (["--max-cost", "-1"], "tak batch: --max-cost: expected a positive number, got -1.0\n"),
+        (["--set", "temperature=9"], "tak batch: --set temperature: "),
+        (["--run-id", "a/b"], "tak batch: --run-id: expected 1-128 of"),
+    ]:
+        result = tak(home, "batch", str(tasks), *args)
+        assert result.returncode == 2 and result.stderr.startswith(expected), (args, result)
+        assert result.stderr.count("\n") == 1
+    missing = tak(home, "batch", "resume", "nope")
+    assert (missing.returncode, missing.stderr) == (
+        2,
+        f"tak batch resume: no run 'nope' under {home / 'batch'} (see tak batch ls)\n",
+    )
+    shown = tak(home, "batch", "show", str(tmp_path))
+    assert shown.returncode == 2
+    assert (
+        shown.stderr
+        == f"tak batch show: {tmp_path}: not a batch run's directory (no manifest.json)\n"
+    )
+
+
+def wait_for(predicate: Any, what: str, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"tak exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+SLOW = [
+    {"id": "t1", "prompt": call("add", a=1, b=1)},
+    {"id": "t2", "prompt": call("add", a=2, b=2)},
+    {"id": "t3", "prompt": call("sleep", seconds=600)},
+    {"id": "t4", "prompt": call("sleep", seconds=600)},
+    {"id": "t5", "prompt": call("add", a=5, b=5)},
+    {"id": "t6", "prompt": call("add", a=6, b=6)},
+]
+
+
+def test_ctrl_c_records_cancelled_and_the_printed_resume_finishes_the_rest_once(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "slow.jsonl", SLOW)
+    run_dir = home / "batch" / "slow"
+    proc = subprocess.Popen(
+        tak_argv(home, "batch", str(tasks), "--concurrency", "2", "--progress-every", "0.1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # t1 and t2 finish; t3 and t4 are in their sleep call, recorded before it runs
+
+        def sleeping() -> bool:
+            return all(
+                any(e["type"] == "assistant" for e in transcript(home, "slow", t))
+                for t in ("t3", "t4")
+            )
+
+        wait_for(sleeping, "t3 and t4 to be in their sleep calls", proc)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    first = {r.id: r.reason for r in results(run_dir)}
+    assert first == {"t1": "final", "t2": "final", "t3": "cancelled", "t4": "cancelled"}
+    assert "finished    2 of 6 tasks" in stdout
+    assert re.search(r"^    t3  cancelled", stdout, re.M), stdout
+    hint = stderr.splitlines()[-1]
+    prefix = "tak batch: interrupted; to finish the run: "
+    assert hint.startswith(prefix), stderr
+    resume = shlex.split(hint.removeprefix(prefix))
+    assert resume[-3:] == ["batch", "resume", "slow"]
+
+    # as printed, where it was printed, with no tak on PATH (the venv's is named)
+    env = {k: v for k, v in os.environ.items() if k != "PATH"}
+    env["PATH"] = "/usr/bin:/bin"
+    finished = subprocess.run(resume, capture_output=True, text=True, timeout=120, env=env)
+    assert finished.returncode == 0, finished.stderr
+    assert "finished    6 of 6 tasks" in finished.stdout
+    every = results(run_dir)
+    finals = [r for r in every if r.finished]
+    assert sorted(r.id for r in finals) == ["t1", "t2", "t3", "t4", "t5", "t6"]  # once each
+    assert {r.id: r.attempt for r in finals if r.id in ("t3", "t4")} == {"t3": 2, "t4": 2}
+    # the interrupted sleeps were answered from the transcript, never run again
+    for task in ("t3", "t4"):
+        entries = transcript(home, "slow", task)
+        assert sum(e["type"] == "user" for e in entries) == 1
+        observed = [e for e in entries if e["type"] == "tool"]
+        assert len(observed) == 1, entries
+    for task in ("t1", "t2"):  # finished before the Ctrl-C: not run again
+        assert sum(e["type"] == "assistant" for e in transcript(home, "slow", task)) == 2
+
+
+def test_progress_on_a_terminal_is_one_line_redrawn(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "tty.jsonl", THREE)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        tak_argv(tmp_path / "home", "batch", str(tasks)),
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+    )
+    os.close(slave)
+    drawn = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 60)
+            assert ready, "no output on the terminal"
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the process closed its end
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        os.close(master)
+    assert proc.returncode == 0
+    text = drawn.decode()
+    assert "tty: 3/3 done, 0 running, 0 failed" in text
+    # the line is drawn in place; only the end leaves it with a newline
+    assert text.count("\n") == 1 and text.endswith("\n"), text
+    assert "finished    3 of 3 tasks" in stdout
+
+
+@pytest.fixture
+def finished_run(tmp_path: Path) -> Iterator[Path]:
+    """A run of two tasks: one final, one stopped by its own limit (one step)."""
+    tasks = write_tasks(
+        tmp_path / "graded.jsonl",
+        [
+            {"id": "ok", "prompt": "fine"},
+            {"id": "short", "prompt": call("add", a=1, b=1), "limits": {"max_steps": 1}},
+        ],
+    )
+    result = tak(tmp_path / "home", "batch", str(tasks), "--run-id", "graded")
+    assert result.returncode == 0, result.stderr
+    yield tmp_path / "home"
+
+
+def test_ls_lists_the_runs_under_the_home(finished_run: Path, tmp_path: Path) -> None:
+    listed = tak(finished_run, "batch", "ls")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["ID", "CREATED", "TASKS", "FINISHED", "FAILED", "COST", "MODEL"]
+    fields = row.split()
+    assert fields[0] == "graded" and fields[3:] == ["2", "2", "1", "-", "scripted:demo"]
+    empty = tak(tmp_path / "empty", "batch", "ls")
+    assert empty.stdout == f"no batch runs under {tmp_path / 'empty' / 'batch'}\n"
+
+
+def test_show_prints_the_summary_and_each_task_not_final(finished_run: Path) -> None:
+    shown = tak(finished_run, "batch", "show", "graded")
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"^  final +1$", shown.stdout, re.M)
+    assert re.search(r"^  max_steps +1$", shown.stdout, re.M)
+    assert "finished    2 of 2 tasks" in shown.stdout
+    assert re.search(r"^  not final \(1\):\n    short  max_steps", shown.stdout, re.M)
+    # by its directory too
+    by_path = tak(finished_run, "batch", "show", str(finished_run / "batch" / "graded"))
+    assert by_path.stdout == shown.stdout
+
+
+def test_show_json_schema(finished_run: Path) -> None:
+    shown = tak(finished_run, "batch", "show", "graded", "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert sorted(data) == sorted(
+        [
+            "run_id", "where", "created", "model", "total", "finished", "failed",
+            "unfinished", "reasons", "input_tokens", "output_tokens", "cost_usd",
+            "score_mean", "not_final", "results",
+        ]
+    )  # fmt: skip
+    assert (data["run_id"], data["model"], data["total"]) == ("graded", "scripted:demo", 2)
+    assert (data["finished"], data["failed"], data["unfinished"]) == (2, 1, 0)
+    assert data["reasons"] == {"final": 1, "max_steps": 1}
+    assert isinstance(data["created"], float) and data["cost_usd"] is None
+    assert [t["id"] for t in data["not_final"]] == ["short"]
+    assert data["not_final"][0]["reason"] == "max_steps"
+    # every result is a results.jsonl record, in task order
+    records = [converter.structure(r, TaskResult) for r in data["results"]]
+    assert [r.id for r in records] == ["ok", "short"]
+
+
+def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) -> None:  # noqa: F811
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "pg.jsonl", THREE)
+    first = tak(home, "batch", str(tasks), "--store", db_url, "--run-id", "shared")
+    assert first.returncode == 0, first.stderr
+    assert "finished    3 of 3 tasks" in first.stdout
+    # a worker of the same run, settings from the run: nothing left to claim
+    worker = tak(home, "batch", "worker", "--run", "shared", "--store", db_url)
+    assert worker.returncode == 0, worker.stderr
+    assert "finished    3 of 3 tasks" in worker.stdout
+    shown = tak(home, "batch", "show", "shared", "--store", db_url, "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert (data["total"], data["finished"], data["model"]) == (3, 3, "scripted:demo")
+    assert [r["attempt"] for r in data["results"]] == [1, 1, 1]
+    missing = tak(home, "batch", "worker", "--run", "nope", "--store", db_url)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+    assert missing.stderr.startswith("tak batch worker: ")
+
+
+def test_help_names_the_shorthand_and_every_command() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "kernel.cli", "batch", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0
+    assert shown.stdout.startswith("usage: tak batch TASKS.jsonl [options]")
+    for command in ("run", "resume", "ls", "show", "worker"):
+        assert re.search(rf"^    {command} ", shown.stdout, re.M), command
+    assert "130 stopped by Ctrl-C" in " ".join(shown.stdout.split())
+
+
+def test_the_store_variable_is_the_homes() -> None:
+    from kernel.cli import batch
+    from kernel.home import STORE_URL_ENV
+
+    assert batch.STORE_URL_ENV == STORE_URL_ENV
