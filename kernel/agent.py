@@ -44,6 +44,9 @@ from .session import Session
 from .session import usage_entry_fields as usage_entry_fields
 from .settings import ModelSettings, check_tool_choice, merge
 from .tools import Tool, ToolFailure, ToolRegistry, select_tools, tool
+from .tracing import Span as TraceSpan
+from .tracing import enabled as tracing_enabled
+from .tracing import span as trace_span
 
 TurnEnd: TypeAlias = Literal[
     "final", "max_steps", "max_tokens", "max_cost", "wall_time", "model_error", "cancelled"
@@ -186,6 +189,7 @@ class Agent:
             conversation's prompt passes this many tokens.
         settings: what every request of this agent asks of the model
             (``kernel.settings``); a turn's own settings are merged over them.
+        name: the agent's name in traces (``invoke_agent {name}``, ``kernel.tracing``).
     """
 
     def __init__(
@@ -199,8 +203,10 @@ class Agent:
         subagents: bool = False,
         compact_after_tokens: int | None = None,
         settings: ModelSettings | None = None,
+        name: str = "tak",
     ) -> None:
         self.model = model
+        self.name = name
         self.settings = settings
         self.tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self.system = system
@@ -220,6 +226,7 @@ class Agent:
             subagents=self.subagents,
             compact_after_tokens=self.compact_after_tokens,
             settings=self.settings,
+            name=self.name,
         )
 
     @contextlib.asynccontextmanager
@@ -364,24 +371,40 @@ class Agent:
         )
         finished: TurnFinished | None = None
         token = _current_turn.set(_Turn(self, session, registry, turn_settings))
-        try:
-            with trio.move_on_at(deadline):
-                history = await start()
-                if isinstance(history, TurnFinished):
-                    finished = history
-                else:
-                    finished = await self._loop(
-                        session, history, state, emit, turn_settings, registry
-                    )
-        except trio.Cancelled:
-            emit(state.finish("cancelled"))
-            raise
-        finally:
-            _current_turn.reset(token)
-        if finished is None:
-            finished = state.finish("wall_time")
+        with trace_span(f"invoke_agent {self.name}", self._turn_attributes(session)) as traced:
+            try:
+                with trio.move_on_at(deadline):
+                    history = await start()
+                    if isinstance(history, TurnFinished):
+                        finished = history
+                    else:
+                        finished = await self._loop(
+                            session, history, state, emit, turn_settings, registry
+                        )
+            except trio.Cancelled:
+                cancelled = state.finish("cancelled")
+                _describe_turn(traced, cancelled)
+                emit(cancelled)
+                raise
+            finally:
+                _current_turn.reset(token)
+            if finished is None:
+                finished = state.finish("wall_time")
+            _describe_turn(traced, finished)
         emit(finished)
         return finished
+
+    def _turn_attributes(self, session: Session) -> dict[str, Any] | None:
+        if not tracing_enabled():
+            return None
+        provider, model = _provider_and_model(self.model.name)
+        return {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.provider.name": provider,
+            "gen_ai.request.model": model,
+            "gen_ai.agent.name": self.name,
+            "gen_ai.conversation.id": session.key.name,
+        }
 
     async def _loop(
         self,
@@ -444,24 +467,33 @@ class Agent:
         the transcript keeps what the user saw.
         """
         streamed: list[str] = []
-        try:
-            async with self.model.stream(request) as events:
-                async for event in events:
-                    if isinstance(event, TextDelta):
-                        streamed.append(event.text)
-                        emit(ModelDelta(step, event.text))
-                    elif isinstance(event, ResponseComplete):
-                        return event.response
-            raise ModelAPIError(f"{self.model.name}: the stream ended without a response")
-        except BaseException as exc:
-            if streamed:
-                try:
-                    await _persist_whole(
-                        session.record_partial("".join(streamed), model=self.model.name)
-                    )
-                except Exception as failed:  # the original (a cancel, say) goes on
-                    exc.add_note(f"the partial reply could not be recorded: {failed!r}")
-            raise
+        name, attributes = (
+            _request_span(self.model.name, session, request.settings)
+            if tracing_enabled()
+            else ("chat", None)
+        )
+        with trace_span(name, attributes, kind="client") as traced:
+            try:
+                async with self.model.stream(request) as events:
+                    async for event in events:
+                        if isinstance(event, TextDelta):
+                            streamed.append(event.text)
+                            emit(ModelDelta(step, event.text))
+                        elif isinstance(event, ResponseComplete):
+                            _describe_response(traced, event.response)
+                            return event.response
+                raise ModelAPIError(f"{self.model.name}: the stream ended without a response")
+            except BaseException as exc:
+                if isinstance(exc, ModelAPIError):
+                    traced.set_error(_model_error_type(exc), str(exc))
+                if streamed:
+                    try:
+                        await _persist_whole(
+                            session.record_partial("".join(streamed), model=self.model.name)
+                        )
+                    except Exception as failed:  # the original (a cancel, say) goes on
+                        exc.add_note(f"the partial reply could not be recorded: {failed!r}")
+                raise
 
     async def _run_calls(
         self,
@@ -545,6 +577,73 @@ class Agent:
             cost_usd=response.usage.cost_usd,
         )
         return True
+
+
+#: Providers whose name in the GenAI conventions is not the kernel's.
+_CONVENTION_PROVIDERS = {"gemini": "gcp.gemini"}
+
+
+def _provider_and_model(name: str) -> tuple[str, str]:
+    """``provider:model`` as the GenAI conventions name the two."""
+    provider, colon, model = name.partition(":")
+    if not colon:
+        return "_OTHER", name
+    return _CONVENTION_PROVIDERS.get(provider, provider), model
+
+
+def _request_span(
+    model_name: str, session: Session, settings: ModelSettings | None
+) -> tuple[str, dict[str, Any]]:
+    """The name and attributes of a model request's span."""
+    provider, model = _provider_and_model(model_name)
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": provider,
+        "gen_ai.request.model": model,
+        "gen_ai.conversation.id": session.key.name,
+    }
+    if settings is not None:
+        for field, key in _TRACED_SETTINGS:
+            value = getattr(settings, field)
+            if value is not None:
+                attributes[key] = value
+    return f"chat {model}", attributes
+
+
+_TRACED_SETTINGS = (
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+    ("max_tokens", "gen_ai.request.max_tokens"),
+    ("seed", "gen_ai.request.seed"),
+)
+
+
+def _describe_response(traced: TraceSpan, response: ModelResponse) -> None:
+    if response.model:
+        traced.set_attribute("gen_ai.response.model", _provider_and_model(response.model)[1])
+    traced.set_attribute("gen_ai.response.finish_reasons", (response.stop_reason,))
+    _describe_usage(traced, response.usage)
+
+
+def _describe_usage(traced: TraceSpan, usage: Usage) -> None:
+    traced.set_attribute("gen_ai.usage.input_tokens", usage.total_input_tokens)
+    traced.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+    if usage.cost_usd is not None:
+        traced.set_attribute("tak.usage.cost_usd", usage.cost_usd)
+
+
+def _describe_turn(traced: TraceSpan, finished: TurnFinished) -> None:
+    """How the turn ended, on its span; one without a final answer failed, with its reason."""
+    traced.set_attribute("tak.turn.reason", finished.reason)
+    traced.set_attribute("tak.turn.steps", finished.steps)
+    _describe_usage(traced, finished.usage)
+    if finished.reason != "final":
+        traced.set_error(finished.reason, finished.error or "")
+
+
+def _model_error_type(exc: ModelAPIError) -> str:
+    """``error.type`` of a failed request: the provider's own name for it when known."""
+    return getattr(exc, "error_type", None) or type(exc).__qualname__
 
 
 def _without_tool_choice(settings: ModelSettings | None) -> ModelSettings | None:

@@ -13,10 +13,14 @@
 6. cancelling the batch leaves no task behind and a ``cancelled``
    observation in every unfinished slot; one call can be cancelled by id;
 7. ``on_event`` sees calls start and finish in completion order, and
-   ``ordered_observations`` releases them in declared order.
+   ``ordered_observations`` releases them in declared order;
+8. with tracing on (``kernel.tracing``), every call has an
+   ``execute_tool {name}`` span, a child of the span current when the batch
+   started, current while the tool runs, and ended with its observation
+   (failed with ``error.type`` = the error's kind); off, it costs nothing.
 
 A call's arguments are validated once, in ``_check`` (``Tool.prepare``), and
-the tool runs in one place, ``_Batch.run_call``, through its runner
+the tool runs in one place, ``_Batch.run_untraced``, through its runner
 (``kernel.tools.ToolRunner``: a function in this task or in a thread, or a
 worker): whatever runs a tool, points 3 to 5 hold the same way.
 """
@@ -27,7 +31,7 @@ import contextlib
 import json
 import json.scanner
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias, cast
 
 import attrs
@@ -53,6 +57,9 @@ from .tools import (
     ToolRunner,
     describe_exception,
 )
+from .tracing import Span as TraceSpan
+from .tracing import enabled as tracing_enabled
+from .tracing import start_span as start_trace_span
 
 #: The runners' context of a batch without sync tools: nothing to lend, nothing to make.
 _NO_THREADS = RunContext()
@@ -441,13 +448,50 @@ class _Batch:
         # of a group start at different times: otherwise calls share deadline scopes.
         self.own_scopes = handle is not None or self.limiter is not None
         self.any_own_timeout = any_own_timeout
+        # Traced: each call's span by slot, from its start until its observation.
+        self.spans: dict[int, TraceSpan] | None = None
+        self.run_call: Callable[[_Planned], Awaitable[None]] = self.run_untraced
+        if tracing_enabled():
+            self.spans = {}
+            self.run_call = self.run_traced
 
     def finish(self, index: int, observation: Observation) -> None:
         self.slots[index] = observation
         if self.handle is not None:
             self.handle._done.add(self.calls[index].id)
+        if self.spans is not None:
+            self.end_span(index, observation)
         if self.on_event is not None:
             self.on_event(CallFinished(index, observation))
+
+    async def run_traced(self, p: _Planned) -> None:
+        """``run_untraced`` in the call's span (ended by ``finish``, when the result is
+        known: a call that timed out gets it after its task was cancelled)."""
+        assert self.spans is not None
+        span = self.spans[p.slot] = self.start_span(p.call)
+        with span.current():
+            await self.run_untraced(p)
+
+    def start_span(self, call: ToolCall) -> TraceSpan:
+        return start_trace_span(
+            f"execute_tool {call.name}",
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.id,
+                "gen_ai.tool.type": "function",
+            },
+        )
+
+    def end_span(self, index: int, observation: Observation) -> None:
+        assert self.spans is not None
+        # A call refused or cancelled before it started has a span of no length.
+        span = self.spans.pop(index, None) or self.start_span(self.calls[index])
+        error = observation.error
+        if error is not None:
+            span.set_error(error.kind, error.message)
+            span.set_attribute("tak.tool.error_type", error.type)
+        span.end()
 
     def timeout_of(self, tool: Tool) -> float:
         return tool.timeout if tool.timeout is not None else self.limits.timeout
@@ -536,7 +580,7 @@ class _Batch:
             else:
                 self.finish(p.slot, self._timed_out(p, timeout, started_at))
 
-    async def run_call(self, p: _Planned) -> None:
+    async def run_untraced(self, p: _Planned) -> None:
         """Run the tool and fill its slot; any ``Exception`` becomes the observation.
 
         Cancellation propagates and leaves the slot empty, for whoever owns the
