@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 import trio
@@ -20,9 +21,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from kernel import CallLimits, tool, tracing
+from kernel import CallLimits, open_kernel, tool, tracing
 from kernel.agent import Agent
-from kernel.models import ProviderError, ScriptedModel, Usage
+from kernel.batch import BatchTask
+from kernel.batch._directory import open_run_dir
+from kernel.batch._run import run_batch
+from kernel.models import ModelRequest, ModelResponse, ProviderError, ScriptedModel, Usage
 from kernel.session import Session
 from kernel.store import MemoryStore, SessionKey
 
@@ -206,6 +210,37 @@ async def test_turn_spans_nest_under_the_span_around_them(
         children = [s for s in finished if parent_of(s, finished) is turn]
         assert sorted(c.name for c in children) == ["chat test", "chat test", "execute_tool lookup"]
         assert {c.context.trace_id for c in children} == {outer.context.trace_id}
+
+
+async def test_a_batch_tasks_turn_nests_under_its_span(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    def script(request: ModelRequest) -> ModelResponse | str:
+        if request.messages[-1].role == "user":
+            return reply(calls=[("lookup", {"term": "x"}), ("explode", {})])
+        return "done"
+
+    work = [BatchTask(id=f"t{i}", prompt=f"task {i}") for i in range(3)]
+    async with (
+        open_kernel(home=tmp_path / "home", model="scripted:echo", tools=TOOLS, plugins=[]) as k,
+        open_run_dir(tmp_path / "run-1") as ledger,
+    ):
+        k.agent.model = ScriptedModel(script, keep_requests=0)
+        await run_batch(k, work, ledger=ledger, max_concurrency=3)
+    finished = spans.get_finished_spans()
+
+    tasks = named(finished, "batch_task")
+    assert len(tasks) == 3
+    for task in tasks:
+        [turn] = [s for s in finished if parent_of(s, finished) is task]
+        assert turn.name == "invoke_agent tak"
+        children = sorted(s.name for s in finished if parent_of(s, finished) is turn)
+        assert children == [
+            "chat test",
+            "chat test",
+            "execute_tool explode",
+            "execute_tool lookup",
+        ]
 
 
 async def test_a_cancelled_turn_ends_its_spans(
