@@ -47,6 +47,8 @@ _CONTENT_TYPES: Mapping[str, str] = {
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
 }
+#: How long a refused request's peer may go on sending before the connection is closed.
+_LINGER_S = 1.0
 #: What a CSP source may hold of a Host header (anything else is left out of the policy).
 _PLAIN_HOST = re.compile(r"^[A-Za-z0-9.\-:\[\]]+$")
 
@@ -92,6 +94,9 @@ async def read_request_head(stream: trio.abc.Stream) -> RequestHead | None:
             return RequestHead(event, parser, bytes(received))
         if event is not h11.NEED_DATA:
             return None  # the peer closed the connection
+        if len(received) >= MAX_HEAD_BYTES:
+            await _send_bare(stream, 431, "head too large")
+            return None
         try:
             data = bytes(await stream.receive_some(MAX_HEAD_BYTES))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -108,6 +113,13 @@ async def _send_bare(stream: trio.abc.Stream, status: int, why: str) -> None:
     ).encode()
     try:
         await stream.send_all(head + body)
+        if isinstance(stream, trio.SocketStream):
+            # Closing with unread bytes resets the connection, and the peer may lose the
+            # answer: say we are done, then read what it still sends (within the deadline).
+            await stream.send_eof()
+            with trio.move_on_after(_LINGER_S):
+                while await stream.receive_some(MAX_HEAD_BYTES):
+                    pass
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
 

@@ -14,7 +14,7 @@ import trio
 
 from kernel.wire import open_client
 
-from .conftest import SCREENSHOT_ENV, Server, screenshot
+from .conftest import SCREENSHOT_ENV, Server, screenshot, start_server
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -208,6 +208,67 @@ def test_a_persisted_sessions_transcript_renders(
     screenshot(page, tmp_path, "transcript")
 
 
+def _entry(kind: str, uuid: str, **fields: object) -> str:
+    return json.dumps(
+        {"type": kind, "uuid": uuid, "timestamp": "2026-01-02T03:04:05.000Z", **fields}
+    )
+
+
+def _text(role: str, text: str) -> dict[str, object]:
+    return {"role": role, "parts": [{"type": "text", "text": text}]}
+
+
+def test_compaction_markers_and_damaged_sessions_show(
+    page: Page, server: Server, tmp_path: Path
+) -> None:
+    sessions = server.home / "data" / "sessions" / "default"
+    (sessions / "compacted").mkdir(parents=True)
+    (sessions / "compacted" / "transcript.jsonl").write_text(
+        "\n".join(
+            [
+                _entry("user", "u1", message=_text("user", "first question")),
+                _entry("assistant", "a1", message=_text("assistant", "first answer")),
+                _entry(
+                    "compaction",
+                    "c1",
+                    summary="The user asked a first question.",
+                    through="a1",
+                    usage={"input_tokens": 10, "output_tokens": 5},
+                    model="scripted:demo",
+                ),
+                _entry("user", "u2", message=_text("user", "second question")),
+            ]
+        )
+        + "\n"
+    )
+    (sessions / "damaged").mkdir(parents=True)
+    (sessions / "damaged" / "transcript.jsonl").write_text(
+        _entry("user", "u1", message=_text("user", "hi"))
+        + "\n{not json\n"
+        + _entry("title", "t", title="x")
+        + "\n"
+    )
+    open_page(page, server)
+    damaged = page.locator("li.session[data-session=damaged]")
+    damaged.wait_for(timeout=WAIT_MS)
+    assert damaged.locator(".damaged-badge").inner_text() == "damaged"
+    assert "quarantines" in (damaged.locator("button").get_attribute("title") or "")
+    page.click("li.session[data-session=compacted] button")
+    page.locator("#transcript[data-session=compacted]").wait_for(timeout=WAIT_MS)
+    marker = page.locator("#transcript .entry.compaction")
+    assert marker.count() == 1
+    marker.locator("summary").click()
+    assert "The user asked a first question." in marker.inner_text()
+    texts = page.locator("#transcript .entry .text").all_inner_texts()
+    assert texts == [
+        "first question",
+        "first answer",
+        "The user asked a first question.",
+        "second question",
+    ]
+    screenshot(page, tmp_path, "compaction")
+
+
 def test_only_the_servers_own_origin_may_open_the_websocket(page: Page, server: Server) -> None:
     """A page of another origin, in the same browser, is refused by the Origin check."""
     other = f"http://127.0.0.1:{_free_port()}/"
@@ -263,3 +324,29 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_the_page_reconnects_by_itself_after_the_server_restarts(
+    page: Page, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    first = start_server(tmp_path / "home", "--token-file", str(token_file))
+    try:
+        open_page(page, first)
+        run_prompt(page, "before", "hello")
+        page.locator(".turn[data-state=final]").wait_for(timeout=WAIT_MS)
+    finally:
+        first.stop()
+    page.locator("#connection[data-state=retrying]").wait_for(timeout=WAIT_MS)
+    again = start_server(
+        tmp_path / "home", "--token-file", str(token_file), "--port", str(first.port)
+    )
+    try:
+        page.locator("#connection[data-state=open]").wait_for(timeout=WAIT_MS)
+        run_prompt(page, "after", "hello again")
+        finished = page.locator(".turn[data-state=final]", has_text="You said: hello again")
+        finished.wait_for(timeout=WAIT_MS)
+        page.locator("li.session[data-session=after]").wait_for(timeout=WAIT_MS)
+        screenshot(page, tmp_path, "reconnected")
+    finally:
+        again.stop()
