@@ -276,6 +276,47 @@ def _check_start(value: str) -> None:
         raise _BadValue(f'expected "lazy" or "eager", got {_shown(value)}')
 
 
+def _check_mcp_workspace(value: str) -> None:
+    if value not in ("read", "write", "none"):
+        raise _BadValue(f'expected "read", "write" or "none", got {_shown(value)}')
+
+
+def _check_host_ports(value: list[str]) -> None:
+    from sandbox._policy import check_network
+
+    try:
+        check_network(value, "")
+    except UsageError as exc:  # "[2]: expected 'host:port' ...", after the setting's path
+        raise _BadValue(str(exc).lstrip(": ")) from None
+
+
+def _check_read_paths(value: list[str]) -> None:
+    for position, path in enumerate(value):
+        if not os.path.isabs(os.path.expanduser(path)):
+            raise _BadValue(f"[{position}]: expected an absolute path, got {_shown(path)}")
+
+
+def _check_count(value: int | None) -> None:
+    if value is not None and (type(value) is not int or value <= 0):
+        raise _BadValue(f"expected a positive whole number, got {_shown(value)}")
+
+
+#: The settings that confine a stdio server (``sandbox.exec``), refused on an HTTP one.
+_STDIO_ONLY: Final = (
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "workspace",
+    "network",
+    "subprocess",
+    "read",
+    "memory_bytes",
+    "cpu_seconds",
+    "open_files",
+    "processes",
+)
+
 _SERVER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,30}")
 
 
@@ -296,6 +337,19 @@ class McpServerConfig:
         startup_timeout: seconds to start and greet the server (and list its tools).
         start: ``"lazy"`` (on first need: a turn or a call) or ``"eager"`` (when
             the kernel opens).
+
+    A stdio server runs confined like a plugin worker (``sandbox.exec``), with
+    these permissions, and only once approved (``tak mcp trust NAME``):
+
+    Attributes:
+        workspace: ``"read"`` (the default), ``"write"`` or ``"none"``: how it may
+            reach the kernel's workspace.
+        network: ``"host:port"`` entries: TCP connections to these ports (the host
+            is not enforced for a program: docs/mcp.md); empty: no network.
+        subprocess: may start programs (from the system's binary directories).
+        read: more absolute paths it may read (its data, its configuration).
+        memory_bytes, cpu_seconds, open_files, processes: its limits (the memory of
+            its whole process tree when cgroups are available; ``None``: no limit).
     """
 
     command: str | None = None
@@ -308,6 +362,14 @@ class McpServerConfig:
     timeout: float | None = attrs.field(default=None, validator=_validator(_check_seconds))
     startup_timeout: float = attrs.field(default=30.0, validator=_validator(_check_seconds))
     start: str = attrs.field(default="lazy", validator=_validator(_check_start))
+    workspace: str = attrs.field(default="read", validator=_validator(_check_mcp_workspace))
+    network: list[str] = attrs.field(factory=list, validator=_validator(_check_host_ports))
+    subprocess: bool = False
+    read: list[str] = attrs.field(factory=list, validator=_validator(_check_read_paths))
+    memory_bytes: int | None = attrs.field(default=4 * 1024**3, validator=_validator(_check_count))
+    cpu_seconds: int | None = attrs.field(default=None, validator=_validator(_check_count))
+    open_files: int = attrs.field(default=1024, validator=_validator(_check_count))
+    processes: int = attrs.field(default=128, validator=_validator(_check_count))
 
     def __attrs_post_init__(self) -> None:
         try:
@@ -321,6 +383,16 @@ def _check_server(server: McpServerConfig) -> None:
         raise _BadValue("set exactly one of command (stdio) and url (streamable HTTP)")
     if server.url is not None and not server.url.startswith(("http://", "https://")):
         raise _BadValue(f"url: expected an http:// or https:// URL, got {_shown(server.url)}")
+    if server.url is not None:
+        defaults = McpServerConfig(command="x")
+        _check_stdio_only(n for n in _STDIO_ONLY[1:] if getattr(server, n) != getattr(defaults, n))
+
+
+def _check_stdio_only(names: Any) -> None:
+    """An HTTP server runs elsewhere: nothing here confines it (it is reached at its url)."""
+    found = [n for n in names if n in _STDIO_ONLY]
+    if found:
+        raise _BadValue(f"{found[0]}: only for a stdio server (command), not with url")
 
 
 def _check_server_name(name: str) -> None:
@@ -518,6 +590,14 @@ def _config_converter() -> cattrs.Converter:
     def string_table(value: Any, _: Any) -> dict[str, str]:
         return {k: conv.structure(v, str) for k, v in table(value, None).items()}
 
+    def checked_strings(check: Callable[[list[str]], None]) -> Callable[[Any, Any], list[str]]:
+        def hook(value: Any, _: Any) -> list[str]:
+            out = strings(value, None)
+            check(out)
+            return out
+
+        return hook
+
     def seconds(value: Any, _: Any) -> float:
         _check_seconds(value)
         return float(value)
@@ -531,6 +611,13 @@ def _config_converter() -> cattrs.Converter:
         timeout=override(struct_hook=seconds),
         startup_timeout=override(struct_hook=seconds),
         start=override(struct_hook=strict(str, _check_start)),
+        workspace=override(struct_hook=strict(str, _check_mcp_workspace)),
+        network=override(struct_hook=checked_strings(_check_host_ports)),
+        read=override(struct_hook=checked_strings(_check_read_paths)),
+        memory_bytes=override(struct_hook=strict(int, _check_count)),
+        cpu_seconds=override(struct_hook=strict(int, _check_count)),
+        open_files=override(struct_hook=strict(int, _check_count)),
+        processes=override(struct_hook=strict(int, _check_count)),
     )
 
     def server(value: Any, _: Any) -> McpServerConfig:
@@ -542,6 +629,8 @@ def _config_converter() -> cattrs.Converter:
         url = raw.get("url")
         if isinstance(url, str) and not url.startswith(("http://", "https://")):
             raise _BadValue(f"url: expected an http:// or https:// URL, got {_shown(url)}")
+        if "url" in raw:
+            _check_stdio_only(raw)
         return server_fields(raw, None)
 
     def servers(value: Any, _: Any) -> dict[str, McpServerConfig]:

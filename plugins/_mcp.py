@@ -16,10 +16,20 @@ One ``McpServer`` per ``[mcp.servers.NAME]`` of tak.toml. Its guarantees:
    server's JSON Schema before anything is sent; the list is cached, and
    fetched again after ``notifications/tools/list_changed`` or a restart.
 5. Leaving ``open_mcp_servers`` closes every connection within a bounded time
-   (the SDK closes stdin, then terminates, then kills a stdio server).
+   (stdin closed, then SIGTERM, then SIGKILL to a stdio server's process group).
+6. A stdio server runs confined like a plugin worker: the kernel starts the
+   launcher ``sandbox.exec`` (from one thread that lives as long as the servers,
+   for ``PDEATHSIG``: ``sandbox.pool``), which confines itself to the server's
+   permissions and execs it; a layer that cannot be applied fails the start
+   (unless ``allow_unsandboxed``). What was applied is in ``McpServerInfo``.
+7. Given a ``home``, a stdio server runs only once approved (``tak mcp trust
+   NAME``: its program's digest, arguments, env and permissions); any change
+   voids the approval, and its calls are ``denied`` observations that name the
+   command to run. Servers the caller ``vouched`` for (named in code) need none.
+8. An HTTP server is reached at its ``url`` only: redirects are not followed.
 
 The ``mcp`` package (``tak[mcp]``) is imported here only when a server starts,
-never by ``import plugins``. Stdio servers are not confined by the sandbox yet.
+never by ``import plugins``.
 """
 
 from __future__ import annotations
@@ -27,30 +37,43 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import attrs
 import trio
 
-from kernel.errors import UsageError
-from kernel.home import McpServerConfig
+from kernel.errors import KernelError, SandboxError, UsageError
+from kernel.home import McpServerConfig, TakHome
 from kernel.tools import RunContext, Tool, ToolFailure, ToolRegistry
+from sandbox.exec import ExecPolicy, launcher_argv, parse_report, program_files, resolve_program
+from sandbox.pool import Spawner
+
+from ._trust import MCP_TRUST_FILE, McpPermissions, McpTrustStore, TrustedMcpServer
 
 if TYPE_CHECKING:
     from mcp import ClientSession
     from mcp.types import CallToolResult
 
+    from sandbox import Confinement
+
 logger = logging.getLogger("tak.mcp")
 
-State = Literal["not started", "starting", "running", "failed", "crashed", "stopped"]
+State = Literal[
+    "not started", "not approved", "starting", "running", "failed", "crashed", "stopped"
+]
 
 #: Seconds before restarting a server whose start failed, doubled on each failure.
 FIRST_BACKOFF = 1.0
@@ -60,6 +83,10 @@ MAX_BACKOFF = 30.0
 PING_TIMEOUT = 5.0
 #: Seconds leaving ``open_mcp_servers`` may take to close every server.
 CLOSE_TIMEOUT = 5.0
+#: Seconds a stdio server has to exit once its stdin is closed, then once sent SIGTERM.
+EXIT_GRACE = 2.0
+#: The longest line (one JSON-RPC message) a stdio server may send.
+MAX_LINE_BYTES = 64 * 1024 * 1024
 #: Bytes of a tool name on the wire (OpenAI, Anthropic): ``.`` is sent as ``__``.
 _MAX_WIRE_NAME = 64
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
@@ -77,6 +104,9 @@ class McpServerInfo:
         tools: the kernel names of its tools, as last listed.
         errors: what went wrong, one line each (a failed start, a tool left out).
         restarts: how many times it was started again after the first.
+        approval: ``approved``, ``not approved``, ``changed: ...`` (void), ``vouched``
+            (named in code: none needed), ``not needed`` (HTTP) or ``not checked``.
+        confinement: what its launcher applied (stdio, once started), one line.
     """
 
     name: str
@@ -85,6 +115,8 @@ class McpServerInfo:
     tools: tuple[str, ...]
     errors: tuple[str, ...]
     restarts: int
+    approval: str = "not checked"
+    confinement: str | None = None
 
 
 def kernel_tool_name(server: str, remote: str) -> str:
@@ -167,6 +199,111 @@ def _decoded_size(data: str) -> int:
         return len(data)
 
 
+@attrs.frozen
+class _Launch:
+    """What the stdio servers of one ``open_mcp_servers`` share.
+
+    Attributes:
+        spawner: the thread every launcher is forked from (``PDEATHSIG`` follows it).
+        state_dir: ``NAME/`` in it is each server's own directory (``HOME``, ``TMPDIR``).
+        workspace: the kernel's workspace (``None``: none to grant).
+        home: where approvals are kept (``None``: none are checked).
+        vouched: servers named in code, which need no approval.
+        allow_unsandboxed: run a server whose confinement is incomplete.
+    """
+
+    spawner: Spawner
+    state_dir: Path | None = None
+    workspace: Path | None = None
+    home: TakHome | None = None
+    vouched: frozenset[str] = frozenset()
+    allow_unsandboxed: bool = False
+
+
+def server_environment(config: McpServerConfig) -> dict[str, str]:
+    """A stdio server's environment: a few safe variables (``PATH``, ``HOME``, ...) and
+    its ``env``, never the kernel's whole environment (keys, tokens)."""
+    from mcp.client.stdio import get_default_environment
+
+    return {**get_default_environment(), **config.env}
+
+
+def mcp_approval(name: str, config: McpServerConfig) -> TrustedMcpServer:
+    """The approval ``config`` needs as it is now (blocking: it hashes the program).
+
+    Raises:
+        SandboxError: the command is not found.
+        OSError: a file of the program cannot be read.
+    """
+    assert config.command is not None
+    env = server_environment(config)
+    command = resolve_program(config.command, path=env.get("PATH"), cwd=config.cwd)
+    files = program_files([command, *config.args], path=env.get("PATH"), cwd=config.cwd)
+    env_digest = hashlib.sha256(json.dumps(sorted(config.env.items())).encode()).hexdigest()
+    return TrustedMcpServer(
+        name=name,
+        command=command,
+        executables=files.executables,
+        sha256=files.digest(),
+        args=tuple(config.args),
+        cwd=config.cwd,
+        env_sha256=env_digest,
+        permissions=McpPermissions(
+            workspace=config.workspace,
+            network=tuple(config.network),
+            subprocess=config.subprocess,
+            read=tuple(config.read),
+        ),
+    )
+
+
+def trust_mcp_server(home: TakHome, name: str, config: McpServerConfig) -> TrustedMcpServer:
+    """Approve the stdio server ``name`` as ``config`` says (``tak mcp trust NAME``).
+
+    Raises:
+        UsageError: it is an HTTP server (nothing runs here to approve).
+        SandboxError: its command is not found.
+        TrustError: the approvals file cannot be read or written.
+        OSError: a file of the program cannot be read.
+    """
+    if config.command is None:
+        raise UsageError(f"MCP server {name!r} is an HTTP server: it runs elsewhere, not here")
+    approval = mcp_approval(name, config)
+    McpTrustStore(home.config / MCP_TRUST_FILE).approve(approval)
+    return approval
+
+
+def approval_status(
+    home: TakHome, name: str, config: McpServerConfig
+) -> tuple[bool, str, TrustedMcpServer | None]:
+    """``(approved, in words, the approval in force)`` for a stdio server (blocking)."""
+    try:
+        recorded = McpTrustStore(home.config / MCP_TRUST_FILE).load().get(name)
+    except KernelError as exc:
+        return False, f"not approved: {exc}", None
+    if recorded is None:
+        return False, "not approved", None
+    try:
+        now = mcp_approval(name, config)
+    except (SandboxError, OSError) as exc:
+        return False, f"approval void: {_reason(exc)}", recorded
+    changes = recorded.changes(now)
+    if changes:
+        return False, "approval void: " + ", ".join(changes), recorded
+    return True, "approved", recorded
+
+
+def trust_hint(home: TakHome, name: str) -> str:
+    """The command that approves ``name``, runnable as printed."""
+    from ._host import tak_command
+
+    try:
+        default = TakHome.locate().root == home.root
+    except Exception:
+        default = False
+    return tak_command("mcp", "trust", name, *(() if default else ("--home", str(home.root))))
+
+
 class McpServer:
     """One configured server: its connection's owner task, its tools, its state."""
 
@@ -178,12 +315,22 @@ class McpServer:
         nursery: trio.Nursery,
         registry: ToolRegistry,
         log_dir: Path | None = None,
+        launch: _Launch | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self._nursery = nursery
         self._registry = registry
         self._log_dir = log_dir
+        self._launch = launch if launch is not None else _Launch(Spawner())
+        self._approval = (
+            "not needed"
+            if config.url is not None
+            else "vouched"
+            if self._launch.home is None or name in self._launch.vouched
+            else "not checked"
+        )
+        self._confinement: str | None = None
         self._session: ClientSession | None = None
         self._stop: trio.Event | None = None  # set: the owner task leaves the session
         self._closed: trio.Event | None = None  # set by the owner task when it has left
@@ -211,6 +358,32 @@ class McpServer:
             tools=tuple(self._remote_names),
             errors=tuple(errors),
             restarts=max(self._starts - 1, 0),
+            approval=self._approval,
+            confinement=self._confinement,
+        )
+
+    @property
+    def needs_approval(self) -> bool:
+        return self.config.command is not None and self._approval not in ("vouched", "not needed")
+
+    async def _check_approval(self) -> None:
+        """Raises: ToolFailure: ``denied``: not approved, or the approval is void."""
+        home = self._launch.home
+        if not self.needs_approval or home is None:
+            return
+        approved, words, _ = await trio.to_thread.run_sync(
+            approval_status, home, self.name, self.config
+        )
+        self._approval = words
+        if approved:
+            return
+        self._state = "not approved"
+        hint = trust_hint(home, self.name)
+        raise ToolFailure(
+            "denied",
+            f"MCP server {self.name!r}: {words}; it runs only once approved as configured: "
+            f"run `{hint}`",
+            type="McpNotApproved",
         )
 
     # -- the connection ---------------------------------------------------------------
@@ -229,6 +402,7 @@ class McpServer:
         async with self._lock:
             if self._session is not None:
                 return self._session
+            await self._check_approval()
             now = trio.current_time()
             if now < self._retry_at:
                 raise ToolFailure(
@@ -334,19 +508,76 @@ class McpServer:
             async with streamable_http_client(config.url, http_client=client) as streams:
                 yield streams[0], streams[1]
             return
-        from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
+        async with self._confined_stdio(stack) as streams:
+            yield streams
 
+    def _exec_policy(self) -> ExecPolicy:
+        """The launcher's policy for this server (blocking: finds the program)."""
+        config, launch = self.config, self._launch
         assert config.command is not None
-        # A stdio child gets the SDK's few safe variables (PATH, HOME, ...) and what
-        # the config names, never the kernel's whole environment (keys, tokens).
-        params = StdioServerParameters(
-            command=config.command,
-            args=list(config.args),
-            env={**get_default_environment(), **config.env},
-            cwd=config.cwd,
+        env = server_environment(config)
+        writable: list[str] = []
+        if launch.state_dir is not None:
+            # A directory of its own, kernel-owned (caches, its settings): HOME and
+            # TMPDIR unless its env names others. The kernel's HOME it cannot read.
+            # (Python's ctypes.util.find_library, which Trio calls, needs a TMPDIR.)
+            own = launch.state_dir / self.name
+            (own / "tmp").mkdir(parents=True, exist_ok=True)
+            writable.append(str(own))
+            env.update(
+                {
+                    k: v
+                    for k, v in (("HOME", str(own)), ("TMPDIR", str(own / "tmp")))
+                    if k not in config.env
+                }
+            )
+        command = resolve_program(config.command, path=env.get("PATH"), cwd=config.cwd)
+        return ExecPolicy(
+            argv=(command, *config.args),
+            env=env,
+            workspace=str(launch.workspace) if launch.workspace is not None else None,
+            workspace_access=config.workspace,  # type: ignore[arg-type]  # checked by the config
+            read=tuple(os.path.expanduser(p) for p in config.read),
+            write=tuple(writable),
+            network=tuple(config.network),
+            subprocess=config.subprocess,
+            limits={
+                "memory_bytes": config.memory_bytes,
+                "cpu_seconds": config.cpu_seconds,
+                "open_files": config.open_files,
+                "processes": config.processes,
+            },
+            kernel_pid=os.getpid(),
+            require=not launch.allow_unsandboxed,
         )
-        async with stdio_client(params, errlog=self._errlog(stack)) as (read, write):
-            yield read, write
+
+    @contextlib.asynccontextmanager
+    async def _confined_stdio(self, stack: contextlib.AsyncExitStack) -> AsyncIterator[Any]:
+        """The server started through ``sandbox.exec``, spoken to in JSON lines."""
+        import anyio
+        from mcp.shared.message import SessionMessage
+
+        policy = await trio.to_thread.run_sync(self._exec_policy)
+        process = await _ConfinedProcess.spawn(
+            self._launch.spawner, policy, cwd=self.config.cwd, errlog=self._errlog(stack)
+        )
+        try:
+            confinement = await process.confinement()
+            self._confinement = _describe(confinement)
+            read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+            write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(process.pump_stdout, read_send)
+                nursery.start_soon(process.pump_stdin, write_recv, read_send)
+                try:
+                    yield read_recv, write_send
+                finally:
+                    nursery.cancel_scope.cancel()
+                    read_recv.close()
+                    write_send.close()
+        finally:
+            with trio.CancelScope(shield=True):
+                await process.stop()
 
     def _errlog(self, stack: contextlib.ExitStack[Any] | contextlib.AsyncExitStack) -> TextIO:
         """Where the server's stderr goes: ``<log_dir>/NAME.log``, else the kernel's stderr."""
@@ -500,6 +731,197 @@ class McpServer:
         )
 
 
+class _ConfinedProcess:
+    """The launcher (then the server it became), its pipes and its report.
+
+    Forked from the spawner thread: ``PDEATHSIG`` fires when the thread that forked
+    a process ends, and Trio's (which ``open_process`` forks from) end after ten
+    idle seconds (``sandbox.pool``); the SDK's stdio client forks from those.
+    """
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        pidfd: int,
+        stdin: trio.lowlevel.FdStream,
+        stdout: trio.lowlevel.FdStream,
+        report: trio.lowlevel.FdStream,
+    ) -> None:
+        self.popen = popen
+        self._pidfd = pidfd
+        self._stdin = stdin
+        self._stdout = stdout
+        self._report = report
+
+    @classmethod
+    async def spawn(
+        cls, spawner: Spawner, policy: ExecPolicy, *, cwd: str | None, errlog: TextIO
+    ) -> _ConfinedProcess:
+        """Start the launcher and hand it ``policy``.
+
+        Raises:
+            OSError: it could not be started.
+        """
+        policy_r, policy_w = os.pipe2(os.O_CLOEXEC)
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            stderr = errlog.fileno()
+        except (AttributeError, OSError, ValueError):
+            stderr = 2
+
+        def spawn() -> tuple[subprocess.Popen[bytes], int]:
+            popen = subprocess.Popen(
+                launcher_argv(policy_r, report_w),
+                stdin=in_r,
+                stdout=out_w,
+                stderr=stderr,
+                pass_fds=(policy_r, report_w),
+                cwd=cwd,
+                # The launcher replaces it with the server's (policy.env).
+                env={"LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"},
+                start_new_session=True,
+            )
+            return popen, os.pidfd_open(popen.pid)
+
+        ours = [policy_w, report_r, in_w, out_r]
+        try:
+            popen, pidfd = await spawner.run(spawn)
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            raise
+        finally:
+            for fd in (policy_r, report_w, in_r, out_w):
+                os.close(fd)
+        process = cls(
+            popen,
+            pidfd,
+            trio.lowlevel.FdStream(in_w),
+            trio.lowlevel.FdStream(out_r),
+            trio.lowlevel.FdStream(report_r),
+        )
+        policy_stream = trio.lowlevel.FdStream(policy_w)
+        try:
+            await policy_stream.send_all(policy.to_json())
+        except (trio.BrokenResourceError, OSError):
+            pass  # the launcher is gone: its report and its exit status say why
+        finally:
+            await policy_stream.aclose()
+        return process
+
+    async def confinement(self) -> Confinement:
+        """What the launcher applied, once the server runs (its report's end of file).
+
+        Raises:
+            SandboxError: the launcher refused (its one-line reason), or ended.
+        """
+        data = b""
+        async with self._report:
+            while chunk := await self._report.receive_some(65536):
+                data += chunk
+                if len(data) > 1 << 20:
+                    raise SandboxError("the launcher's report is too long")
+        confinement, error = parse_report(data.splitlines())
+        if error is not None:
+            raise SandboxError(f"sandbox.exec: {error}")
+        if confinement is None:
+            with trio.move_on_after(EXIT_GRACE):
+                await trio.lowlevel.wait_readable(self._pidfd)
+            raise SandboxError(
+                f"the launcher (sandbox.exec) ended before the server started "
+                f"({self.popen.poll()!r} exit status)"
+            )
+        return confinement
+
+    async def pump_stdout(self, messages: Any) -> None:
+        """Each line the server writes, as a message (or the error parsing it)."""
+        import anyio
+
+        buffer = b""
+        async with messages:
+            while True:
+                try:
+                    chunk = await self._stdout.receive_some(65536)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, OSError):
+                    return
+                if not chunk:
+                    return
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                if len(buffer) > MAX_LINE_BYTES:
+                    logger.warning("an MCP server sent a line longer than %d bytes", MAX_LINE_BYTES)
+                    return
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    try:
+                        await messages.send(_parse_line(line))
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        return
+
+    async def pump_stdin(self, outgoing: Any, incoming: Any) -> None:
+        """Each message the session sends, as one line; a closed pipe ends the session."""
+        async with outgoing:
+            async for message in outgoing:
+                data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                try:
+                    await self._stdin.send_all(data.encode() + b"\n")
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    incoming.close()  # the session sees the connection end
+                    return
+
+    async def stop(self) -> None:
+        """Close stdin, then SIGTERM, then SIGKILL its process group; reap it."""
+        await self._stdin.aclose()
+        try:
+            if not await self._exited(EXIT_GRACE):
+                self._signal_group(signal.SIGTERM)
+                if not await self._exited(EXIT_GRACE / 2):
+                    self._signal_group(signal.SIGKILL)
+                    await self._exited(EXIT_GRACE / 2)
+            # Whatever it started goes with it (the leader, a zombie until reaped
+            # below, keeps the group's id from being reused).
+            self._signal_group(signal.SIGKILL)
+            self.popen.poll()
+        finally:
+            await self._stdout.aclose()
+            os.close(self._pidfd)
+
+    async def _exited(self, seconds: float) -> bool:
+        with trio.move_on_after(seconds):
+            await trio.lowlevel.wait_readable(self._pidfd)
+            return True
+        return False
+
+    def _signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signum)
+
+
+def _parse_line(line: bytes) -> Any:
+    from mcp import types
+    from mcp.shared.message import SessionMessage
+
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:
+        return exc
+
+
+def _describe(confinement: Confinement) -> str:
+    """What a launcher applied, in one line."""
+    parts = [
+        f"landlock {confinement.landlock}" if confinement.landlock else None,
+        f"seccomp {confinement.seccomp}" if confinement.seccomp else None,
+        "no_new_privs" if confinement.no_new_privs else None,
+        f"capabilities {confinement.capabilities}" if confinement.capabilities else None,
+        f"cgroup {confinement.cgroup}" if confinement.cgroup else None,
+    ]
+    parts += [f"UNCONFINED: {reason}" for reason in confinement.unconfined]
+    return "; ".join(p for p in parts if p)
+
+
 class _WatchedRead:
     """The session's read stream, saying when it ends: a server that dies while no
     call is waiting is known at once, and the next call starts a new one."""
@@ -620,20 +1042,50 @@ async def open_mcp_servers(
     registry: ToolRegistry,
     *,
     log_dir: str | os.PathLike[str] | None = None,
+    workspace: str | os.PathLike[str] | None = None,
+    home: TakHome | None = None,
+    vouched: Collection[str] = (),
+    allow_unsandboxed: bool = False,
 ) -> AsyncIterator[McpServers]:
     """The servers of ``configs``, their tools added to ``registry`` as they are listed.
 
     Eager servers are started and listed before this yields (a failure is in
     their state, not raised). Leaving closes every server, within
-    ``CLOSE_TIMEOUT`` seconds (then their owner tasks are cancelled: the SDK
-    kills a stdio server that has not exited).
+    ``CLOSE_TIMEOUT`` seconds (then their owner tasks are cancelled and a stdio
+    server that has not exited is killed).
+
+    Each stdio server runs confined (``sandbox.exec``) with the permissions of its
+    config, in ``workspace`` as ``McpServerConfig.workspace`` says (no workspace:
+    none granted), with ``log_dir/NAME`` as its own writable directory.
+    ``allow_unsandboxed`` runs one whose confinement is incomplete. With ``home``,
+    a stdio server not in ``vouched`` runs only once approved there (``tak mcp
+    trust NAME``); without it none is checked (the caller chose them all).
     """
     logs = Path(log_dir) if log_dir is not None else None
+    scratch = None
+    if logs is None and any(c.command is not None for c in configs.values()):
+        scratch = Path(await trio.to_thread.run_sync(tempfile.mkdtemp, None, "tak-mcp-"))
+    spawner = Spawner()
+    launch = _Launch(
+        spawner,
+        state_dir=logs if logs is not None else scratch,
+        workspace=Path(workspace) if workspace is not None else None,
+        home=home,
+        vouched=frozenset(vouched),
+        allow_unsandboxed=allow_unsandboxed,
+    )
     try:
         async with trio.open_nursery() as nursery:
             servers = McpServers(
                 [
-                    McpServer(name, config, nursery=nursery, registry=registry, log_dir=logs)
+                    McpServer(
+                        name,
+                        config,
+                        nursery=nursery,
+                        registry=registry,
+                        log_dir=logs,
+                        launch=launch,
+                    )
                     for name, config in configs.items()
                 ]
             )
@@ -653,3 +1105,9 @@ async def open_mcp_servers(
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+    finally:
+        # Last: a launcher's PDEATHSIG follows this thread (its servers are closed).
+        spawner.close()
+        if scratch is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(functools.partial(shutil.rmtree, scratch, True))

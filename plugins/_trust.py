@@ -42,8 +42,9 @@ import importlib.util
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import attrs
 import cattrs
@@ -57,6 +58,8 @@ from ._discovery import PluginSource
 
 #: The trust file's name, under ``$TAK_HOME/config``.
 TRUST_FILE = "trusted-plugins.json"
+#: The approvals of stdio MCP servers, under ``$TAK_HOME/config`` (``tak mcp trust``).
+MCP_TRUST_FILE = "trusted-mcp-servers.json"
 #: The approved copies of workspace plugins, under ``$TAK_HOME/data``.
 APPROVED_DIR = "plugins"
 #: A workspace plugin file larger than this is not hashed (nor loaded).
@@ -95,6 +98,72 @@ class _TrustFile:
 
 
 @attrs.frozen
+class McpPermissions:
+    """What a stdio MCP server may do (``McpServerConfig``), as it was approved."""
+
+    workspace: str
+    network: tuple[str, ...]
+    subprocess: bool
+    read: tuple[str, ...]
+
+    def describe(self) -> str:
+        parts = [f"workspace {self.workspace}"]
+        parts.append("network " + ", ".join(self.network) if self.network else "no network")
+        parts.append("subprocess" if self.subprocess else "no subprocess")
+        if self.read:
+            parts.append("read " + ", ".join(self.read))
+        return "; ".join(parts)
+
+
+@attrs.frozen
+class TrustedMcpServer:
+    """One approved stdio MCP server (``tak mcp trust NAME``).
+
+    Attributes:
+        name: its name in tak.toml.
+        command: its program as found on ``PATH`` (absolute).
+        executables: the real files that run: the program and its ``#!`` interpreters.
+        sha256: the digest of those and of the files its arguments name
+            (``sandbox.exec.ProgramFiles.digest``).
+        args, cwd: how it is started.
+        env_sha256: the digest of its ``env`` (the values may be secrets: not stored).
+        permissions: what it may do.
+    """
+
+    name: str
+    command: str
+    executables: tuple[str, ...]
+    sha256: str
+    args: tuple[str, ...]
+    cwd: str | None
+    env_sha256: str
+    permissions: McpPermissions
+
+    def changes(self, now: TrustedMcpServer) -> list[str]:
+        """What differs in ``now`` from this approval, in words ("its program changed")."""
+        said = {
+            "command": "its command",
+            "executables": "its program",
+            "sha256": "its program's files",
+            "args": "its arguments",
+            "cwd": "its cwd",
+            "env_sha256": "its env",
+            "permissions": "its permissions",
+        }
+        return [
+            f"{words} changed"
+            for field, words in said.items()
+            if getattr(self, field) != getattr(now, field)
+        ]
+
+
+@attrs.frozen
+class _McpTrustFile:
+    version: int
+    servers: tuple[TrustedMcpServer, ...]
+
+
+@attrs.frozen
 class Digest:
     """A source as hashed now: its key, digest, and (for a file) the bytes hashed."""
 
@@ -126,27 +195,47 @@ def _make_converter() -> cattrs.Converter:
 _converter = _make_converter()
 
 
-class TrustStore:
-    """The approvals in one ``trusted-plugins.json``."""
+R = TypeVar("R")
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class ApprovalStore(Generic[R]):
+    """Approvals of one kind, by key, in one JSON file under ``$TAK_HOME/config``.
+
+    The file is ``{"version": 1, FIELD: [record, ...]}``, read whole and replaced
+    atomically under a lock (``approve``, ``revoke``).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        file_type: type[Any],
+        field: str,
+        key: Callable[[R], str],
+        what: str,
+    ) -> None:
         self.path = Path(path)
+        self._file_type = file_type
+        self._field = field
+        self._key = key
+        self._what = what
 
-    def load(self) -> dict[str, TrustedPlugin]:
+    def load(self) -> dict[str, R]:
         """Every approval by key (empty when the file does not exist).
 
         Raises:
             TrustError: the file is unreadable, not JSON, or not a trust file
                 (one line naming the file and where it is wrong).
         """
+        nothing = f"no {self._what} is trusted"
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as exc:
-            raise TrustError(f"{self.path}: {exc.strerror}; no plugin is trusted") from None
+            raise TrustError(f"{self.path}: {exc.strerror}; {nothing}") from None
         try:
-            data = _converter.structure(json.loads(raw), _TrustFile)
+            data = _converter.structure(json.loads(raw), self._file_type)
         except Exception as exc:  # not JSON, or JSON of another shape: both mean "damaged"
             why = (
                 describe_structure_error(exc)
@@ -154,45 +243,43 @@ class TrustStore:
                 else str(exc).splitlines()[0]
             )
             raise TrustError(
-                f"{self.path}: not a trust file ({why}); no plugin is trusted "
-                "until it is fixed or removed"
+                f"{self.path}: not a trust file ({why}); {nothing} until it is fixed or removed"
             ) from None
         if data.version != TRUST_VERSION:
             raise TrustError(
-                f"{self.path}: unknown version {data.version} (expected {TRUST_VERSION}); "
-                "no plugin is trusted"
+                f"{self.path}: unknown version {data.version} (expected {TRUST_VERSION}); {nothing}"
             )
-        return {p.key: p for p in data.plugins}
+        return {self._key(r): r for r in getattr(data, self._field)}
 
-    def _save(self, plugins: dict[str, TrustedPlugin]) -> None:
+    def _save(self, records: dict[str, R]) -> None:
         """Replace the file atomically: temp file, fsync, rename, fsync the directory."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        record = _TrustFile(TRUST_VERSION, tuple(plugins[k] for k in sorted(plugins)))
+        record = self._file_type(TRUST_VERSION, tuple(records[k] for k in sorted(records)))
         data = json.dumps(_converter.unstructure(record), indent=2).encode() + b"\n"
         _write_atomically(self.path, data)
 
-    def approve(self, plugin: TrustedPlugin) -> None:
-        """Record ``plugin``, replacing an earlier approval of the same key.
+    def approve(self, record: R) -> None:
+        """Record ``record``, replacing an earlier approval of the same key.
 
         Raises:
             TrustError: the existing file is unreadable (it is left as it is).
         """
         with self._locked():
-            plugins = self.load()
-            plugins[plugin.key] = plugin
-            self._save(plugins)
+            records = self.load()
+            records[self._key(record)] = record
+            self._save(records)
 
-    def revoke(self, key: str) -> TrustedPlugin | None:
+    def revoke(self, key: str) -> R | None:
         """Forget the approval of ``key``; the one removed, or ``None``.
 
         Raises:
             TrustError: the existing file is unreadable (it is left as it is).
         """
         with self._locked():
-            plugins = self.load()
-            removed = plugins.pop(key, None)
+            records = self.load()
+            removed = records.pop(key, None)
             if removed is not None:
-                self._save(plugins)
+                self._save(records)
             return removed
 
     @contextlib.contextmanager
@@ -210,6 +297,28 @@ class TrustStore:
             yield
         finally:
             os.close(fd)
+
+
+class TrustStore(ApprovalStore[TrustedPlugin]):
+    """The approvals in one ``trusted-plugins.json``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(
+            path, file_type=_TrustFile, field="plugins", key=lambda p: p.key, what="plugin"
+        )
+
+
+class McpTrustStore(ApprovalStore["TrustedMcpServer"]):
+    """The approvals in one ``trusted-mcp-servers.json``, by server name."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(
+            path,
+            file_type=_McpTrustFile,
+            field="servers",
+            key=lambda s: s.name,
+            what="MCP server",
+        )
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -387,10 +496,15 @@ def approved_copy(data_dir: str | os.PathLike[str], digest: Digest, file_name: s
 
 
 __all__ = [
+    "MCP_TRUST_FILE",
     "TRUST_FILE",
+    "ApprovalStore",
     "Digest",
+    "McpPermissions",
+    "McpTrustStore",
     "TrustError",
     "TrustStore",
+    "TrustedMcpServer",
     "TrustedPlugin",
     "approved_copy",
     "digest_source",

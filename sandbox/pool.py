@@ -34,6 +34,7 @@ started.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -130,7 +131,7 @@ class WorkerCallError(Exception):
         self.type = type
 
 
-class _Spawner:
+class Spawner:
     """One long-lived thread that runs blocking jobs (fork/exec, cgroup files) in order."""
 
     def __init__(self) -> None:
@@ -552,6 +553,8 @@ class Worker:
             or ``None``; ``None`` too until the worker has started.
         config: sent with every call; ``kernel.context().config`` in the worker.
         path: directories the worker appends to ``sys.path`` before it imports.
+        workspace: the directory it is confined to: the pool's, unless it was
+            made for another (``WorkerPool.worker(workspace=...)``).
     """
 
     def __init__(
@@ -563,8 +566,10 @@ class Worker:
         *,
         path: tuple[str, ...] = (),
         config: dict[str, Any] | None = None,
+        workspace: Path | None = None,
     ) -> None:
         self.pool = pool
+        self.workspace = workspace if workspace is not None else pool.workspace
         self.plugin = plugin
         self.policy = policy
         self.name = name
@@ -643,7 +648,7 @@ class Worker:
             )
         )
         try:
-            conn = await pool._take_process()
+            conn = await pool._take_process(self.workspace)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(_cgroup.destroy, cgroups)
@@ -718,7 +723,7 @@ class WorkerPool:
         self._spare_coming = False
         self._processes: set[_Connection] = set()
         self._closing = False
-        self._spawner = _Spawner()
+        self._spawner = Spawner()
         self._cgroup_parents = isolation.cgroup_parents()
 
     async def start(
@@ -751,11 +756,15 @@ class WorkerPool:
         name: str | None = None,
         path: tuple[str, ...] = (),
         config: dict[str, Any] | None = None,
+        workspace: Path | None = None,
     ) -> Worker:
         """A worker for ``plugin`` that starts on its first call (see ``start``).
 
         Its ``specs`` stay empty until it has started: callers that know the tools
-        already (a plugin host) call ``worker.invoke`` with their names.
+        already (a plugin host) call ``worker.invoke`` with their names. With
+        ``workspace`` (a directory prepared as the pool's is, with ``.tak/tmp``)
+        it is confined there instead of the pool's workspace: one job's worker
+        (a batch task's), closed with ``close_worker`` when the job ends.
 
         Raises:
             SandboxError: the plugin needs isolation this machine cannot give and
@@ -770,15 +779,22 @@ class WorkerPool:
                 + "; ".join(missing)
                 + ". It was not started; set allow_unsandboxed to run it unconfined."
             )
-        worker = Worker(self, plugin, policy, label, path=path, config=config)
+        worker = Worker(self, plugin, policy, label, path=path, config=config, workspace=workspace)
         self.workers.append(worker)
         return worker
+
+    async def close_worker(self, worker: Worker) -> None:
+        """Kill ``worker`` (see ``Worker.aclose``) and forget it; finishes even when cancelled."""
+        await worker.aclose()
+        with contextlib.suppress(ValueError):
+            self.workers.remove(worker)
 
     def closing(self) -> bool:
         return self._closing
 
-    async def _spawn(self) -> _Connection:
-        """A new worker process, waiting for its configuration."""
+    async def _spawn(self, workspace: Path | None = None) -> _Connection:
+        """A new worker process, waiting for its configuration, its cwd ``workspace``
+        (default: the pool's)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         refused = _protocol.refuse_descriptors(ours)  # see sandbox._protocol
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -795,7 +811,7 @@ class WorkerPool:
                 stdout=out_w,
                 stderr=err_w,
                 pass_fds=(theirs.fileno(),),
-                cwd=str(self.workspace),
+                cwd=str(workspace if workspace is not None else self.workspace),
                 env=env,
                 start_new_session=True,
             )
@@ -830,8 +846,14 @@ class WorkerPool:
         finally:
             self._processes.discard(conn)
 
-    async def _take_process(self) -> _Connection:
-        """The spare process if one is ready (and start the next), else a new one."""
+    async def _take_process(self, workspace: Path) -> _Connection:
+        """The spare process if one is ready (and start the next), else a new one.
+
+        The spare's working directory is the pool's workspace: a worker of another
+        workspace gets a process of its own, started there.
+        """
+        if workspace != self.workspace:
+            return await self._spawn(workspace)
         spare, self._spare = self._spare, None
         if self.spare:
             self._nursery.start_soon(self._make_spare)
@@ -858,7 +880,7 @@ class WorkerPool:
     def _environment(self, worker: Worker) -> dict[str, str]:
         """Built from scratch: nothing from the kernel's environment reaches a plugin."""
         policy = worker.policy
-        ws = str(self.workspace)
+        ws = str(worker.workspace)
         # Without subprocess nothing can be executed; a PATH without compilers also
         # keeps ctypes.util.find_library (which trio calls) from trying to run one.
         path = "/usr/local/bin:/usr/bin:/bin" if policy.subprocess else f"{ws}/.tak/bin"
@@ -877,7 +899,7 @@ class WorkerPool:
         limits = attrs.asdict(policy.limits)
         return WorkerConfig(
             plugin=worker.plugin,
-            workspace=str(self.workspace),
+            workspace=str(worker.workspace),
             workspace_access=policy.workspace,
             tcp_ports=list(policy.tcp_ports),
             network=bool(policy.network),
@@ -957,7 +979,7 @@ class WorkerPool:
         """Kill every worker and everything it started; finishes even when cancelled."""
         self._closing = True
         with trio.CancelScope(shield=True):
-            for worker in self.workers:
+            for worker in list(self.workers):
                 await worker.aclose()
             for conn in list(self._processes):  # spares, and starts that failed
                 conn.kill("the worker pool closed")
