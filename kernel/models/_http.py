@@ -163,8 +163,10 @@ class HTTPModel:
         content = json.dumps(body, ensure_ascii=False).encode()
         id_prefix = self._id_prefix(content)
 
+        queued = _Queued()
+
         async def attempt() -> ModelResponse:
-            with await self._grant(request, content) as grant:
+            with await self._grant(request, content, queued) as grant:
                 response = await self._send(url, headers, content, stream=False, grant=grant)
                 body = load_json(self.provider, response.content)
                 with response_shape(self.provider):
@@ -172,7 +174,7 @@ class HTTPModel:
                 grant.settle(parsed.usage.total_tokens)
                 return parsed
 
-        return await self.retry.run(attempt)
+        return await self.retry.run(attempt, queued=queued.total)
 
     @contextlib.asynccontextmanager
     async def stream(self, request: ModelRequest) -> AsyncIterator[AsyncIterator[ModelEvent]]:
@@ -187,15 +189,17 @@ class HTTPModel:
         content = json.dumps(body, ensure_ascii=False).encode()
         id_prefix = self._id_prefix(content)
 
+        queued = _Queued()
+
         async def attempt() -> _OpenStream:
-            grant = await self._grant(request, content)
+            grant = await self._grant(request, content, queued)
             try:
                 response = await self._send(url, headers, content, stream=True, grant=grant)
+                # The stream holds the grant (its connection) until it is closed.
+                opened = _OpenStream(self, request, response, id_prefix, grant)
             except BaseException:
                 grant.release()
                 raise
-            # The stream holds the grant (its connection) until it is closed.
-            opened = _OpenStream(self, request, response, id_prefix, grant)
             try:
                 await opened.prefetch()
             except BaseException:
@@ -203,7 +207,7 @@ class HTTPModel:
                 raise
             return opened
 
-        opened = await self.retry.run(attempt)
+        opened = await self.retry.run(attempt, queued=queued.total)
         try:
             yield opened.events()
         finally:
@@ -217,12 +221,18 @@ class HTTPModel:
         # request holds the one before).
         return f"{self.provider}-{hashlib.sha256(content).hexdigest()[:10]}"
 
-    async def _grant(self, request: ModelRequest, content: bytes) -> Grant | _NoGrant:
+    async def _grant(
+        self, request: ModelRequest, content: bytes, queued: _Queued
+    ) -> Grant | _NoGrant:
         """Leave from the budget to send one attempt (at once without a budget)."""
         if self.budget is None:
             return _NO_GRANT
         tokens = estimate_tokens(request.effective_settings().max_tokens, len(content))
-        return await self.budget.acquire(self.provider, self.model, tokens)
+        started = trio.current_time()
+        try:
+            return await self.budget.acquire(self.provider, self.model, tokens)
+        finally:
+            queued.seconds += trio.current_time() - started
 
     async def _send(
         self,
@@ -286,6 +296,19 @@ class HTTPModel:
             retryable=retryable,
             retry_after=retry_after if retry_after is not None else hint,
         )
+
+
+class _Queued:
+    """The seconds one request's attempts waited for the budget: not retrying, so
+    not counted against ``RetryPolicy.max_total``."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def total(self) -> float:
+        return self.seconds
 
 
 class _NoGrant:

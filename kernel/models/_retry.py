@@ -67,8 +67,15 @@ class RetryPolicy:
         backoff = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
         return backoff * (1 - self.jitter * random.random())
 
-    async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
+    async def run(
+        self, attempt: Callable[[], Awaitable[T]], *, queued: Callable[[], float] | None = None
+    ) -> T:
         """Await ``attempt()`` until it succeeds or retrying is over.
+
+        ``queued()`` is how many seconds the attempts so far spent waiting
+        their turn (for a ``ModelBudget``): that time is left out of
+        ``max_total``, so a request that queued behind others still gets its
+        retries.
 
         Raises:
             ProviderError: the last failure, with ``attempts`` set.
@@ -82,7 +89,8 @@ class RetryPolicy:
                 if not exc.retryable or number >= self.max_attempts:
                     raise
                 wait = self.delay(number, exc.retry_after)
-                if trio.current_time() + wait - started > self.max_total:
+                elapsed = trio.current_time() - started - (queued() if queued else 0.0)
+                if elapsed + wait > self.max_total:
                     raise
             await trio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover

@@ -219,6 +219,7 @@ async def test_1_a_model_limit_holds_beside_its_provider_limit(
         small, big = openai(client, budget, "small"), openai(client, budget, "big")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_all, small, 10)
+            await trio.testing.wait_all_tasks_blocked()
             nursery.start_soon(run_all, big, 10)
             await trio.testing.wait_all_tasks_blocked()
             loads = {r.model: r for r in budget.snapshot()}
@@ -560,6 +561,7 @@ async def test_snapshot_rows(autojump_clock: trio.testing.MockClock) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(hold, "a")
+        await trio.testing.wait_all_tasks_blocked()
         nursery.start_soon(hold, "b")
         await trio.testing.wait_all_tasks_blocked()
         assert budget.snapshot() == [
@@ -648,3 +650,32 @@ def test_resolve_model_gives_every_http_model_the_budget() -> None:
     assert [m.budget for m in model.models] == [budget, budget, budget]  # type: ignore[attr-defined]
     assert isinstance(resolve_model("openai:a", client=client, env=env), OpenAIModel)
     assert resolve_model("openai:a", client=client, env=env).budget is None  # type: ignore[attr-defined]
+
+
+async def test_time_queued_for_the_budget_does_not_use_up_the_retries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    answers = iter([200, 429, 200])
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        status = next(answers)
+        if status == 429:
+            return httpx.Response(
+                429, json={"error": {"message": "busy"}}, headers={"retry-after": "5"}
+            )
+        await trio.sleep(100)
+        choices = [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]
+        return httpx.Response(200, json={"choices": choices})
+
+    budget = ModelBudget(providers={"openai": BudgetLimits(max_connections=1)})
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIModel(
+            "m", client=client, api_key="k", retry=RetryPolicy(max_total=60), budget=budget
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(model.complete, REQUEST)
+            await trio.testing.wait_all_tasks_blocked()
+            # Queued 100 s behind the first, refused once, then served: max_total is not spent.
+            response = await model.complete(REQUEST)
+    assert response.message.text == "ok"
+    assert trio.current_time() == 205
