@@ -379,11 +379,9 @@ class McpServer:
             return
         self._state = "not approved"
         hint = trust_hint(home, self.name)
+        self._start_error = f"{words}; it runs only once approved as configured: run `{hint}`"
         raise ToolFailure(
-            "denied",
-            f"MCP server {self.name!r}: {words}; it runs only once approved as configured: "
-            f"run `{hint}`",
-            type="McpNotApproved",
+            "denied", f"MCP server {self.name!r}: {self._start_error}", type="McpNotApproved"
         )
 
     # -- the connection ---------------------------------------------------------------
@@ -503,6 +501,8 @@ class McpServer:
                 httpx2.AsyncClient(
                     headers=dict(config.headers),
                     timeout=httpx2.Timeout(config.startup_timeout, read=None),
+                    # Its configured URL only: a redirect elsewhere is an error.
+                    follow_redirects=False,
                 )
             )
             async with streamable_http_client(config.url, http_client=client) as streams:

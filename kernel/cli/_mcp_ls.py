@@ -1,16 +1,21 @@
 """``tak mcp ls [--json]``: each ``[mcp.servers.NAME]`` of tak.toml, started and
-listed as a kernel would, with its state and its tools; one line per error.
+listed as a kernel would (confined, and only once approved), with its state, its
+approval, its confinement and its tools; one line per error.
 
 Exit status 0 when every server answered, 1 when one did not (its errors say
 why), 2 for a wrong tak.toml.
+
+``tak mcp trust NAME`` / ``tak mcp untrust NAME``: approve a stdio server as it
+is configured, or withdraw the approval (``plugins._mcp``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from .plugins import ensure_home, one_line_errors
+from .plugins import ensure_home, home_option, one_line_errors, tak_command
 
 
 @one_line_errors("tak mcp ls")
@@ -32,7 +37,12 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> list[McpServerInfo]:
         async with open_mcp_servers(
-            config.mcp.servers, ToolRegistry(), log_dir=home.data / "mcp"
+            config.mcp.servers,
+            ToolRegistry(),
+            log_dir=home.data / "mcp",
+            workspace=home.workspace,
+            home=home,
+            allow_unsandboxed=config.sandbox.allow_unsandboxed,
         ) as servers:
             await servers.list_tools()
             return servers.info()
@@ -44,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
                 "name": i.name,
                 "transport": i.transport,
                 "state": i.state,
+                "approval": i.approval,
+                "confinement": i.confinement,
                 "tools": list(i.tools),
                 "errors": list(i.errors),
             }
@@ -54,10 +66,59 @@ def run(args: argparse.Namespace) -> int:
         for i in infos:
             count = f"{len(i.tools)} tool" + ("" if len(i.tools) == 1 else "s")
             print(f"{i.name}  {i.transport}  {i.state}  {count}")
+            if i.transport == "stdio":
+                print(f"  approval: {i.approval}")
+                if i.confinement is not None:
+                    print(f"  confinement: {i.confinement}")
             for name in i.tools:
                 print(f"  {name}")
-            for error in i.errors:
-                print(f"  error: {error}")
-            if i.state != "running" and i.transport == "stdio":
+            if i.state == "not approved":
+                print(
+                    f"  approve it: {tak_command('mcp', 'trust', i.name, *home_option(args.home))}"
+                )
+            else:
+                for error in i.errors:
+                    print(f"  error: {error}")
+            if i.state not in ("running", "not approved") and i.transport == "stdio":
                 print(f"  its stderr: {home.data / 'mcp' / (i.name + '.log')}")
     return 0 if all(i.state == "running" for i in infos) else 1
+
+
+@one_line_errors("tak mcp trust")
+def trust(args: argparse.Namespace) -> int:
+    from plugins._mcp import trust_mcp_server
+    from plugins._trust import MCP_TRUST_FILE
+
+    home = ensure_home(args.home)
+    config = home.read_config()
+    server = config.mcp.servers.get(args.name)
+    if server is None:
+        known = ", ".join(sorted(config.mcp.servers)) or "none"
+        print(
+            f"tak mcp trust: no server {args.name!r} in {home.config_file} (known: {known})",
+            file=sys.stderr,
+        )
+        return 2
+    approval = trust_mcp_server(home, args.name, server)
+    print(f"trusted: {args.name}")
+    print(f"  command:     {' '.join([approval.command, *approval.args])}")
+    for path in approval.executables:
+        print(f"  runs:        {path}")
+    print(f"  sha256:      {approval.sha256}")
+    print(f"  permissions: {approval.permissions.describe()}")
+    print(f"  recorded in: {home.config / MCP_TRUST_FILE}")
+    return 0
+
+
+@one_line_errors("tak mcp untrust")
+def untrust(args: argparse.Namespace) -> int:
+    from plugins._trust import MCP_TRUST_FILE, McpTrustStore
+
+    from ..home import TakHome
+
+    removed = McpTrustStore(TakHome.locate(args.home).config / MCP_TRUST_FILE).revoke(args.name)
+    if removed is None:
+        print(f"tak mcp untrust: {args.name} was not trusted", file=sys.stderr)
+        return 1
+    print(f"untrusted: {args.name}")
+    return 0

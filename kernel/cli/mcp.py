@@ -1,5 +1,5 @@
-"""``tak mcp``: the MCP servers the kernel uses (``ls``), and the kernel's tools
-served over MCP (``serve``). docs/mcp.md.
+"""``tak mcp``: the MCP servers the kernel uses (``ls``, ``trust``, ``untrust``), and
+the kernel's tools served over MCP (``serve``). docs/mcp.md.
 
 The ``mcp`` package is an extra (``pip install -e '.[mcp]'``), imported only by
 the handlers, never by ``tak --help``.
@@ -19,6 +19,19 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ls = commands.add_parser("ls", help="each configured MCP server: its state and its tools")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
     ls.set_defaults(func=cmd_ls)
+    trust = commands.add_parser(
+        "trust",
+        help="approve a stdio MCP server of tak.toml to run (confined) as it is configured",
+        description="Record the server's program (its SHA-256, and that of the files its "
+        "arguments name), arguments, env and permissions in "
+        "$TAK_HOME/config/trusted-mcp-servers.json. A stdio server runs only once "
+        "approved; any change to those voids the approval. See docs/mcp.md.",
+    )
+    trust.add_argument("name", help="the server's name in tak.toml ([mcp.servers.NAME])")
+    trust.set_defaults(func=cmd_trust)
+    untrust = commands.add_parser("untrust", help="withdraw the approval of an MCP server")
+    untrust.add_argument("name", help="the server's name")
+    untrust.set_defaults(func=cmd_untrust)
     serve = commands.add_parser(
         "serve",
         help="serve the kernel's tools over MCP (stdio; --http HOST:PORT for HTTP)",
@@ -61,6 +74,18 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from ._mcp_ls import run
 
     return run(args)
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from ._mcp_ls import trust
+
+    return trust(args)
+
+
+def cmd_untrust(args: argparse.Namespace) -> int:
+    from ._mcp_ls import untrust
+
+    return untrust(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
