@@ -8,18 +8,19 @@ network. ``await ReplayModel.from_session(session)`` reads the recording
 from a session.
 
 Each request is checked against the recording before it is answered: what
-the model was last shown (a user prompt, or the results of the calls it
-made) must be what it was shown then (the same role; for results, an
-answer to the same calls). A run that went another way (a different number
-of calls answered, a turn that ended or began elsewhere, a request past the
-last recorded answer) gets a ``ProviderError`` (a ``ModelAPIError``,
-``error_type="replay_diverged"``, never retried) saying in one line at which
-step and what differed. Results are not compared: they are what a replay is
-for.
+the model was last shown must be what it was shown then: the same user
+prompt, or the results of the same calls. A run that went another way (a
+different number of calls answered, a turn that ended or began elsewhere,
+another prompt, a request past the last recorded answer) gets a
+``ProviderError`` (a ``ModelAPIError``, ``error_type="replay_diverged"``,
+never retried) saying in one line at which step and what differed. Results
+are not compared: they are what a replay is for.
 
-One conversation at a time: the steps are counted as requests come. A
-subagent's requests are recorded in its own transcript (``Session.child``),
-so a replayed run that starts one needs its own ``ReplayModel`` for it.
+One conversation at a time: the steps are counted as requests come. Only
+the conversation's own answers are recorded: a subagent's are in its own
+transcript (``Session.child``), and a compaction's summary is not a message,
+so replay with compaction off (``compact_after_tokens=None``, the default):
+a compaction request would be refused as a divergence.
 """
 
 from __future__ import annotations
@@ -172,20 +173,27 @@ def _describe(message: Message | None) -> str:
 
 def _difference(recorded: Message | None, given: Message | None) -> str | None:
     """What differs between what the model was shown last then and now, or ``None``."""
-    recorded_role = recorded.role if recorded is not None else None
-    given_role = given.role if given is not None else None
-    if recorded_role != given_role:
-        return f"the recording answered {_describe(recorded)}, the request ends with {_describe(given)}"
-    if recorded is None or given is None or recorded.role != "tool":
-        return None
-    then = [o.call_id for o in recorded.observations]
-    now = [o.call_id for o in given.observations]
-    if len(then) != len(now):
-        return (
-            f"the recording answered the results of {len(then)} calls, "
-            f"the request brings {len(now)}"
-        )
-    if sorted(then) != sorted(now):
+    if recorded is None or given is None or recorded.role != given.role:
+        same = recorded is None and given is None
+    elif recorded.role == "user":
+        same = recorded.text == given.text
+    elif recorded.role == "tool":
+        then = [o.call_id for o in recorded.observations]
+        now = [o.call_id for o in given.observations]
+        if len(then) != len(now):
+            return (
+                f"the recording answered the results of {len(then)} calls, "
+                f"the request brings {len(now)}"
+            )
         missing = sorted(set(then) - set(now))
-        return f"the request's results answer other calls than the recording's (missing {', '.join(missing)})"
-    return None
+        if missing:
+            return (
+                "the request's results answer other calls than the recording's "
+                f"(missing {', '.join(missing)})"
+            )
+        same = True
+    else:
+        same = True
+    if same:
+        return None
+    return f"the recording answered {_describe(recorded)}, the request ends with {_describe(given)}"

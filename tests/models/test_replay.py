@@ -158,6 +158,13 @@ async def test_a_turn_that_ends_elsewhere_is_a_divergence() -> None:
     assert "the request ends with a user message 'something else'" in text
 
 
+async def test_another_prompt_is_a_divergence() -> None:
+    recording, _ = recording_with_two_calls()
+    text = await diverged(ReplayModel(recording), [user("Summarize the conversation so far.")])
+    assert "step 1 of 2: the recording answered a user message 'go'" in text
+    assert "the request ends with a user message 'Summarize the conversation so far.'" in text
+
+
 async def test_different_results_are_not_a_divergence() -> None:
     recording, calls = recording_with_two_calls()
     model = ReplayModel(recording)
