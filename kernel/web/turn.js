@@ -103,6 +103,24 @@ export class LiveTurn {
     return row;
   }
 
+  // Running rows show their time so far, a few times a second, until the turn ends.
+  tick() {
+    if (this.timer !== undefined) return;
+    this.timer = setInterval(() => {
+      const now = performance.now();
+      for (const row of this.batch ? this.batch.rows.values() : []) {
+        if (row.tr.dataset.status === "running" && row.since !== undefined) {
+          row.time.textContent = `${seconds((now - row.since) / 1000)}…`;
+        }
+      }
+    }, 200);
+  }
+
+  stopTicking() {
+    clearInterval(this.timer);
+    this.timer = undefined;
+  }
+
   started(index, call) {
     const seen = this.batch ? this.batch.rows.get(index) : undefined;
     if (seen && seen.callId !== call.id) this.newBatch(); // a next step that streamed no text
@@ -110,6 +128,8 @@ export class LiveTurn {
     row.callId = call.id;
     row.name.textContent = call.name;
     row.args.replaceChildren(el("code", {}, JSON.stringify(call.arguments)));
+    row.since = performance.now();
+    this.tick();
   }
 
   finished(index, observation) {
@@ -136,6 +156,7 @@ export class LiveTurn {
   }
 
   end(reason, error) {
+    this.stopTicking();
     this.element.dataset.state = reason;
     this.status.replaceChildren(el("span", { class: `badge reason reason-${reason}` }, reason));
     if (error) {
@@ -148,6 +169,7 @@ export class LiveTurn {
   }
 
   fail(message) {
+    this.stopTicking();
     this.element.dataset.state = "failed";
     this.status.replaceChildren(el("span", { class: "turn-error" }, message));
   }
