@@ -20,6 +20,7 @@ import trio.testing
 from kernel.errors import UsageError
 from kernel.models import (
     BudgetLimits,
+    FallbackModel,
     Grant,
     ModelBudget,
     ModelRequest,
@@ -647,9 +648,11 @@ def test_resolve_model_gives_every_http_model_the_budget() -> None:
     model = resolve_model(
         "openai:a", client=client, fallbacks=["anthropic:b", "gemini:c"], env=env, budget=budget
     )
-    assert [m.budget for m in model.models] == [budget, budget, budget]  # type: ignore[attr-defined]
-    assert isinstance(resolve_model("openai:a", client=client, env=env), OpenAIModel)
-    assert resolve_model("openai:a", client=client, env=env).budget is None  # type: ignore[attr-defined]
+    assert isinstance(model, FallbackModel)
+    assert [getattr(m, "budget", None) for m in model.models] == [budget, budget, budget]
+    alone = resolve_model("openai:a", client=client, env=env)
+    assert isinstance(alone, OpenAIModel)
+    assert alone.budget is None
 
 
 async def test_time_queued_for_the_budget_does_not_use_up_the_retries(
