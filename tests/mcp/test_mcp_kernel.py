@@ -66,6 +66,8 @@ async def test_a_kernel_without_mcp_servers() -> None:
 
 
 def test_tak_mcp_ls(tmp_path: Path) -> None:
+    """ls shows each server's state, approval and confinement; trust approves one, and
+    a server not approved is never started (its line says the command to run)."""
     home = tmp_path / "home"
     (home / "config").mkdir(parents=True)
     (home / "config/tak.toml").write_text(
@@ -73,23 +75,43 @@ def test_tak_mcp_ls(tmp_path: Path) -> None:
         f"command = {json.dumps(sys.executable)}\n"
         f"args = [{json.dumps(SERVER)}]\n"
         'tools = ["echo", "pid"]\n'
-        "[mcp.servers.gone]\n"
-        'command = "/nonexistent/server"\n'
+        "[mcp.servers.quits]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        'args = ["-c", "raise SystemExit(3)"]\n'
+        "[mcp.servers.new]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = [{json.dumps(SERVER)}]\n"
     )
     env = {**os.environ, "TAK_HOME": str(home)}
-    run = [sys.executable, "-m", "kernel.cli", "mcp", "ls"]
+    tak = [sys.executable, "-m", "kernel.cli", "mcp"]
+    for name in ("t", "quits"):
+        trusted = subprocess.run([*tak, "trust", name], capture_output=True, text=True, env=env)
+        assert trusted.returncode == 0, trusted.stderr
+        assert trusted.stdout.startswith(f"trusted: {name}\n")
+    run = [*tak, "ls"]
     text = subprocess.run(run, capture_output=True, text=True, env=env, timeout=60)
     assert text.returncode == 1, text.stderr
     assert "Traceback" not in text.stdout + text.stderr
     lines = text.stdout.splitlines()
     assert lines[0].startswith("t  stdio  running  2 tools")
+    assert lines[1] == "  approval: approved"
+    assert lines[2].startswith("  confinement: landlock ABI ")
     assert "t.echo" in text.stdout and "t.pid" in text.stdout
-    assert any(line.startswith("gone  stdio  failed") for line in lines)
+    assert any(line.startswith("quits  stdio  failed") for line in lines)
     assert any("failed to start" in line for line in lines)
-    assert f"  its stderr: {home / 'data/mcp/gone.log'}" in lines
+    assert f"  its stderr: {home / 'data/mcp/quits.log'}" in lines
+    assert "new  stdio  not approved  0 tools" in lines
+    assert any(line.endswith("mcp trust new") for line in lines)
 
     as_json = subprocess.run([*run, "--json"], capture_output=True, text=True, env=env, timeout=60)
     servers = json.loads(as_json.stdout)
-    assert [s["name"] for s in servers] == ["t", "gone"]
+    assert [s["name"] for s in servers] == ["t", "quits", "new"]
     assert servers[0]["tools"] == ["t.echo", "t.pid"]
+    assert servers[0]["approval"] == "approved" and "seccomp" in servers[0]["confinement"]
     assert servers[1]["state"] == "failed" and servers[1]["errors"]
+    assert (servers[2]["state"], servers[2]["approval"]) == ("not approved", "not approved")
+
+    untrusted = subprocess.run([*tak, "untrust", "t"], capture_output=True, text=True, env=env)
+    assert (untrusted.returncode, untrusted.stdout) == (0, "untrusted: t\n")
+    again = subprocess.run([*tak, "untrust", "t"], capture_output=True, text=True, env=env)
+    assert (again.returncode, again.stderr) == (1, "tak mcp untrust: t was not trusted\n")

@@ -58,13 +58,29 @@ def test_servers_read_from_tak_toml() -> None:
         ({}, "$.mcp.servers['s']: set exactly one of command (stdio) and url (streamable HTTP)"),
         ({"command": "x", "url": "http://h/mcp"}, "$.mcp.servers['s']: set exactly one of command (stdio) and url (streamable HTTP)"),
         ({"url": "ftp://h"}, "$.mcp.servers['s']: url: expected an http:// or https:// URL, got \"ftp://h\""),
-        ({"command": "x", "cmd": "y"}, "$.mcp.servers['s']: unknown setting 'cmd' (known: command, args, env, cwd, url, headers, tools, timeout, startup_timeout, start)"),
+        ({"command": "x", "cmd": "y"}, "$.mcp.servers['s']: unknown setting 'cmd' (known: command, args, env, cwd, url, headers, tools, timeout, startup_timeout, start, workspace, network, subprocess, read, memory_bytes, cpu_seconds, open_files, processes)"),
+        ({"command": "x", "workspace": "rw"}, "$.mcp.servers['s'].workspace: expected \"read\", \"write\" or \"none\", got \"rw\""),
+        ({"command": "x", "network": ["h:443", "h"]}, "$.mcp.servers['s'].network: [1]: expected 'host:port' (host may be '*'), got 'h'"),
+        ({"command": "x", "network": "h:443"}, "$.mcp.servers['s'].network: expected a list of strings, got \"h:443\""),
+        ({"command": "x", "subprocess": "yes"}, "$.mcp.servers['s'].subprocess: expected a boolean, got \"yes\""),
+        ({"command": "x", "read": ["data"]}, "$.mcp.servers['s'].read: [0]: expected an absolute path, got \"data\""),
+        ({"command": "x", "memory_bytes": 0}, "$.mcp.servers['s'].memory_bytes: expected a positive whole number, got 0"),
+        ({"url": "http://h/mcp", "subprocess": True}, "$.mcp.servers['s']: subprocess: only for a stdio server (command), not with url"),
     ],
 )  # fmt: skip
 def test_a_wrong_server_setting_names_its_path(server: dict[str, Any], error: str) -> None:
     with pytest.raises(UsageError) as caught:
         Config.from_toml({"mcp": {"servers": {"s": server}}}, source=FILE)
     assert str(caught.value) == f"{FILE}: {error}"
+
+
+def test_permissions_default_to_least_privilege_and_are_checked_in_code() -> None:
+    server = McpServerConfig(command="x")
+    assert (server.workspace, server.network, server.subprocess, server.read) == ("read", [], False, [])
+    with pytest.raises(UsageError, match=r"^McpServerConfig.network: \[0\]: expected 'host:port'"):
+        McpServerConfig(command="x", network=["nohost"])
+    with pytest.raises(UsageError, match=r"^McpServerConfig: network: only for a stdio server"):
+        McpServerConfig(url="http://h/mcp", network=["h:1"])
 
 
 def test_a_server_name_must_be_a_namespace() -> None:
