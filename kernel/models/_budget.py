@@ -173,7 +173,10 @@ class _Window:
         return self.used + amount <= self.limit or self.used == 0
 
     def next_expiry(self) -> float:
-        return self.slots[0].at + WINDOW if self.slots else _INF
+        """When the oldest entry leaves the window: room for more (never, without a limit)."""
+        if self.limit is None or not self.slots:
+            return _INF
+        return self.slots[0].at + WINDOW
 
     def add(self, now: float, amount: int) -> _Slot:
         # Kept without a limit too, for snapshot().
@@ -500,7 +503,7 @@ class ModelBudget:
                 if waiter.model in held:
                     continue
                 if not provider.fits(waiter.tokens):
-                    wake_at = provider.next_change()
+                    wake_at = min(wake_at, provider.next_change())
                     break
                 gate = state.models[waiter.model]
                 gate.expire(now)

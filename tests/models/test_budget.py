@@ -682,3 +682,27 @@ async def test_time_queued_for_the_budget_does_not_use_up_the_retries(
             response = await model.complete(REQUEST)
     assert response.message.text == "ok"
     assert trio.current_time() == 205
+
+
+async def test_4_the_clock_wakes_a_waiter_behind_one_held_by_its_model(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The first waiter waits for its model's connection (no time will free it);
+    # the second, of another model, for the provider's next minute.
+    budget = ModelBudget(
+        providers={"p": BudgetLimits(requests_per_minute=2)},
+        models={"p:slow": BudgetLimits(max_connections=1, requests_per_minute=1)},
+    )
+    admitted: list[tuple[str, float]] = []
+
+    async def ask(model: str) -> None:
+        with await budget.acquire("p", model):
+            admitted.append((model, trio.current_time()))
+            await trio.sleep(1000)
+
+    with trio.fail_after(3600):
+        async with trio.open_nursery() as nursery:
+            for model in ["slow", "fast", "slow", "fast"]:
+                nursery.start_soon(ask, model)
+                await trio.testing.wait_all_tasks_blocked()
+    assert admitted == [("slow", 0), ("fast", 0), ("fast", 60), ("slow", 1000)]
