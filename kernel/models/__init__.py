@@ -4,7 +4,10 @@
 ``async with model.stream(request) as events`` streams its answer and
 ``await model.complete(request)`` waits for it. Each adapter owns its provider's
 tool format (``openai_tools``, ``anthropic_tools``, ``gemini_tools``, fed
-``kernel.tools.ToolDefinition`` records). See docs/models.md.
+``kernel.tools.ToolDefinition`` records). A ``ModelBudget`` given to
+``resolve_model(..., budget=)`` holds every HTTP request of its models to
+shared limits per provider and model, and shares ``Retry-After`` between
+them. ``ReplayModel`` answers from a recorded session. See docs/models.md.
 
 This package imports httpx: ``import kernel`` does not import it.
 """
