@@ -307,7 +307,8 @@ class Agent:
         """Continue the turn a crash or a cancel left without a final answer.
 
         When the transcript already ends with a final answer, that answer is
-        returned at once (``steps=0``, no model request). Otherwise: if the
+        returned at once (``steps=0``, no model request; a reply the token
+        limit cut is recorded as one, and counts as one). Otherwise: if the
         last message is an assistant message whose calls have no recorded
         results (the kernel stopped while they ran), each call gets a
         ``crashed`` observation, "interrupted: the run stopped before the call
