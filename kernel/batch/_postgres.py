@@ -1,0 +1,460 @@
+"""``PostgresLedger``: a run's tasks in PostgreSQL, claimed by workers on any number of hosts.
+
+Every worker (``tak batch worker --run RUN --store URL``) opens the same run
+and claims tasks from one table with ``SELECT ... FOR UPDATE SKIP LOCKED``
+under a lease: a claim lasts ``lease_seconds`` unless its worker renews it
+(``run_batch`` does, every third of a lease), so a task whose worker died is
+handed to another one, as its next attempt, once the lease lapses.
+
+It keeps the four guarantees of ``kernel.batch._ledger`` this way:
+
+1. ``add_tasks`` runs in one transaction under the run row's lock, so
+   processes adding the same tasks at once do not race: ids already stored
+   with the same content (compared as JSON values) are skipped, with other
+   content refused; new ones are numbered on (their task order).
+2. ``claim`` is one statement: the first ``limit`` tasks in task order with
+   no finished result and no lease, or a lapsed one, that no other
+   transaction holds (``SKIP LOCKED``), get this worker's lease and their
+   attempt counted up. Lease times come from the database clock
+   (``now()``), never a worker's, so hosts with skewed clocks agree on
+   when a lease lapses. ``renew`` extends only leases the worker still holds.
+3. ``finish`` of a finished result is ``UPDATE ... WHERE NOT finished``: the
+   first wins, later ones return False. A ``cancelled`` result releases the
+   worker's lease and is kept (as the task's latest result until a finished
+   one comes). Every accepted result is also appended to
+   ``tak_batch_results``, the run's history. The stored result's
+   ``finished_at`` is the database clock's.
+4. A result is committed before ``finish`` returns (the server's fsync
+   makes it durable).
+
+Connections, threads and cancellation are the ``PostgresStore``'s (the
+ledger drives one; see kernel/store/_postgres.py): psycopg's sync API in
+threads, a statement timeout on every session, a cancelled call cancels its
+query on the server, a database error is a one-line ``StoreError`` naming
+the server. Tasks and results are stored as ``json`` (the exact text), not
+``jsonb``, which refuses ``\\u0000`` in strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+
+from kernel.errors import StoreError, UsageError
+from kernel.store import PostgresStore
+
+from ._ledger import Claim, LedgerCounts
+from ._records import BatchTask, TaskResult, check_task_id, converter
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+T = TypeVar("T")
+
+# pg_advisory_xact_lock key of the ledger's schema migrations ("tak" + 2).
+_MIGRATION_LOCK = 0x74616B02
+
+# Connections (and threads) one ledger uses at most: a worker claims, renews
+# and finishes, a few statements at a time.
+_MAX_CONNECTIONS = 4
+
+# Each version is a list of statements, applied in one transaction. Never
+# edit one that has shipped: add the next.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """
+        CREATE TABLE tak_batch_runs (
+            run_id text COLLATE "C" PRIMARY KEY,
+            created timestamptz NOT NULL DEFAULT now(),
+            settings json NOT NULL,
+            next_ord bigint NOT NULL DEFAULT 0  -- the task order of the next task added
+        )
+        """,
+        """
+        CREATE TABLE tak_batch_tasks (
+            run_id text COLLATE "C" NOT NULL,
+            task_id text COLLATE "C" NOT NULL,
+            ord bigint NOT NULL,
+            task json NOT NULL,
+            attempt integer NOT NULL DEFAULT 0,     -- claims so far
+            lease_owner text,
+            lease_until timestamptz,
+            finished boolean NOT NULL DEFAULT false,
+            result json,                            -- the latest result
+            PRIMARY KEY (run_id, task_id)
+        )
+        """,
+        "CREATE UNIQUE INDEX tak_batch_tasks_ord ON tak_batch_tasks (run_id, ord)",
+        """
+        CREATE INDEX tak_batch_tasks_open ON tak_batch_tasks (run_id, ord)
+            WHERE NOT finished
+        """,
+        """
+        CREATE TABLE tak_batch_results (
+            run_id text COLLATE "C" NOT NULL,
+            task_id text COLLATE "C" NOT NULL,
+            seq bigint GENERATED ALWAYS AS IDENTITY,
+            worker text,
+            recorded_at timestamptz NOT NULL DEFAULT now(),
+            result json NOT NULL,
+            PRIMARY KEY (run_id, task_id, seq)
+        )
+        """,
+    ),
+)
+
+_CLAIM = """
+WITH picked AS (
+    SELECT task_id FROM tak_batch_tasks
+    WHERE run_id = %(run)s AND NOT finished AND (lease_until IS NULL OR lease_until <= now())
+    ORDER BY ord
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tak_batch_tasks t SET
+    lease_owner = %(worker)s,
+    lease_until = now() + make_interval(secs => %(lease)s),
+    attempt = t.attempt + 1
+FROM picked
+WHERE t.run_id = %(run)s AND t.task_id = picked.task_id
+RETURNING t.ord, t.task::text, t.attempt
+"""
+_RENEW = """
+UPDATE tak_batch_tasks SET lease_until = now() + make_interval(secs => %(lease)s)
+WHERE run_id = %(run)s AND task_id = ANY(%(ids)s) AND lease_owner = %(worker)s AND NOT finished
+"""
+# A finished result: written once, and the lease is gone with it.
+_FINISH = """
+UPDATE tak_batch_tasks SET finished = true, result = %(result)s::json,
+    lease_owner = NULL, lease_until = NULL
+WHERE run_id = %(run)s AND task_id = %(task)s AND NOT finished
+RETURNING 1
+"""
+# A cancelled one: the task's latest result, and this worker's lease released.
+_CANCEL = """
+UPDATE tak_batch_tasks SET result = %(result)s::json,
+    lease_owner = CASE WHEN lease_owner = %(worker)s THEN NULL ELSE lease_owner END,
+    lease_until = CASE WHEN lease_owner = %(worker)s THEN NULL ELSE lease_until END
+WHERE run_id = %(run)s AND task_id = %(task)s AND NOT finished
+RETURNING 1
+"""
+_HISTORY = """
+INSERT INTO tak_batch_results (run_id, task_id, worker, result)
+VALUES (%(run)s, %(task)s, %(worker)s, %(result)s::json)
+"""
+_COUNTS = """
+SELECT count(*), count(*) FILTER (WHERE finished),
+       count(*) FILTER (WHERE NOT finished AND lease_until > now())
+FROM tak_batch_tasks WHERE run_id = %s
+"""
+
+
+def _json_text(value: object, where: str) -> str:
+    """``value`` as JSON text PostgreSQL stores as sent.
+
+    Raises:
+        UsageError: naming ``where``, when it is not JSON (NaN, other objects)
+            or not UTF-8 text (a lone surrogate).
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text.encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        raise UsageError(f"{where}: not storable as JSON: {str(exc).splitlines()[0]}") from None
+    return text
+
+
+class PostgresLedger:
+    """A run's tasks and results in PostgreSQL (see the module docstring).
+
+    Made by ``open_postgres_ledger``; tables are ``tak_batch_runs``,
+    ``tak_batch_tasks`` and ``tak_batch_results`` beside the store's.
+    """
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        run_id: str,
+        *,
+        lease_seconds: float,
+        created: float,
+        settings: Mapping[str, Any],
+    ) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._lease = lease_seconds
+        self._created = created
+        self._settings = dict(settings)
+
+    def __repr__(self) -> str:
+        return f"PostgresLedger({self._run_id!r}, {self._store!r})"
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def lease_seconds(self) -> float:
+        return self._lease
+
+    @property
+    def created(self) -> float:
+        """When the run was first opened: Unix time, by the database clock."""
+        return self._created
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The run's settings, as given by whoever opened it first."""
+        return dict(self._settings)
+
+    async def _run(self, fn: Callable[[Connection[Any]], T]) -> T:
+        # The store's thread, pool and cancellation machinery (its guarantee 6).
+        return await self._store._run(fn)
+
+    async def add_tasks(self, tasks: Sequence[BatchTask]) -> None:
+        """See ``Ledger.add_tasks`` (guarantee 1).
+
+        Raises:
+            UsageError: a task is not a BatchTask, is not storable as JSON, or
+                has the id of a stored (or earlier given) task with other content.
+        """
+        encoded: dict[str, str] = {}
+        for i, task in enumerate(tasks):
+            if not isinstance(task, BatchTask):
+                raise UsageError(f"tasks[{i}]: expected a BatchTask, got {type(task).__name__}")
+            text = _json_text(converter.unstructure(task), f"task {task.id!r}")
+            known = encoded.setdefault(task.id, text)
+            if known != text and json.loads(known) != json.loads(text):
+                raise UsageError(f"tasks[{i}]: task {task.id!r} is given twice, differently")
+        if encoded:
+            await self._run(lambda conn: _add_tasks(conn, self._run_id, encoded))
+
+    async def claim(self, worker: str, limit: int) -> list[Claim]:
+        """See ``Ledger.claim`` (guarantee 2)."""
+        _check_worker(worker)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise UsageError(f"claim: limit must be a positive int, got {limit!r}")
+        params = {"run": self._run_id, "limit": limit, "worker": worker, "lease": self._lease}
+        rows: list[tuple[int, str, int]] = await self._run(
+            lambda conn: conn.execute(_CLAIM, params).fetchall()
+        )
+        rows.sort()
+        return [
+            Claim(task=converter.structure(json.loads(text), BatchTask), attempt=attempt)
+            for _, text, attempt in rows
+        ]
+
+    async def renew(self, worker: str, task_ids: Sequence[str]) -> None:
+        """See ``Ledger.renew``: leases another worker took over are left alone."""
+        _check_worker(worker)
+        ids = list(task_ids)
+        if not ids:
+            return
+        params = {"run": self._run_id, "ids": ids, "worker": worker, "lease": self._lease}
+        await self._run(lambda conn: conn.execute(_RENEW, params))
+
+    async def finish(self, worker: str, result: TaskResult) -> bool:
+        """See ``Ledger.finish`` (guarantees 3 and 4).
+
+        Raises:
+            UsageError: ``result`` is not a TaskResult, or names a task not in the run.
+        """
+        _check_worker(worker)
+        if not isinstance(result, TaskResult):
+            raise UsageError(f"finish: expected a TaskResult, got {type(result).__name__}")
+        # finished_at is set to the database clock's in the transaction; the rest
+        # is checked here, so a bad result fails before any round trip.
+        _json_text(converter.unstructure(result), f"result of task {result.id!r}")
+        return await self._run(lambda conn: _finish(conn, self._run_id, worker, result))
+
+    async def results(self) -> list[TaskResult]:
+        """See ``Ledger.results``."""
+        rows: list[tuple[str]] = await self._run(
+            lambda conn: conn.execute(
+                "SELECT result::text FROM tak_batch_tasks"
+                " WHERE run_id = %s AND result IS NOT NULL ORDER BY ord",
+                (self._run_id,),
+            ).fetchall()
+        )
+        return [converter.structure(json.loads(text), TaskResult) for (text,) in rows]
+
+    async def counts(self) -> LedgerCounts:
+        """See ``Ledger.counts``: running is the tasks under a live lease."""
+        row: tuple[int, int, int] | None = await self._run(
+            lambda conn: conn.execute(_COUNTS, (self._run_id,)).fetchone()
+        )
+        assert row is not None
+        total, finished, running = row
+        return LedgerCounts(total=total, finished=finished, running=running)
+
+    async def aclose(self) -> None:
+        """Close the connections; finishes even if cancelled."""
+        await self._store.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_postgres_ledger(
+    url: str,
+    run_id: str,
+    *,
+    lease_seconds: float = 30.0,
+    settings: Mapping[str, Any] | None = None,
+    create: bool = True,
+) -> AsyncIterator[PostgresLedger]:
+    """Open run ``run_id`` in the PostgreSQL database at ``url``; close it on exit.
+
+    The ledger's tables are made if missing (under an advisory lock, so
+    workers starting together do not race). The run's row is made on first
+    open, with ``settings`` (the run's model, concurrency, limits...: any
+    JSON object); later opens keep the first settings.
+
+    Raises:
+        UsageError: a bad ``url``, ``run_id`` or ``lease_seconds``; settings not
+            storable as JSON; ``create=False`` and no such run.
+        StoreError: the database cannot be reached, or its ledger schema is
+            newer than this code.
+    """
+    check_task_id(run_id, "run_id")
+    if isinstance(lease_seconds, bool) or not (
+        isinstance(lease_seconds, int | float) and 0 < lease_seconds < math.inf
+    ):
+        raise UsageError(f"lease_seconds: expected a positive number, got {lease_seconds!r}")
+    settings_text = _json_text(dict(settings or {}), "settings")
+    store = PostgresStore(url, max_connections=_MAX_CONNECTIONS)
+    async with store:
+        where = store._where  # "PostgreSQL host:port/db", as the store's errors say
+        row = await store._run(
+            lambda conn: _open_run(conn, where, run_id, settings_text, create=create)
+        )
+        created, stored_settings = row
+        yield PostgresLedger(
+            store,
+            run_id,
+            lease_seconds=float(lease_seconds),
+            created=created,
+            settings=stored_settings,
+        )
+
+
+def _check_worker(worker: object) -> None:
+    if not isinstance(worker, str) or not worker:
+        raise UsageError(f"worker: expected a non-empty string, got {worker!r}")
+
+
+# -- what the threads run ----------------------------------------------------
+
+
+def _open_run(
+    conn: Connection[Any], where: str, run_id: str, settings: str, *, create: bool
+) -> tuple[float, dict[str, Any]]:
+    _migrate(conn, where)
+    if create:
+        conn.execute(
+            "INSERT INTO tak_batch_runs (run_id, settings) VALUES (%s, %s::json)"
+            " ON CONFLICT DO NOTHING",
+            (run_id, settings),
+        )
+    row = conn.execute(
+        "SELECT extract(epoch FROM created)::float8, settings::text FROM tak_batch_runs"
+        " WHERE run_id = %s",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        raise UsageError(f"run {run_id!r}: no such run in {where}")
+    created, text = row
+    stored = json.loads(text)
+    return float(created), stored if isinstance(stored, dict) else {}
+
+
+def _add_tasks(conn: Connection[Any], run_id: str, encoded: dict[str, str]) -> None:
+    with conn.transaction():
+        # The run row's lock orders concurrent add_tasks of a run.
+        row = conn.execute(
+            "SELECT next_ord FROM tak_batch_runs WHERE run_id = %s FOR UPDATE", (run_id,)
+        ).fetchone()
+        if row is None:
+            raise UsageError(f"run {run_id!r}: no such run (was it deleted?)")
+        (next_ord,) = row
+        ids = list(encoded)
+        stored = conn.execute(
+            "SELECT task_id, task::text FROM tak_batch_tasks"
+            " WHERE run_id = %s AND task_id = ANY(%s)",
+            (run_id, ids),
+        ).fetchall()
+        for task_id, text in stored:
+            if text != encoded[task_id] and json.loads(text) != json.loads(encoded[task_id]):
+                raise UsageError(
+                    f"task {task_id!r}: run {run_id!r} already holds a task with this id"
+                    " and other content"
+                )
+        known = {task_id for task_id, _ in stored}
+        fresh = [task_id for task_id in ids if task_id not in known]
+        if not fresh:
+            return
+        conn.execute(
+            "INSERT INTO tak_batch_tasks (run_id, task_id, ord, task)"
+            " SELECT %s, t.id, %s + t.n - 1, t.task::json"
+            " FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS t(id, task, n)",
+            (run_id, next_ord, fresh, [encoded[task_id] for task_id in fresh]),
+        )
+        conn.execute(
+            "UPDATE tak_batch_runs SET next_ord = %s WHERE run_id = %s",
+            (next_ord + len(fresh), run_id),
+        )
+
+
+def _finish(conn: Connection[Any], run_id: str, worker: str, result: TaskResult) -> bool:
+    with conn.transaction():
+        row = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()
+        assert row is not None
+        stamped = attrs.evolve(result, finished_at=float(row[0]))
+        params = {
+            "run": run_id,
+            "task": result.id,
+            "worker": worker,
+            "result": json.dumps(converter.unstructure(stamped), ensure_ascii=False),
+        }
+        done = conn.execute(_FINISH if result.finished else _CANCEL, params).fetchone()
+        if done is None:
+            exists = conn.execute(
+                "SELECT 1 FROM tak_batch_tasks WHERE run_id = %s AND task_id = %s",
+                (run_id, result.id),
+            ).fetchone()
+            if exists is None:
+                raise UsageError(f"finish: task {result.id!r} is not in run {run_id!r}")
+            return False
+        conn.execute(_HISTORY, params)
+        return True
+
+
+def _migrate(conn: Connection[Any], where: str) -> None:
+    """Bring the ledger's schema up to date, under an advisory lock.
+
+    Raises:
+        StoreError: the database has a ledger schema newer than this code knows.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS tak_batch_schema_version ("
+            " version integer PRIMARY KEY,"
+            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+        row = conn.execute(
+            "SELECT coalesce(max(version), 0) FROM tak_batch_schema_version"
+        ).fetchone()
+        current = int(row[0]) if row is not None else 0
+        if current > len(_MIGRATIONS):
+            raise StoreError(
+                f"{where}: batch ledger schema version {current} is newer than this tak knows "
+                f"({len(_MIGRATIONS)}): upgrade tak"
+            )
+        for version in range(current + 1, len(_MIGRATIONS) + 1):
+            for statement in _MIGRATIONS[version - 1]:
+                conn.execute(statement)
+            conn.execute("INSERT INTO tak_batch_schema_version (version) VALUES (%s)", (version,))

@@ -1,0 +1,166 @@
+"""The Ledger conformance suite against each ledger, and what only PostgresLedger does.
+
+PostgreSQL is the real server tests/store starts (tests/store/pg_server.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+import trio
+
+from kernel.batch._postgres import open_postgres_ledger
+from kernel.errors import StoreError, UsageError
+from tests.batch.ledger_conformance import RUN, LedgerConformance, OpenLedger, result, task
+from tests.store import pg_server
+from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
+
+
+class TestPostgresLedger(LedgerConformance):
+    @pytest.fixture
+    def open_ledger(self, db_url: str) -> OpenLedger:  # noqa: F811
+        return lambda run_id, **options: open_postgres_ledger(db_url, run_id, **options)
+
+
+def psql(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(sql, params or None)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+
+async def test_workers_starting_together_make_the_tables_once(db_url: str) -> None:  # noqa: F811
+    """Tables are made under an advisory lock: 6 first opens at once all succeed."""
+    counts: list[int] = []
+
+    async def worker(n: int) -> None:
+        async with open_postgres_ledger(db_url, RUN) as ledger:
+            await ledger.add_tasks([task(i) for i in range(10)])
+            counts.append((await ledger.counts()).total)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(6):
+            nursery.start_soon(worker, n)
+    assert counts == [10] * 6
+    assert psql(db_url, "SELECT version FROM tak_batch_schema_version") == [(1,)]
+
+
+async def test_the_run_row_keeps_the_first_settings(db_url: str) -> None:  # noqa: F811
+    settings = {"model": "scripted:x", "concurrency": 4, "limits": {"max_steps": 3}}
+    async with open_postgres_ledger(db_url, RUN, settings=settings) as first:
+        assert first.settings == settings
+    async with open_postgres_ledger(db_url, RUN, settings={"model": "other"}) as again:
+        assert again.settings == settings
+        assert again.created == first.created
+    async with open_postgres_ledger(db_url, RUN, create=False) as worker:
+        assert worker.settings == settings
+    ((created_db,),) = psql(
+        db_url, "SELECT extract(epoch FROM created)::float8 FROM tak_batch_runs"
+    )
+    assert created_db == first.created
+
+
+async def test_a_worker_of_an_unknown_run_is_refused(db_url: str) -> None:  # noqa: F811
+    with pytest.raises(UsageError, match=r"^run 'nope': no such run in PostgreSQL 127\.0\.0\.1"):
+        async with open_postgres_ledger(db_url, "nope", create=False):
+            pass
+
+
+async def test_bad_arguments_are_refused_before_connecting() -> None:
+    url = "postgresql://nobody@127.0.0.1:1/none"
+    for kwargs, match in [
+        ({"run_id": "../x"}, "run_id"),
+        ({"run_id": "r", "lease_seconds": 0}, "lease_seconds"),
+        ({"run_id": "r", "lease_seconds": float("inf")}, "lease_seconds"),
+        ({"run_id": "r", "settings": {"x": float("nan")}}, "settings"),
+    ]:
+        with pytest.raises(UsageError, match=match):
+            async with open_postgres_ledger(url, **kwargs):
+                pass
+    with pytest.raises(UsageError, match="postgresql://"):
+        async with open_postgres_ledger("sqlite:///x", "r"):
+            pass
+
+
+async def test_leases_and_finish_times_come_from_the_database_clock(
+    db_url: str,  # noqa: F811
+) -> None:
+    """A worker's clock plays no part: lease_until is now() + lease, finished_at is now()."""
+    async with open_postgres_ledger(db_url, RUN, lease_seconds=600) as ledger:
+        await ledger.add_tasks([task(1), task(2)])
+        await ledger.claim("w", 1)
+        ((left,),) = psql(
+            db_url,
+            "SELECT extract(epoch FROM lease_until - now()) FROM tak_batch_tasks"
+            " WHERE task_id = 't001'",
+        )
+        assert 500 < left <= 600
+        await ledger.finish("w", result("t001", finished_at=12.0))  # a worker's bad clock
+        ((db_now,),) = psql(db_url, "SELECT extract(epoch FROM now())::float8")
+        (stored,) = await ledger.results()
+        assert db_now - 600 < stored.finished_at <= db_now
+
+
+async def test_every_accepted_result_is_kept_as_history(db_url: str) -> None:  # noqa: F811
+    async with open_postgres_ledger(db_url, RUN) as ledger:
+        await ledger.add_tasks([task(1)])
+        await ledger.claim("a", 1)
+        await ledger.finish("a", result("t001", "cancelled", attempt=1))
+        await ledger.claim("b", 1)
+        await ledger.finish("b", result("t001", text="done", attempt=2))
+        await ledger.finish("c", result("t001", text="late", attempt=3))  # refused: not kept
+    rows = psql(db_url, "SELECT worker, result::text FROM tak_batch_results ORDER BY seq")
+    assert [(w, json.loads(r)["reason"]) for w, r in rows] == [("a", "cancelled"), ("b", "final")]
+
+
+async def test_a_database_restart_mid_run_is_a_clear_error_then_work_goes_on() -> None:
+    """The server restarting under a worker: its next call fails with a one-line
+    StoreError naming the server (the connection was lost), the ones after reconnect."""
+    if (reason := pg_server.unavailable_reason()) is not None:
+        pytest.skip(reason)
+    with pg_server.running_server() as server, trio.fail_after(60):
+        url = server.url()
+        async with open_postgres_ledger(url, RUN) as ledger:
+            await ledger.add_tasks([task(1), task(2)])
+            assert len(await ledger.claim("w", 1)) == 1
+            bins = pg_server.bin_dir()
+            assert bins is not None
+            await trio.to_thread.run_sync(
+                lambda: subprocess.run(
+                    pg_server._as_server_user(
+                        [
+                            str(bins / "pg_ctl"),
+                            "-D",
+                            str(server.directory / "data"),
+                            "-m",
+                            "fast",
+                            "-l",  # else the new server writes to our pipe, held open
+                            str(server.directory / "server.log"),
+                            "-w",
+                            "restart",
+                        ]
+                    ),
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            errors = []
+            for _ in range(4):  # the pool's idle connections were all lost
+                try:
+                    claims = await ledger.claim("w", 1)
+                    break
+                except StoreError as exc:
+                    errors.append(str(exc))
+            else:
+                pytest.fail(f"no reconnect: {errors}")
+            assert errors
+            for error in errors:
+                assert error.startswith(f"PostgreSQL 127.0.0.1:{server.port}/postgres: ")
+                assert "\n" not in error
+            assert [c.task.id for c in claims] == ["t002"]
+            assert await ledger.finish("w", result("t001")) is True
