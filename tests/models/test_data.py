@@ -71,6 +71,7 @@ def test_public_names() -> None:
         "ResponseComplete", "RetryPolicy", "StopReason", "TextDelta", "ToolCallDelta",
         "Usage", "Price", "find_price", "open_http_client", "register_scripted_model",
         "resolve_model", "openai_tools", "anthropic_tools", "gemini_tools",
+        "BudgetLimits", "Grant", "ModelBudget", "ProviderLoad", "ReplayModel",
     }  # fmt: skip
     for name in kernel.models.__all__:
         assert getattr(kernel.models, name) is not None
