@@ -17,6 +17,11 @@ which), and the tools of the MCP servers of ``[mcp.servers]`` and
 call that needs them; ``k.mcp.info()`` says how each server is; docs/mcp.md). ``call_tools``, ``run_turn`` and ``run`` run tools inside
 ``kernel.context()`` for their session: in-process tools read it, and workers
 receive the session key with each call.
+
+A job that needs a workspace of its own (each task of ``kernel.batch``) opens
+one with ``k.open_workspace(path)`` and passes it as ``workspace=``: its
+in-process tools work there, and its plugin tools in workers confined there,
+started for it and killed when the block ends.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ if TYPE_CHECKING:
     import httpx
 
     from plugins import McpServers, PluginHost, PluginSpec
+    from sandbox import Workspace
 
 #: How many other-model agents ``Kernel.agent_for`` keeps (least recently used goes first):
 #: a client choosing a model per request must not grow the kernel without bound.
@@ -109,10 +115,29 @@ class Kernel:
         self._compact_again: set[str] = set()  # asked for while one was running
 
     @contextlib.contextmanager
-    def tool_context(self, session: Session) -> Iterator[ToolContext]:
-        """``kernel.context()`` for tools run on behalf of ``session`` (tasks inherit it)."""
-        with use_context(self.plugins.context(str(session.key))) as ctx:
+    def tool_context(
+        self, session: Session, workspace: Workspace | None = None
+    ) -> Iterator[ToolContext]:
+        """``kernel.context()`` for tools run on behalf of ``session`` (tasks inherit it),
+        in ``workspace`` (one ``open_workspace`` lent) or the kernel's own."""
+        with use_context(self.plugins.context(str(session.key), workspace)) as ctx:
             yield ctx
+
+    @contextlib.asynccontextmanager
+    async def open_workspace(self, path: str | os.PathLike[str]) -> AsyncIterator[Workspace]:
+        """A workspace of its own for one job's tools, until the block ends.
+
+        Pass it as ``workspace=`` to ``run_turn``, ``resume_turn``, ``run`` or
+        ``call_tools``: in-process tools work in it, plugin tools in workers
+        confined to it (started on the job's first call, killed at the end of
+        the block). Jobs in different workspaces never see each other's files.
+
+        Raises:
+            SandboxError: ``path`` cannot be opened or overlaps what a workspace
+                may not (the Python environment, the kernel's code, ``$TAK_HOME``).
+        """
+        async with self.plugins.open_workspace(path) as workspace:
+            yield workspace
 
     def session(self, session_id: str | None = None, *, project: str = DEFAULT_PROJECT) -> Session:
         """A session by id (a new random id when ``None``); nothing is written until used.
@@ -130,16 +155,18 @@ class Kernel:
         *,
         limits: CallLimits | None = None,
         on_event: AgentEventCallback | None = None,
+        workspace: Workspace | None = None,
     ) -> list[Observation]:
         """Run ``calls`` (as if a model had declared them) and record them in ``session``.
 
         The calls and their results are appended as one assistant message and its
-        tool message, also when the batch is cancelled.
+        tool message, also when the batch is cancelled. ``workspace``: see
+        ``open_workspace``.
         """
         if self.mcp is not None:
             # A lazy MCP server starts when a call names one of its tools.
             await self.mcp.list_tools_for([c.name for c in calls])
-        with self.tool_context(session):
+        with self.tool_context(session, workspace):
             return await run_calls_recorded(
                 session,
                 Message("assistant", list(calls)),
@@ -176,25 +203,58 @@ class Kernel:
         model: str | None = None,
         settings: ModelSettings | None = None,
         tools: Sequence[str] | None = None,
+        limits: RunLimits | None = None,
+        workspace: Workspace | None = None,
     ) -> TurnFinished:
         """One agent turn (see ``Agent.run_turn``), on ``model`` when given; compaction
         may follow in the background.
 
         ``settings`` are merged over the kernel's (``open_kernel(settings=)``,
         over ``[model.settings]`` of ``tak.toml``); ``tools`` selects the tools
-        offered (names or patterns such as ``fs.*``).
+        offered (names or patterns such as ``fs.*``); ``limits`` replace the
+        kernel's (``open_kernel(limits=)``) for this turn; the tools work in
+        ``workspace`` (see ``open_workspace``; default: the kernel's).
 
         Raises:
             UsageError: ``model`` is a bad model string or lacks its API key; a
                 pattern in ``tools`` matches no tool; a ``tool_choice`` the
                 selected tools cannot meet.
         """
-        agent = self.agent_for(model)
+        agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
         await self._list_mcp_tools(tools)
-        with self.tool_context(session):
+        with self.tool_context(session, workspace):
             result = await agent.run_turn(
                 session, prompt, on_event=on_event, settings=settings, tools=tools
+            )
+        self._compact_later(session)
+        return result
+
+    async def resume_turn(
+        self,
+        session: Session,
+        *,
+        on_event: AgentEventCallback | None = None,
+        model: str | None = None,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
+        limits: RunLimits | None = None,
+        workspace: Workspace | None = None,
+    ) -> TurnFinished:
+        """Continue the turn a crash or a cancel left without a final answer (see
+        ``Agent.resume_turn``: calls recorded without results are answered as
+        interrupted, never run again; a transcript that ends with a final answer
+        returns it without a model request). The arguments are ``run_turn``'s.
+
+        Raises:
+            UsageError: the session has no message to resume; as for ``run_turn``.
+        """
+        agent = _with_limits(self.agent_for(model), limits)
+        tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
+        await self._list_mcp_tools(tools)
+        with self.tool_context(session, workspace):
+            result = await agent.resume_turn(
+                session, on_event=on_event, settings=settings, tools=tools
             )
         self._compact_later(session)
         return result
@@ -208,14 +268,16 @@ class Kernel:
         model: str | None = None,
         settings: ModelSettings | None = None,
         tools: Sequence[str] | None = None,
+        limits: RunLimits | None = None,
+        workspace: Workspace | None = None,
     ) -> AsyncIterator[trio.MemoryReceiveChannel[AgentEvent]]:
         """One agent turn as a stream of events (see ``Agent.run``, and ``run_turn``
         for the arguments)."""
-        agent = self.agent_for(model)
+        agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
         await self._list_mcp_tools(tools)
         # The agent's tasks start inside this block, so they inherit the context.
-        with self.tool_context(session):
+        with self.tool_context(session, workspace):
             async with agent.run(session, prompt, settings=settings, tools=tools) as events:
                 yield events
         self._compact_later(session)
@@ -280,6 +342,15 @@ class Kernel:
         finally:
             self._compacting.discard(name)
             self._compact_again.discard(name)
+
+
+def _with_limits(agent: Agent, limits: RunLimits | None) -> Agent:
+    """``agent``, or the same agent under other limits (a per-turn copy: cheap)."""
+    if limits is None or limits == agent.limits:
+        return agent
+    copy = agent.with_model(agent.model)
+    copy.limits = limits
+    return copy
 
 
 def _prepare_dirs(

@@ -70,6 +70,7 @@ from sandbox import (
     DEFAULT_MAX_BYTES,
     IsolationSupport,
     Policy,
+    ToolSpec,
     Worker,
     WorkerPool,
     Workspace,
@@ -191,6 +192,17 @@ class _NotApproved(KernelError):
         self.approve = approve
 
 
+@attrs.define
+class _TaskWorkspace:
+    """A workspace ``open_workspace`` lent to one job, and the workers started for it."""
+
+    workspace: Workspace
+    workers: dict[int, Worker] = attrs.Factory(dict)  # by id() of the plugin's own worker
+    invokers: dict[tuple[int, str], Callable[[dict[str, Any]], Awaitable[Any]]] = attrs.Factory(
+        dict
+    )
+
+
 @attrs.frozen
 class _Candidate:
     """A plugin whose tools are known, before its names are registered."""
@@ -234,6 +246,7 @@ class PluginHost:
         self.report: SkipReport = "line"
         self.load_output = _LoadOutput()
         self._declared: dict[str, tuple[Permissions, Worker]] = {}
+        self._lent: dict[int, _TaskWorkspace] = {}  # by id() of the workspace
         self._approvals: dict[str, TrustedPlugin] | TrustError | None = None
 
     def plugin_config(self, name: str) -> dict[str, Any]:
@@ -242,16 +255,94 @@ class PluginHost:
         value = section.get(name, {}) if isinstance(section, Mapping) else {}
         return dict(value) if isinstance(value, Mapping) else {}
 
-    def context(self, session: str | None = None) -> ToolContext:
+    def context(
+        self, session: str | None = None, workspace: Workspace | None = None
+    ) -> ToolContext:
         """The kernel-side context: the workspace and a session key for a batch of calls.
 
         Set it with ``kernel.plugin.use_context`` around ``run_tool_calls``: in-process
         tools see it (with their own logger and config) and workers receive the
-        session key with each call.
+        session key with each call. ``workspace`` is one ``open_workspace`` lent
+        (default: the host's own): the calls work there.
         """
         return ToolContext(
-            workspace=self.workspace, session=session, logger=logging.getLogger("tak.tools")
+            workspace=workspace if workspace is not None else self.workspace,
+            session=session,
+            logger=logging.getLogger("tak.tools"),
         )
+
+    @contextlib.asynccontextmanager
+    async def open_workspace(self, path: str | os.PathLike[str]) -> AsyncIterator[Workspace]:
+        """Another workspace for the tools of one job (a batch task), until the block ends.
+
+        Calls made in ``context(workspace=...)`` of the workspace yielded work in
+        ``path``: in-process tools through it, plugin tools in workers confined
+        to ``path`` (Landlock), started on the job's first call of each plugin and
+        killed when the block ends. The directory gets the checks and the disk
+        budget of the host's own workspace; ``.tak/`` in it is read-only to tools.
+        Many may be open at once; none sees another's files.
+
+        Raises:
+            SandboxError: the directory cannot be opened, or it overlaps the Python
+                environment, the kernel's code or ``$TAK_HOME`` (see ``guarded_paths``).
+        """
+        await trio.to_thread.run_sync(_check_overlap, path, self.home)
+        max_bytes = self.workspace.max_bytes
+        ws = await trio.to_thread.run_sync(_open_lent, path, max_bytes)
+        lent = _TaskWorkspace(ws)
+        self._lent[id(ws)] = lent
+        try:
+            yield ws
+        finally:
+            del self._lent[id(ws)]
+            with trio.CancelScope(shield=True):
+                for worker in lent.workers.values():
+                    await self.pool.close_worker(worker)
+            ws.close()
+
+    def _remote_tool(self, spec: ToolSpec, worker: Worker, permissions: Permissions) -> Tool:
+        """``remote_tool`` of the plugin's worker, routed by the caller's workspace: a
+        call in a workspace ``open_workspace`` lent runs in that workspace's worker."""
+        base = remote_tool(spec, worker, self._budget_check(permissions))
+        run_here = base.invoke
+        assert run_here is not None
+
+        async def invoke(arguments: dict[str, Any]) -> Any:
+            workspace = _workspace_of_caller()
+            if workspace is None or workspace is self.workspace:
+                return await run_here(arguments)
+            return await self._lent_invoker(workspace, spec, worker, permissions)(arguments)
+
+        return attrs.evolve(base, invoke=invoke)
+
+    def _lent_invoker(
+        self, workspace: Workspace, spec: ToolSpec, worker: Worker, permissions: Permissions
+    ) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        """Raises: ToolFailure: the workspace was not lent by this host (or is closed)."""
+        lent = self._lent.get(id(workspace))
+        if lent is None or lent.workspace is not workspace:
+            raise ToolFailure(
+                "denied",
+                "this call's workspace was not opened by the plugin host (open_workspace), "
+                "or its job has ended: no worker may run there",
+            )
+        key = (id(worker), spec.name)
+        invoker = lent.invokers.get(key)
+        if invoker is None:
+            copy = lent.workers.get(id(worker))
+            if copy is None:
+                copy = lent.workers[id(worker)] = self.pool.worker(
+                    worker.plugin,
+                    policy=worker.policy,
+                    name=worker.name,
+                    path=worker.path,
+                    config=worker.config,
+                    workspace=workspace.path,
+                )
+            tool = remote_tool(spec, copy, self._budget_check(permissions, workspace))
+            assert tool.invoke is not None
+            invoker = lent.invokers[key] = tool.invoke
+        return invoker
 
     # -- loading --------------------------------------------------------------
 
@@ -396,8 +487,9 @@ class PluginHost:
             isolation = "in process"
         else:
             worker = self._worker(source, plugin.name, plugin.permissions)
-            after = self._budget_check(plugin.permissions)
-            tools = [remote_tool(tool_spec(t), worker, after) for t in plugin.tools]
+            tools = [
+                self._remote_tool(tool_spec(t), worker, plugin.permissions) for t in plugin.tools
+            ]
             isolation = self._isolation(plugin.permissions)
         if not tools:
             raise UsageError(f"plugin {plugin.name} defines no tools")
@@ -453,9 +545,8 @@ class PluginHost:
         else:
             await probe.aclose()
             worker = self._worker(target, name, permissions)
-        after = self._budget_check(permissions)
         # Built once, here, from the probe's greeting: the pool builds no tools.
-        tools = [remote_tool(spec, worker, after) for spec in probe.specs]
+        tools = [self._remote_tool(spec, worker, permissions) for spec in probe.specs]
         if info.in_process:
             logger.info(
                 "plugin %s asks to run in process; third-party plugins never do",
@@ -510,7 +601,9 @@ class PluginHost:
             worker.config = dict(config)
             worker.policy = policy_for(self.granted(name, permissions))
 
-    def _budget_check(self, permissions: Permissions) -> Callable[[], Awaitable[None]] | None:
+    def _budget_check(
+        self, permissions: Permissions, workspace: Workspace | None = None
+    ) -> Callable[[], Awaitable[None]] | None:
         """After each call of a plugin that may write the workspace: measure it again.
 
         A worker's writes do not go through ``self.workspace``: its usage is bounded
@@ -521,25 +614,27 @@ class PluginHost:
         says so; so does a call after which the usage could not be measured (fail
         closed: a worker that keeps the tree changing must not escape the budget).
         """
-        if permissions.workspace != "write" or self.workspace.max_bytes is None:
+        ws = workspace if workspace is not None else self.workspace
+        if permissions.workspace != "write" or ws.max_bytes is None:
             return None
-        return self._check_budget
+        return functools.partial(self._check_budget, ws)
 
-    async def _check_budget(self) -> None:
+    async def _check_budget(self, workspace: Workspace | None = None) -> None:
         """Raises: ToolFailure: the workspace is over its disk budget, or unmeasurable."""
-        limit = self.workspace.max_bytes
+        ws = workspace if workspace is not None else self.workspace
+        limit = ws.max_bytes
         try:
-            used = await trio.to_thread.run_sync(self.workspace.bounded_usage)
+            used = await trio.to_thread.run_sync(ws.bounded_usage)
             if used is None:
                 # A walk: with every worker stopped, so that none (nor a program it
                 # left running) can move what it wrote out of the walk's way.
                 async with self.pool.frozen():
-                    used = await trio.to_thread.run_sync(self.workspace.refresh_usage)
+                    used = await trio.to_thread.run_sync(ws.refresh_usage)
                     # A file a worker keeps open after unlinking it is in no directory.
-                    device = os.fstat(self.workspace.fileno()).st_dev
+                    device = os.fstat(ws.fileno()).st_dev
                     hidden = await self.pool.unlinked_open_bytes(device)
                     if hidden:
-                        used = self.workspace.add_usage(hidden)
+                        used = ws.add_usage(hidden)
         except KernelError as exc:
             raise ToolFailure(
                 "denied",
@@ -664,6 +759,21 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, (KernelError,)) or text.startswith(type(exc).__name__):
         return text
     return f"{type(exc).__name__}: {text}"
+
+
+def _workspace_of_caller() -> Workspace | None:
+    """The workspace of the ``kernel.context()`` a call runs in, if any."""
+    try:
+        return context().workspace
+    except UsageError:
+        return None
+
+
+def _open_lent(path: str | os.PathLike[str], max_bytes: int | None) -> Workspace:
+    """A lent workspace, opened as the host's own is (``.tak/`` protected, the budget)."""
+    with Workspace(path) as ws:
+        ws.mkdir(".tak/tmp", parents=True, exist_ok=True)  # a worker's TMPDIR
+    return Workspace(path, protected=(".tak",), max_bytes=max_bytes)
 
 
 def _read_in(workspace: Workspace, path: str) -> bytes:

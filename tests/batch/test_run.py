@@ -1,0 +1,534 @@
+"""run_batch: each test names the guarantee of kernel/batch/_run.py it checks."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from kernel import open_kernel, tool
+from kernel.batch._directory import DirectoryLedger, open_run_dir
+from kernel.batch._records import BatchTask, TaskLimits, TaskResult
+from kernel.batch._run import BatchProgress, TaskOutcome, run_batch
+from kernel.batch._summary import BatchSummary
+from kernel.errors import ModelAPIError, UsageError
+from kernel.kernel import Kernel
+from kernel.messages import Message, Text
+from kernel.models import ModelRequest, ScriptedModel
+from kernel.plugin import context
+from tests.batch import ws_probe
+
+RUN = "run-1"
+
+
+def task_of(request: ModelRequest) -> str:
+    """The task id a request is for: its first user message is ``task <id>``."""
+    first = next(m for m in request.messages if m.role == "user")
+    return first.text.split()[-1]
+
+
+def last_observation(request: ModelRequest) -> str | None:
+    last = request.messages[-1]
+    if last.role != "tool":
+        return None
+    observation = last.observations[0]
+    return observation.error.message if observation.error is not None else observation.content
+
+
+@tool
+def read_question() -> str:
+    """Read question.txt of this task's workspace."""
+    return context().workspace.read_text("question.txt")
+
+
+@tool
+def read_other(path: str) -> str:
+    """Read a path of the workspace (the tests try to leave it).
+
+    Args:
+        path: Relative to the workspace.
+    """
+    return context().workspace.read_text(path)
+
+
+@tool
+def explode() -> str:
+    """Raise."""
+    raise RuntimeError("the tool broke")
+
+
+class Script:
+    """A model: each task calls ``read_question`` then answers with what it read;
+    tasks named in ``hang`` wait forever, ``fail`` raise ModelAPIError, ``boom``
+    call ``explode``. It counts requests per task."""
+
+    def __init__(
+        self,
+        *,
+        hang: Sequence[str] = (),
+        fail: Sequence[str] = (),
+        boom: Sequence[str] = (),
+        gate: trio.Event | None = None,
+        rendezvous: int | None = None,
+    ) -> None:
+        self.hang, self.fail, self.boom, self.gate = set(hang), set(fail), set(boom), gate
+        # First requests wait for each other in groups of this many.
+        self.rendezvous = rendezvous
+        self.waiting = 0
+        self.together = trio.Event()
+        self.requests: Counter[str] = Counter()
+        self.first_requests: Counter[str] = Counter()
+        self.concurrent = 0
+        self.most_concurrent = 0
+
+    async def __call__(self, request: ModelRequest) -> Any:
+        task_id = task_of(request)
+        self.requests[task_id] += 1
+        if request.messages[-1].role == "user":
+            self.first_requests[task_id] += 1
+        self.concurrent += 1
+        self.most_concurrent = max(self.most_concurrent, self.concurrent)
+        try:
+            if task_id in self.hang:
+                await trio.sleep_forever()
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.rendezvous is not None and request.messages[-1].role == "user":
+                self.waiting += 1
+                together = self.together
+                if self.waiting == self.rendezvous:
+                    self.waiting, self.together = 0, trio.Event()
+                    together.set()
+                await together.wait()
+            await trio.lowlevel.checkpoint()
+        finally:
+            self.concurrent -= 1
+        if task_id in self.fail:
+            raise ModelAPIError("scripted: the provider said no (HTTP 500)")
+        seen = last_observation(request)
+        if seen is None:
+            name = "explode" if task_id in self.boom else "read_question"
+            return ScriptedModel.reply(calls=[(name, {})])
+        return f"answer: {seen}"
+
+
+def tasks(n: int, **fields: Any) -> list[BatchTask]:
+    return [
+        BatchTask(
+            id=f"t{i:03d}",
+            prompt=f"task t{i:03d}",
+            files={"question.txt": f"question {i}"},
+            **fields,
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+async def kernel(tmp_path: Path) -> AsyncIterator[Kernel]:
+    async with open_kernel(
+        home=tmp_path / "home",
+        model="scripted:echo",
+        tools=[read_question, read_other, explode],
+        plugins=[],
+    ) as k:
+        yield k
+
+
+def use(k: Kernel, script: Script) -> None:
+    k.agent.model = ScriptedModel(script, keep_requests=0)
+
+
+@pytest.fixture
+async def ledger(tmp_path: Path) -> AsyncIterator[DirectoryLedger]:
+    async with open_run_dir(tmp_path / RUN) as it:
+        yield it
+
+
+def by_id(summary: BatchSummary) -> dict[str, TaskResult]:
+    return {r.id: r for r in summary.results}
+
+
+async def test_every_task_runs_in_its_own_session_and_workspace(
+    kernel: Kernel, ledger: DirectoryLedger
+) -> None:
+    """3: each task's tools read its own workspace; its session is batch.<run>/<id>."""
+    script = Script()
+    use(kernel, script)
+    summary = await run_batch(kernel, tasks(6), ledger=ledger, max_concurrency=3)
+    assert [(r.id, r.reason, r.text) for r in summary.results] == [
+        (f"t{i:03d}", "final", f"answer: question {i}") for i in range(6)
+    ]
+    assert all(r.steps == 2 and r.attempt == 1 and r.error is None for r in summary.results)
+    session = kernel.session("t004", project=f"batch.{RUN}")
+    assert [m.role for m in await session.messages()] == ["user", "assistant", "tool", "assistant"]
+    assert (ledger.workspaces / "t004" / "question.txt").read_text() == "question 4"
+
+
+async def test_one_tasks_failure_never_touches_another(
+    kernel: Kernel, ledger: DirectoryLedger, thread_clock: trio.testing.MockClock
+) -> None:
+    """1: a task whose model fails, whose tool raises, that hangs past its wall time or
+    whose seed is refused ends with that reason; every other task ends final."""
+    script = Script(hang=["t001"], fail=["t002"], boom=["t003"])
+    use(kernel, script)
+    work = tasks(8)
+    work[1] = BatchTask(id="t001", prompt="task t001", limits=TaskLimits(wall_time=30))
+    work[4] = BatchTask(id="t004", prompt="task t004", files={"../escape.txt": "x"})
+    summary = await run_batch(kernel, work, ledger=ledger, max_concurrency=8)
+    results = by_id(summary)
+    assert results["t001"].reason == "wall_time"
+    assert (
+        results["t001"].error == "the task was still running at the task's wall time limit (30 s)"
+    )
+    assert results["t001"].wall_seconds >= 30
+    assert (results["t002"].reason, results["t002"].error) == (
+        "model_error",
+        "scripted: the provider said no (HTTP 500)",
+    )
+    # A tool's exception is an observation: the model saw it and answered.
+    assert results["t003"].reason == "final"
+    assert "the tool broke" in results["t003"].text
+    assert results["t004"].reason == "error"
+    assert results["t004"].error is not None
+    assert results["t004"].error.startswith("UsageError: task 't004': files['../escape.txt']: ")
+    assert "\n" not in results["t004"].error
+    for i in (0, 5, 6, 7):
+        assert results[f"t{i:03d}"].reason == "final"
+    assert not (ledger.path.parent / "escape.txt").exists()
+    assert not (ledger.workspaces / "escape.txt").exists()
+
+
+async def test_limits_are_the_tasks_over_the_runs(kernel: Kernel, ledger: DirectoryLedger) -> None:
+    """2: a run's max_steps stops every task; a task's own limit replaces it."""
+    use(kernel, Script())
+    work = tasks(3)
+    work[2] = BatchTask(
+        id="t002", prompt="task t002", files={"question.txt": "q"}, limits=TaskLimits(max_steps=5)
+    )
+    summary = await run_batch(kernel, work, ledger=ledger, limits=TaskLimits(max_steps=1))
+    assert [(r.id, r.reason, r.steps) for r in summary.results] == [
+        ("t000", "max_steps", 1),
+        ("t001", "max_steps", 1),
+        ("t002", "final", 2),
+    ]
+
+
+async def test_a_run_limits_how_many_tasks_run_at_once(
+    kernel: Kernel, ledger: DirectoryLedger
+) -> None:
+    script = Script(rendezvous=4)  # tasks wait until 4 run at once: never more
+    use(kernel, script)
+    progress: list[BatchProgress] = []
+    summary = await run_batch(
+        kernel, tasks(20), ledger=ledger, max_concurrency=4, on_progress=progress.append
+    )
+    assert len(summary.results) == 20
+    assert script.most_concurrent == 4
+    assert max(p.running for p in progress) == 4
+    last = progress[-1]
+    assert (last.total, last.done, last.running, last.failed) == (20, 20, 0, 0)
+    assert [p.done for p in progress] == sorted(p.done for p in progress)
+
+
+async def test_scorers_are_isolated_too(
+    kernel: Kernel, ledger: DirectoryLedger, thread_clock: trio.testing.MockClock
+) -> None:
+    """1: a scorer that raises gives no score and says why; one that hangs meets the
+    task's wall time; a sync scorer runs in a thread; a bad return value is refused."""
+    use(kernel, Script())
+    seen: list[TaskOutcome] = []
+
+    async def scorer(task: BatchTask, outcome: TaskOutcome) -> float | None:
+        seen.append(outcome)
+        if task.id == "t001":
+            raise ValueError("cannot score\nthis")
+        if task.id == "t002":
+            await trio.sleep_forever()
+        if task.id == "t003":
+            return True  # type: ignore[return-value]
+        return 1.0 if outcome.text.endswith(str(task.expected)) else 0.0
+
+    work = [
+        BatchTask(
+            id=f"t{i:03d}",
+            prompt=f"task t{i:03d}",
+            files={"question.txt": f"question {i}"},
+            expected=i if i != 4 else 99,
+            limits=TaskLimits(wall_time=60) if i == 2 else None,
+        )
+        for i in range(5)
+    ]
+    summary = await run_batch(kernel, work, ledger=ledger, scorer=scorer)
+    results = by_id(summary)
+    assert (results["t000"].score, results["t000"].error) == (1.0, None)
+    assert (results["t001"].score, results["t001"].error) == (
+        None,
+        "scorer: ValueError: cannot score this",
+    )
+    assert results["t002"].reason == "wall_time"
+    assert (
+        results["t002"].error == "the scorer was still running at the task's wall time limit (60 s)"
+    )
+    assert results["t002"].text == "answer: question 2"  # the answer is kept
+    assert results["t003"].score is None
+    assert results["t003"].error is not None and "expected a finite number" in results["t003"].error
+    assert results["t004"].score == 0.0
+    assert {o.session_id for o in seen} == {f"t{i:03d}" for i in range(5)}
+    assert seen[0].workspace == ledger.workspaces / seen[0].session_id
+
+    def sync_scorer(task: BatchTask, outcome: TaskOutcome) -> float:
+        assert trio.lowlevel.in_trio_run() is False  # in a worker thread
+        return 0.5
+
+    async with open_run_dir(ledger.path.parent / "second") as other:
+        summary = await run_batch(kernel, work[:2], ledger=other, scorer=sync_scorer)
+    assert [r.score for r in summary.results] == [0.5, 0.5]
+
+
+async def test_rerunning_a_finished_run_does_nothing(
+    kernel: Kernel, ledger: DirectoryLedger
+) -> None:
+    """4: finished tasks are never run again, by the same call or a resume (tasks=None)."""
+    script = Script(fail=["t001"])
+    use(kernel, script)
+    first = await run_batch(kernel, tasks(5), ledger=ledger)
+    asked = sum(script.requests.values())
+    again = await run_batch(kernel, tasks(5), ledger=ledger)
+    resumed = await run_batch(kernel, None, ledger=ledger)
+    assert sum(script.requests.values()) == asked
+    assert again == resumed == first
+
+
+async def test_cancelled_tasks_are_recorded_then_resumed_from_their_transcripts(
+    tmp_path: Path, kernel: Kernel
+) -> None:
+    """5 and 4: cancelling the run records its running tasks as cancelled (released);
+    a resume finishes them, continuing each transcript (the prompt sent once) as attempt 2."""
+    gate = trio.Event()
+    script = Script(gate=gate)
+    use(kernel, script)
+    work = tasks(6)
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        with trio.move_on_after(5) as stopped:  # the model waits on the gate: never returns
+            await run_batch(kernel, work, ledger=ledger, max_concurrency=3)
+        assert stopped.cancelled_caught
+        results = await ledger.results()
+        assert [(r.id, r.reason, r.attempt) for r in results] == [
+            ("t000", "cancelled", 1),
+            ("t001", "cancelled", 1),
+            ("t002", "cancelled", 1),
+        ]
+        assert (await ledger.counts()).running == 0
+    gate.set()
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        summary = await run_batch(kernel, None, ledger=ledger, max_concurrency=3)
+    assert [(r.id, r.reason) for r in summary.results] == [(t.id, "final") for t in work]
+    assert [r.attempt for r in summary.results] == [2, 2, 2, 1, 1, 1]
+    assert all(script.first_requests[t.id] == 2 for t in work[:3])  # cut, then continued
+    for t in work[:3]:
+        session = kernel.session(t.id, project=f"batch.{RUN}")
+        roles = [m.role for m in await session.messages()]
+        assert roles.count("user") == 1, roles  # resumed, not started over
+    lines = (tmp_path / RUN / "results.jsonl").read_text().splitlines()
+    assert Counter(json.loads(line)["reason"] for line in lines) == {"cancelled": 3, "final": 6}
+
+
+async def test_a_task_cut_mid_call_is_resumed_without_running_the_call_again(
+    tmp_path: Path,
+) -> None:
+    """4: a transcript whose last call has no result (the process died) is continued:
+    the call is answered as interrupted, never re-run."""
+    runs: list[str] = []
+
+    @tool
+    def side_effect() -> str:
+        """Count a run."""
+        runs.append("ran")
+        return "done"
+
+    def script(request: ModelRequest) -> Any:
+        seen = last_observation(request)
+        return f"saw: {seen}"
+
+    async with open_kernel(
+        home=tmp_path / "home", model=ScriptedModel(script), tools=[side_effect], plugins=[]
+    ) as k:
+        session = k.session("t000", project=f"batch.{RUN}")
+        # What a SIGKILL during the call leaves: the prompt, the call, no result.
+        await session.append(Message("user", [Text("task t000")]))
+        await session.record_calls(
+            ScriptedModel.reply(calls=[("side_effect", {})]).message, model="scripted"
+        )
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            summary = await run_batch(k, tasks(1), ledger=ledger)
+    (result,) = summary.results
+    assert result.reason == "final"
+    assert "interrupted" in result.text
+    assert runs == []
+
+
+async def test_task_workspaces_are_walled_off_for_plugin_workers(
+    tmp_path: Path, ledger: DirectoryLedger
+) -> None:
+    """3: a plugin run in a sandbox worker works in the task's directory (its cwd and
+    its Landlock domain); another task's files are out of its reach; the workers of a
+    task are gone when it ends."""
+
+    def script(request: ModelRequest) -> Any:
+        task_id = task_of(request)
+        seen = last_observation(request)
+        if seen is None:
+            other = "t001" if task_id == "t000" else "t000"
+            return ScriptedModel.reply(
+                calls=[
+                    ("read_here", {"path": "question.txt"}),
+                    ("read_raw", {"path": "question.txt"}),
+                    ("read_raw", {"path": str(ledger.workspaces / other / "question.txt")}),
+                ]
+            )
+        observations = request.messages[-1].observations
+        return json.dumps(
+            [o.content if o.error is None else f"ERROR {o.error.message}" for o in observations]
+        )
+
+    async with open_kernel(
+        home=tmp_path / "home", model=ScriptedModel(script), plugins=[ws_probe]
+    ) as k:
+        if k.plugins.errors:
+            pytest.skip(f"the probe plugin did not load: {k.plugins.errors[0].reason}")
+        isolation = k.plugins.plugins[0].isolation
+        summary = await run_batch(k, tasks(2), ledger=ledger, max_concurrency=2)
+        assert k.plugins.pool.workers == [k.plugins._declared["wsprobe"][1]]  # reaped
+    for i, result in enumerate(summary.results):
+        assert result.reason == "final", result
+        here, raw, other = json.loads(result.text)
+        assert here == f"question {i}"
+        assert raw == f"{ledger.workspaces / result.id}|question {i}"
+        if "unconfined" not in isolation:
+            assert other.startswith("ERROR"), other
+
+
+async def test_hostile_seeds_stay_inside(
+    kernel: Kernel, ledger: DirectoryLedger, tmp_path: Path
+) -> None:
+    """3: a seed's link out of it is not followed (nor copied: a files= path through
+    it stays inside); paths of files= that leave the workspace (.., absolute) fail
+    the task, and nothing is written outside."""
+    use(kernel, Script())
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    seed = tmp_path / "seed"
+    (seed / "sub").mkdir(parents=True)
+    (seed / "question.txt").write_text("seeded")
+    (seed / "sub" / "inner.txt").write_text("inner")
+    os.symlink(secret, seed / "leak.txt")
+    os.symlink("sub/inner.txt", seed / "alias.txt")
+    os.symlink(tmp_path, seed / "up")
+    work = [
+        BatchTask(id="good", prompt="task good", workspace=str(seed)),
+        BatchTask(id="dots", prompt="task dots", files={"a/../../x.txt": "x"}),
+        BatchTask(id="abs", prompt="task abs", files={str(tmp_path / "abs.txt"): "x"}),
+        BatchTask(id="link", prompt="task link", workspace=str(seed), files={"up/y.txt": "y"}),
+    ]
+    summary = await run_batch(kernel, work, ledger=ledger)
+    results = by_id(summary)
+    assert (results["good"].reason, results["good"].text) == ("final", "answer: seeded")
+    good = ledger.workspaces / "good"
+    assert (good / "alias.txt").read_text() == "inner"  # a link inside the seed: copied
+    assert (good / "sub" / "inner.txt").read_text() == "inner"
+    assert not (good / "leak.txt").exists() and not (good / "up").exists()
+    assert results["link"].reason == "final"
+    assert (ledger.workspaces / "link" / "up" / "y.txt").read_text() == "y"
+    assert not (ledger.workspaces / "link" / "up").is_symlink()
+    for name in ("dots", "abs"):
+        assert results[name].reason == "error", results[name]
+        assert f"task {name!r}: files[" in (results[name].error or "")
+    assert not (tmp_path / "abs.txt").exists() and not (tmp_path / "y.txt").exists()
+    assert not (ledger.workspaces.parent / "x.txt").exists()
+    with pytest.raises(UsageError, match=r"BatchTask\.id"):
+        BatchTask(id="../t", prompt="p")
+
+
+async def test_leases_are_renewed_while_tasks_run(
+    kernel: Kernel, tmp_path: Path, thread_clock: trio.testing.MockClock
+) -> None:
+    """A ledger with a lease hears from the run every lease/3 for its running tasks."""
+    gate = trio.Event()
+    use(kernel, Script(gate=gate))
+    renewals: list[tuple[float, list[str]]] = []
+
+    async with open_run_dir(tmp_path / RUN) as inner:
+
+        class Leased:
+            lease_seconds = 3.0
+            run_id = inner.run_id
+            workspaces = inner.workspaces
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            async def renew(self, worker: str, task_ids: Sequence[str]) -> None:
+                renewals.append((trio.current_time(), list(task_ids)))
+
+        async def open_gate() -> None:
+            await trio.sleep(10)
+            gate.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_gate)
+            start = trio.current_time()
+            await run_batch(kernel, tasks(2), ledger=Leased(), worker="w")  # type: ignore[arg-type]
+    while_waiting = [(round(t - start), ids) for t, ids in renewals if t - start < 9.5]
+    assert while_waiting == [(n, ["t000", "t001"]) for n in range(1, 10)]
+
+
+async def test_bad_arguments_are_refused_before_any_task(
+    kernel: Kernel, ledger: DirectoryLedger
+) -> None:
+    for bad in (0, -1, True):
+        with pytest.raises(UsageError, match="max_concurrency"):
+            await run_batch(kernel, tasks(1), ledger=ledger, max_concurrency=bad)
+    with pytest.raises(UsageError):
+        await run_batch(kernel, tasks(1), ledger=ledger, model="nope:x")
+    assert (await ledger.counts()).total == 0
+
+
+def test_the_summary_table() -> None:
+    results = tuple(
+        TaskResult(
+            id=f"t{i}",
+            reason="final" if i < 7 else "model_error",
+            score=1.0 if i < 3 else (0.0 if i < 6 else None),
+            input_tokens=10,
+            output_tokens=2,
+            cost_usd=0.01 if i < 5 else None,
+            wall_seconds=float(i + 1),
+        )
+        for i in range(10)
+    )
+    summary = BatchSummary("r", results)
+    table = summary.table()
+    assert "run r: 10 tasks" in table
+    assert [
+        line.split()
+        for line in table.splitlines()
+        if line.strip().startswith(("final", "model_error"))
+    ] == [
+        ["final", "7"],
+        ["model_error", "3"],
+    ]
+    assert "score mean  0.500 over 6 scored" in table
+    assert "100 in, 20 out" in table
+    assert "$0.0500" in table
+    assert "wall p50    5.00 s" in table and "wall p95    10.00 s" in table
+    assert math.isclose(summary.cost_usd or 0, 0.05)
+    assert BatchSummary("empty", ()).table().count("-") >= 3
