@@ -230,6 +230,24 @@ class Kernel:
         self._compact_later(session)
         return result
 
+    async def check_run(
+        self,
+        *,
+        model: str | None = None,
+        settings: ModelSettings | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> None:
+        """Refuse what ``run_turn`` would refuse of these options, before anything runs
+        (a batch checks once, not in every task).
+
+        Raises:
+            UsageError: as for ``run_turn``.
+        """
+        agent = self.agent_for(model)
+        patterns = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
+        await self._list_mcp_tools(patterns)
+        agent._prepare(settings, patterns)
+
     async def resume_turn(
         self,
         session: Session,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import heapq
 import json
 import logging
 import os
@@ -280,6 +281,10 @@ class DirectoryLedger:
         self._state = state
         self._lock_fd = lock_fd
         self._running: dict[str, str] = {}  # task id -> worker
+        # What claim hands out next: the task order indices of the tasks neither
+        # finished nor running, smallest first (a released task keeps its place).
+        self._ids: list[str] = list(state.tasks)
+        self._free: list[int] = [i for i, t in enumerate(self._ids) if t not in state.finished]
         self._tasks_file = _AppendFile(path / TASKS, durable=True)
         self._results_file = _AppendFile(path / RESULTS, durable=True)
         self._claims_file = _AppendFile(path / CLAIMS, durable=False)
@@ -325,6 +330,8 @@ class DirectoryLedger:
             for task_id, line in new.items():
                 self._state.tasks[task_id] = by_id[task_id]
                 self._state.encoded[task_id] = line
+                heapq.heappush(self._free, len(self._ids))
+                self._ids.append(task_id)
 
     async def claim(self, worker: str, limit: int) -> list[Claim]:
         """Up to ``limit`` tasks not finished and not running, in task order (guarantee 2).
@@ -336,15 +343,14 @@ class DirectoryLedger:
             raise UsageError(f"claim: limit must be 1 or more, got {limit!r}")
         claims: list[Claim] = []
         state = self._state
-        for task_id, task in state.tasks.items():
-            if len(claims) >= limit:
-                break
+        while self._free and len(claims) < limit:
+            task_id = self._ids[heapq.heappop(self._free)]
             if task_id in state.finished or task_id in self._running:
-                continue
+                continue  # finished without a claim: it simply leaves the heap
             attempt = state.attempts.get(task_id, 0) + 1
             state.attempts[task_id] = attempt
             self._running[task_id] = worker
-            claims.append(Claim(task=task, attempt=attempt))
+            claims.append(Claim(task=state.tasks[task_id], attempt=attempt))
         if claims:
             lines = b"".join(
                 _encode({"id": c.task.id, "attempt": c.attempt, "worker": worker}) for c in claims
@@ -379,7 +385,8 @@ class DirectoryLedger:
                 del state.finished[result.id]
             raise
         state.latest[result.id] = result
-        self._running.pop(result.id, None)
+        if self._running.pop(result.id, None) is not None and not result.finished:
+            heapq.heappush(self._free, self._ids.index(result.id))  # released: claimable again
         return True
 
     async def results(self) -> list[TaskResult]:

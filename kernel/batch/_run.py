@@ -398,7 +398,7 @@ class _Runner:
             "limits": run_limits,
         }
         async with kernel.open_workspace(path) as workspace:
-            if await session.entries():
+            if await session.messages():
                 # A run stopped mid-task: go on from its transcript, never from scratch.
                 return await kernel.resume_turn(session, workspace=workspace, **common)
             prompt = task.prompt
@@ -474,7 +474,8 @@ async def run_batch(
         or max_concurrency < 1
     ):
         raise UsageError(f"max_concurrency must be 1 or more, got {max_concurrency!r}")
-    kernel.agent_for(model)  # a bad model string is refused before any task runs
+    # A bad model string, tool pattern or setting is refused once, before any task.
+    await kernel.check_run(model=model, settings=settings, tools=tools)
     if tasks is not None:
         await ledger.add_tasks(tasks)
     root = workspace_root

@@ -499,6 +499,8 @@ async def test_bad_arguments_are_refused_before_any_task(
             await run_batch(kernel, tasks(1), ledger=ledger, max_concurrency=bad)
     with pytest.raises(UsageError):
         await run_batch(kernel, tasks(1), ledger=ledger, model="nope:x")
+    with pytest.raises(UsageError, match="nothing"):
+        await run_batch(kernel, tasks(1), ledger=ledger, tools=["nothing*"])
     assert (await ledger.counts()).total == 0
 
 

@@ -1,0 +1,110 @@
+"""Kernel.open_workspace: a job's own workspace for in-process tools and plugin workers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from kernel import ToolCall, open_kernel
+from kernel.errors import SandboxError
+from kernel.plugin import use_context
+from sandbox import Workspace
+from tests.batch import ws_probe
+
+
+async def test_in_process_tools_write_in_the_jobs_workspace(tmp_path: Path) -> None:
+    """The built-in fs tools of two jobs at once each write in their own directory;
+    the kernel's workspace is untouched, and .tak/ of a job's workspace is read-only."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for path in (a, b, tmp_path / "main"):
+        path.mkdir()
+    async with open_kernel(
+        home=tmp_path / "home", workspace=tmp_path / "main", plugins=["fs"]
+    ) as k:
+
+        async def job(path: Path, text: str) -> list[str]:
+            async with k.open_workspace(path) as ws:
+                session = k.session(path.name)
+                observations = await k.call_tools(
+                    session,
+                    [
+                        ToolCall("1", "write_file", {"path": "out.txt", "content": text}),
+                        ToolCall("2", "write_file", {"path": ".tak/evil.py", "content": "x"}),
+                    ],
+                    workspace=ws,
+                )
+                return [o.content for o in observations]
+
+        results: dict[str, list[str]] = {}
+
+        async def run(path: Path, text: str) -> None:
+            results[path.name] = await job(path, text)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, a, "from a")
+            nursery.start_soon(run, b, "from b")
+    assert (a / "out.txt").read_text() == "from a"
+    assert (b / "out.txt").read_text() == "from b"
+    assert not (tmp_path / "main" / "out.txt").exists()
+    for name in ("a", "b"):
+        assert "Error" in results[name][1] and not (tmp_path / name / ".tak/evil.py").exists()
+
+
+async def test_a_jobs_plugin_workers_are_confined_to_it_and_reaped(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "mine.txt").write_text("mine")
+    (tmp_path / "main").mkdir()
+    (tmp_path / "main" / "kernels.txt").write_text("the kernel's")
+    async with open_kernel(
+        home=tmp_path / "home", workspace=tmp_path / "main", plugins=[ws_probe]
+    ) as k:
+        if k.plugins.errors:
+            pytest.skip(f"the probe plugin did not load: {k.plugins.errors[0].reason}")
+        confined = "unconfined" not in k.plugins.plugins[0].isolation
+        session = k.session("s")
+        async with k.open_workspace(job) as ws:
+            here, theirs = await k.call_tools(
+                session,
+                [
+                    ToolCall("1", "read_raw", {"path": "mine.txt"}),
+                    ToolCall("2", "read_raw", {"path": str(tmp_path / "main" / "kernels.txt")}),
+                ],
+                workspace=ws,
+            )
+            (worker,) = [w for w in k.plugins.pool.workers if w.workspace == job]
+            pid = worker.pid
+        assert here.content == f"{job}|mine"
+        if confined:
+            assert theirs.error is not None, theirs
+        assert worker not in k.plugins.pool.workers and worker.pid is None
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        # The kernel's own workspace still has its own worker.
+        (main,) = await k.call_tools(session, [ToolCall("3", "read_raw", {"path": "kernels.txt"})])
+        assert main.content == f"{tmp_path / 'main'}|the kernel's"
+
+
+async def test_a_workspace_the_host_did_not_lend_runs_no_worker(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    async with open_kernel(home=tmp_path / "home", plugins=[ws_probe]) as k:
+        if k.plugins.errors:
+            pytest.skip(f"the probe plugin did not load: {k.plugins.errors[0].reason}")
+        (tool,) = [t for t in k.tools if t.name == "read_raw"]
+        assert tool.invoke is not None
+        with Workspace(other) as foreign, use_context(k.plugins.context("p/s", foreign)):
+            with pytest.raises(Exception, match="not opened by the plugin host"):
+                await tool.invoke({"path": "x"})
+
+
+async def test_a_workspace_inside_the_kernels_data_is_refused(tmp_path: Path) -> None:
+    async with open_kernel(home=tmp_path / "home", plugins=[]) as k:
+        inside = k.home.data / "sessions"
+        with pytest.raises(SandboxError):
+            async with k.open_workspace(inside):
+                pass
