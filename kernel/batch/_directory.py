@@ -160,28 +160,68 @@ def _encode(record: Any, what: str = "a record") -> bytes:
         raise UsageError(f"{what} cannot be stored: {reason}") from None
 
 
+@attrs.define
+class _Line:
+    data: bytes
+    written: bool = False
+    error: BaseException | None = None
+
+
 class _AppendFile:
-    """An append-only JSON-lines file: whole lines, written in order, optionally fsynced."""
+    """An append-only JSON-lines file: whole lines, in order, optionally fsynced.
+
+    Appends that arrive while a write is under way go together in the next one
+    (one write and one fsync for all of them): 500 tasks finishing at once pay a
+    few fsyncs, not 500 in a row.
+    """
 
     def __init__(self, path: Path, *, durable: bool) -> None:
         self.path = path
         self.durable = durable
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self._lock = trio.Lock()  # lines in the order their writers asked
+        self._lock = trio.Lock()  # one write at a time, in the order the lines came
+        self._queue: list[_Line] = []
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
-        if self.durable:
-            os.fsync(self._fd)
+        size = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if self.durable:
+                os.fsync(self._fd)
+        except BaseException:
+            # A half-written line must not be followed by whole ones (only a
+            # torn *last* line is cut off on reopening): take it back.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)
+            raise
 
     async def append(self, data: bytes) -> None:
-        async with self._lock:
-            # The write must finish once begun: a half line is what reopening cuts off,
-            # but a whole one behind it would then be lost with it.
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._write, data)
+        """Return once ``data`` is written (and fsynced when durable).
+
+        Not cancellable (a cancellation arrives at the caller's next checkpoint):
+        a line, once queued, is written, and its caller must know it was.
+
+        Raises:
+            OSError: the write failed (this line's and those written with it).
+        """
+        line = _Line(data)
+        self._queue.append(line)
+        with trio.CancelScope(shield=True):
+            async with self._lock:
+                if not line.written and line.error is None:
+                    batch, self._queue = self._queue, []
+                    try:
+                        await trio.to_thread.run_sync(self._write, b"".join(x.data for x in batch))
+                    except BaseException as exc:
+                        for x in batch:
+                            x.error = exc
+                    else:
+                        for x in batch:
+                            x.written = True
+        if line.error is not None:
+            raise line.error
 
     def close(self) -> None:
         os.close(self._fd)

@@ -59,7 +59,8 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> 
 @attrs.frozen(kw_only=True)
 class TaskLimits:
     """When one task stops: per-task ``RunLimits`` (``kernel.agent``) plus its
-    whole wall time (the turn, resumes included, and the scorer).
+    wall time, which bounds each attempt whole (seeding, the turn or its
+    resume, and the scorer).
 
     A field left ``None`` takes the run's value (``run_batch(limits=)``).
     """

@@ -222,3 +222,24 @@ def test_a_duplicate_task_id_names_both_lines(tmp_path: Path) -> None:
 def test_a_missing_task_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot read the task file"):
         load_tasks(tmp_path / "nope.jsonl")
+
+
+async def test_many_finishes_at_once_are_each_written_whole(tmp_path: Path) -> None:
+    """4: finishes arriving together share writes; every line is whole and parses."""
+    run = tmp_path / "run"
+    async with open_run_dir(run) as ledger:
+        await ledger.add_tasks([task(i) for i in range(200)])
+        await ledger.claim("w", 200)
+        accepted: list[bool] = []
+
+        async def finish(i: int) -> None:
+            accepted.append(await ledger.finish("w", result(f"t{i:03d}", text="x" * i)))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(200):
+                nursery.start_soon(finish, i)
+    assert accepted == [True] * 200
+    lines = (run / RESULTS).read_text().splitlines()
+    assert sorted(json.loads(line)["id"] for line in lines) == [f"t{i:03d}" for i in range(200)]
+    async with open_run_dir(run) as ledger:
+        assert (await ledger.counts()).finished == 200
