@@ -2,9 +2,10 @@
 
 Every worker (``tak batch worker --run RUN --store URL``) opens the same run
 and claims tasks from one table with ``SELECT ... FOR UPDATE SKIP LOCKED``
-under a lease: a claim lasts ``lease_seconds`` unless its worker renews it
-(``run_batch`` does, every third of a lease), so a task whose worker died is
-handed to another one, as its next attempt, once the lease lapses.
+under a lease: a claim lasts ``lease_seconds`` (the run's, set when it is
+made, so every worker agrees) unless its worker renews it (``run_batch``
+does, every third of a lease), so a task whose worker died is handed to
+another one, as its next attempt, once the lease lapses.
 
 It keeps the four guarantees of ``kernel.batch._ledger`` this way:
 
@@ -59,6 +60,9 @@ T = TypeVar("T")
 # pg_advisory_xact_lock key of the ledger's schema migrations ("tak" + 2).
 _MIGRATION_LOCK = 0x74616B02
 
+#: How long a claim lasts unless renewed, for a run made without ``lease_seconds``.
+DEFAULT_LEASE_S = 30.0
+
 # Connections (and threads) one ledger uses at most: a worker claims, renews
 # and finishes, a few statements at a time.
 _MAX_CONNECTIONS = 4
@@ -72,6 +76,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             run_id text COLLATE "C" PRIMARY KEY,
             created timestamptz NOT NULL DEFAULT now(),
             settings json NOT NULL,
+            lease_seconds float8 NOT NULL,      -- what a worker's claim lasts unless renewed
             next_ord bigint NOT NULL DEFAULT 0  -- the task order of the next task added
         )
         """,
@@ -302,7 +307,7 @@ async def open_postgres_ledger(
     url: str,
     run_id: str,
     *,
-    lease_seconds: float = 30.0,
+    lease_seconds: float | None = None,
     settings: Mapping[str, Any] | None = None,
     create: bool = True,
 ) -> AsyncIterator[PostgresLedger]:
@@ -311,7 +316,8 @@ async def open_postgres_ledger(
     The ledger's tables are made if missing (under an advisory lock, so
     workers starting together do not race). The run's row is made on first
     open, with ``settings`` (the run's model, concurrency, limits...: any
-    JSON object); later opens keep the first settings.
+    JSON object) and ``lease_seconds`` (default ``DEFAULT_LEASE_S``); later
+    opens keep the first settings, and take the run's lease unless given their own.
 
     Raises:
         UsageError: a bad ``url``, ``run_id`` or ``lease_seconds``; settings not
@@ -320,22 +326,24 @@ async def open_postgres_ledger(
             newer than this code.
     """
     check_task_id(run_id, "run_id")
-    if isinstance(lease_seconds, bool) or not (
-        isinstance(lease_seconds, int | float) and 0 < lease_seconds < math.inf
+    if lease_seconds is not None and (
+        isinstance(lease_seconds, bool)
+        or not (isinstance(lease_seconds, int | float) and 0 < lease_seconds < math.inf)
     ):
         raise UsageError(f"lease_seconds: expected a positive number, got {lease_seconds!r}")
+    new_lease = DEFAULT_LEASE_S if lease_seconds is None else float(lease_seconds)
     settings_text = _json_text(dict(settings or {}), "settings")
     store = PostgresStore(url, max_connections=_MAX_CONNECTIONS)
     async with store:
         where = store._where  # "PostgreSQL host:port/db", as the store's errors say
         row = await store._run(
-            lambda conn: _open_run(conn, where, run_id, settings_text, create=create)
+            lambda conn: _open_run(conn, where, run_id, settings_text, new_lease, create=create)
         )
-        created, stored_settings = row
+        created, stored_settings, run_lease = row
         yield PostgresLedger(
             store,
             run_id,
-            lease_seconds=float(lease_seconds),
+            lease_seconds=run_lease if lease_seconds is None else float(lease_seconds),
             created=created,
             settings=stored_settings,
         )
@@ -350,25 +358,25 @@ def _check_worker(worker: object) -> None:
 
 
 def _open_run(
-    conn: Connection[Any], where: str, run_id: str, settings: str, *, create: bool
-) -> tuple[float, dict[str, Any]]:
+    conn: Connection[Any], where: str, run_id: str, settings: str, lease: float, *, create: bool
+) -> tuple[float, dict[str, Any], float]:
     _migrate(conn, where)
     if create:
         conn.execute(
-            "INSERT INTO tak_batch_runs (run_id, settings) VALUES (%s, %s::json)"
-            " ON CONFLICT DO NOTHING",
-            (run_id, settings),
+            "INSERT INTO tak_batch_runs (run_id, settings, lease_seconds)"
+            " VALUES (%s, %s::json, %s) ON CONFLICT DO NOTHING",
+            (run_id, settings, lease),
         )
     row = conn.execute(
-        "SELECT extract(epoch FROM created)::float8, settings::text FROM tak_batch_runs"
-        " WHERE run_id = %s",
+        "SELECT extract(epoch FROM created)::float8, settings::text, lease_seconds"
+        " FROM tak_batch_runs WHERE run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
         raise UsageError(f"run {run_id!r}: no such run in {where}")
-    created, text = row
+    created, text, run_lease = row
     stored = json.loads(text)
-    return float(created), stored if isinstance(stored, dict) else {}
+    return float(created), stored if isinstance(stored, dict) else {}, float(run_lease)
 
 
 def _add_tasks(conn: Connection[Any], run_id: str, encoded: dict[str, str]) -> None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from kernel.batch import Ledger
+from kernel.batch._directory import open_run_dir
 from kernel.batch._postgres import open_postgres_ledger
 from kernel.errors import StoreError, UsageError
 from tests.batch.ledger_conformance import RUN, LedgerConformance, OpenLedger, result, task
@@ -23,6 +26,18 @@ class TestPostgresLedger(LedgerConformance):
     @pytest.fixture
     def open_ledger(self, db_url: str) -> OpenLedger:  # noqa: F811
         return lambda run_id, **options: open_postgres_ledger(db_url, run_id, **options)
+
+
+class TestDirectoryLedger(LedgerConformance):
+    leases = False  # one process holds the run: its claims last as long as it does
+
+    @pytest.fixture
+    def open_ledger(self, tmp_path: Path) -> OpenLedger:
+        return lambda run_id, **options: open_run_dir(tmp_path / run_id)
+
+    @pytest.fixture
+    async def peer(self, ledger: Ledger) -> Ledger:
+        return ledger  # a second process is refused: workers share the one handle
 
 
 def psql(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -49,17 +64,23 @@ async def test_workers_starting_together_make_the_tables_once(db_url: str) -> No
     assert psql(db_url, "SELECT version FROM tak_batch_schema_version") == [(1,)]
 
 
-async def test_the_run_row_keeps_the_first_settings(db_url: str) -> None:  # noqa: F811
+async def test_the_run_row_keeps_the_first_settings_and_lease(db_url: str) -> None:  # noqa: F811
     settings = {"model": "scripted:x", "concurrency": 4, "limits": {"max_steps": 3}}
-    async with open_postgres_ledger(db_url, RUN, settings=settings) as first:
+    async with open_postgres_ledger(db_url, RUN, settings=settings, lease_seconds=5) as first:
         assert first.settings == settings
     async with open_postgres_ledger(db_url, RUN, settings={"model": "other"}) as again:
         assert again.settings == settings
         assert again.created == first.created
-    async with open_postgres_ledger(db_url, RUN, create=False) as worker:
+        assert again.lease_seconds == 5.0  # the run's
+    async with open_postgres_ledger(db_url, RUN, create=False, lease_seconds=7) as worker:
         assert worker.settings == settings
+        assert worker.lease_seconds == 7.0  # its own
+    async with open_postgres_ledger(db_url, "other") as other:
+        assert (other.settings, other.lease_seconds) == ({}, 30.0)
     ((created_db,),) = psql(
-        db_url, "SELECT extract(epoch FROM created)::float8 FROM tak_batch_runs"
+        db_url,
+        "SELECT extract(epoch FROM created)::float8 FROM tak_batch_runs WHERE run_id = %s",
+        RUN,
     )
     assert created_db == first.created
 
