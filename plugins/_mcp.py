@@ -301,7 +301,7 @@ def trust_hint(home: TakHome, name: str) -> str:
         default = TakHome.locate().root == home.root
     except Exception:
         default = False
-    return tak_command("mcp", "trust", name, *(() if default else ("--home", str(home.root))))
+    return tak_command(*(() if default else ("--home", str(home.root))), "mcp", "trust", name)
 
 
 class McpServer:
@@ -377,6 +377,10 @@ class McpServer:
         self._approval = words
         if approved:
             return
+        if self._state != "not approved":
+            logger.warning(
+                "MCP server %r: %s: run `%s`", self.name, words, trust_hint(home, self.name)
+            )
         self._state = "not approved"
         hint = trust_hint(home, self.name)
         self._start_error = f"{words}; it runs only once approved as configured: run `{hint}`"
@@ -531,6 +535,10 @@ class McpServer:
                     if k not in config.env
                 }
             )
+        if launch.workspace is not None and config.workspace == "write":
+            # The launcher makes .tak/ read-only for a writer (plugins load from it):
+            # it must be there, as the plugin host makes it.
+            (launch.workspace / ".tak" / "tmp").mkdir(parents=True, exist_ok=True)
         command = resolve_program(config.command, path=env.get("PATH"), cwd=config.cwd)
         return ExecPolicy(
             argv=(command, *config.args),

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {name}")
             if i.state == "not approved":
                 print(
-                    f"  approve it: {tak_command('mcp', 'trust', i.name, *home_option(args.home))}"
+                    f"  approve it: {tak_command(*home_option(args.home), 'mcp', 'trust', i.name)}"
                 )
             else:
                 for error in i.errors:

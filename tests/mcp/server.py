@@ -90,6 +90,69 @@ def env(name: str) -> str:
     return os.environ.get(name, "")
 
 
+# What a confined server may not do: each answers what happened, never raises, so
+# that a refused operation is an observation the test reads.
+
+
+def _refused(exc: OSError) -> str:
+    return f"refused: {exc.strerror or exc}"
+
+
+@server.tool()
+def read_file(path: str) -> str:
+    """The text of ``path``, or why it could not be read."""
+    try:
+        with open(path) as f:
+            return "read: " + f.read()
+    except OSError as exc:
+        return _refused(exc)
+
+
+@server.tool()
+def write_file(path: str, text: str) -> str:
+    """Write ``text`` to ``path``."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        return _refused(exc)
+    return "written"
+
+
+@server.tool()
+def setuid_file(path: str) -> str:
+    """Create ``path`` with the setuid bit."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o4755))
+    except OSError as exc:
+        return _refused(exc)
+    return "created"
+
+
+@server.tool()
+def connect(port: int) -> str:
+    """Open a TCP connection to 127.0.0.1:``port``."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            return "connected"
+    except OSError as exc:
+        return _refused(exc)
+
+
+@server.tool()
+def run_program() -> str:
+    """Start ``/bin/true`` as a child process."""
+    import subprocess
+
+    try:
+        subprocess.run(["/bin/true"], check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"refused: {exc}"
+    return "ran"
+
+
 async def serve_http(port: int) -> None:
     from hypercorn.config import Config
     from hypercorn.trio import serve

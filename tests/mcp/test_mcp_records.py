@@ -76,7 +76,12 @@ def test_a_wrong_server_setting_names_its_path(server: dict[str, Any], error: st
 
 def test_permissions_default_to_least_privilege_and_are_checked_in_code() -> None:
     server = McpServerConfig(command="x")
-    assert (server.workspace, server.network, server.subprocess, server.read) == ("read", [], False, [])
+    assert (server.workspace, server.network, server.subprocess, server.read) == (
+        "read",
+        [],
+        False,
+        [],
+    )
     with pytest.raises(UsageError, match=r"^McpServerConfig.network: \[0\]: expected 'host:port'"):
         McpServerConfig(command="x", network=["nohost"])
     with pytest.raises(UsageError, match=r"^McpServerConfig: network: only for a stdio server"):
