@@ -359,6 +359,19 @@ def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) ->
     data = json.loads(shown.stdout)
     assert (data["total"], data["finished"], data["model"]) == (3, 3, "scripted:demo")
     assert [r["attempt"] for r in data["results"]] == [1, 1, 1]
+    # the tasks' sessions are in PostgreSQL too, where every worker sees them
+    assert not (home / "data" / "sessions" / "batch.shared").exists()
+    sessions = subprocess.run(
+        [*tak_argv(home, "sessions", "ls", "--project", "batch.shared")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TAK_STORE_URL": db_url},
+    )
+    assert sessions.returncode == 0, sessions.stderr
+    assert sorted(line.split()[0] for line in sessions.stdout.splitlines()[1:]) == sorted(
+        t["id"] for t in THREE
+    )
     missing = tak(home, "batch", "worker", "--run", "nope", "--store", db_url)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
     assert missing.stderr.startswith("tak batch worker: ")
@@ -383,3 +396,51 @@ def test_the_store_variable_is_the_homes() -> None:
     from kernel.home import STORE_URL_ENV
 
     assert batch.STORE_URL_ENV == STORE_URL_ENV
+
+
+async def test_the_progress_line_has_an_eta_and_each_providers_load(autojump_clock: Any) -> None:
+    import io
+    from types import SimpleNamespace
+
+    import trio
+
+    from kernel.batch._run import BatchProgress
+    from kernel.cli._batch import ProgressView
+    from kernel.models._budget import ProviderLoad
+
+    def load(model: str | None, in_flight: int, waiting: int, paused: float = 0.0) -> Any:
+        return ProviderLoad(
+            provider="openai", model=model, in_flight=in_flight, waiting=waiting, limit=50,
+            requests_used=0, requests_per_minute=None, tokens_used=0, tokens_per_minute=None,
+            paused_for=paused,
+        )  # fmt: skip
+
+    loads = [load(None, 50, 150), load("gpt-4.1", 50, 150)]
+    kernel = SimpleNamespace(budget=SimpleNamespace(snapshot=lambda: loads))
+    out = io.StringIO()
+    view = ProgressView(out, kernel, every=5)  # type: ignore[arg-type]
+
+    def progress(done: int) -> BatchProgress:
+        return BatchProgress(
+            run_id="r", total=100, done=done, running=50, failed=2, input_tokens=12_345,
+            output_tokens=678, cost_usd=0.1234, started_at=trio.current_time(),
+        )  # fmt: skip
+
+    view.update(progress(0))
+    await trio.sleep(30)
+    view.update(progress(10))  # 10 tasks in 30 s: 90 more take 4.5 min
+    assert view.line() == (
+        "r: 10/100 done, 50 running, 2 failed, 12,345 in / 678 out tokens, $0.1234, "
+        "ETA 4m30s | openai 50/50 in flight, 150 waiting"
+    )
+    loads[0] = load(None, 0, 200, paused=11.5)
+    assert view.line().endswith("| openai 0/50 in flight, 200 waiting, paused 12s")  # type: ignore[union-attr]
+    # not a terminal: a line when something changed, and the last one at the end
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(view.redraw)
+        await trio.sleep(12)
+        nursery.cancel_scope.cancel()
+    view.finish()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[-1] == view.line()
+    assert all(line.startswith("r: 10/100 done") for line in lines)

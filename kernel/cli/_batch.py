@@ -273,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             return open_postgres_ledger(url, run_id, settings=settings)
 
-        return _drive(args, open_postgres, tasks=tasks, given=given, run_dir=None)
+        return _drive(args, open_postgres, tasks=tasks, given=given, run_dir=None, shared=url)
     run_dir = (args.out if args.out is not None else runs_dir(args.home) / run_id).absolute()
     _link_run(args.home, run_id, run_dir)
 
@@ -312,7 +312,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         return open_postgres_ledger(url, args.run, create=False)
 
-    return _drive(args, open_postgres, run_dir=None, concurrency=args.concurrency)
+    return _drive(args, open_postgres, run_dir=None, concurrency=args.concurrency, shared=url)
 
 
 def _drive(
@@ -323,21 +323,32 @@ def _drive(
     given: RunCommand | None = None,
     run_dir: Path | None,
     concurrency: int | None = None,
+    shared: str | None = None,
 ) -> int:
     """Open the run's ledger and a kernel as the run says, run the tasks showing
     progress, print the summary; the exit status.
 
     ``tasks`` and ``given`` come from ``tak batch run`` (the tasks are added, the
     command becomes the settings of a new run and must match an existing one's);
-    ``None``: the ledger holds them (resume, a worker).
+    ``None``: the ledger holds them (resume, a worker). ``shared``: the PostgreSQL
+    URL of a run many hosts share, whose sessions live there too (a worker taking
+    over a task whose lease lapsed continues its transcript).
     """
+    import contextlib
+
     import trio
 
     from ..kernel import open_kernel
 
     async def main() -> int:
         settings = None if given is None else given.to_settings()
-        async with open_ledger(settings) as ledger:
+        async with contextlib.AsyncExitStack() as stack:
+            ledger = await stack.enter_async_context(open_ledger(settings))
+            sessions = None
+            if shared is not None:
+                from ..store import PostgresStore
+
+                sessions = await stack.enter_async_context(PostgresStore(shared))
             command = RunCommand.from_settings(ledger.run_id, _settings_of(ledger))
             if given is not None:
                 changed = command.differences(given)
@@ -352,16 +363,21 @@ def _drive(
             workspace_root = None
             if run_dir is None:  # PostgreSQL: each host keeps its tasks' workspaces
                 workspace_root = runs_dir(args.home) / ledger.run_id / "workspaces"
-            async with open_kernel(
-                home=args.home,
-                model=command.model,
-                fallbacks=command.fallbacks,
-                extra_plugins=command.plugins,
-                system=command.system,
-            ) as kernel:
-                return await _run_with_progress(
-                    args, kernel, ledger, tasks, command, run_dir, workspace_root
+            kernel = await stack.enter_async_context(
+                open_kernel(
+                    home=args.home,
+                    model=command.model,
+                    fallbacks=command.fallbacks,
+                    store=sessions,
+                    # the run's plugins, and any `tak --plugin` of this command
+                    extra_plugins=[*command.plugins, *_new(args.plugin, command.plugins)],
+                    system=command.system,
                 )
+            )
+            return await _run_with_progress(
+                args, kernel, ledger, tasks, command, run_dir, workspace_root
+            )
+        raise AssertionError("unreachable")  # mypy: an exit stack may swallow an exception
 
     return trio.run(main)
 
@@ -423,6 +439,10 @@ async def _run_with_progress(
     return 0
 
 
+def _new(names: Sequence[str], known: Sequence[str]) -> list[str]:
+    return [name for name in names if name not in known]
+
+
 def _resume_command(
     args: argparse.Namespace, run_id: str, run_dir: Path | None, command: RunCommand
 ) -> str:
@@ -451,7 +471,7 @@ class ProgressView:
         self.every = TTY_REDRAW_S if self.tty else max(every, TTY_REDRAW_S)
         self.latest: BatchProgress | None = None
         self.first: tuple[float, int] | None = None  # (time, done) at the first update
-        self.shown: str | None = None
+        self.shown: object = None  # what the last plain line showed
         self.drawn = False
 
     def update(self, progress: BatchProgress) -> None:
@@ -491,9 +511,13 @@ class ProgressView:
 
     def _show(self, *, last: bool = False) -> None:
         line = self.line()
-        if line is None or (line == self.shown and not last and not self.tty):
+        if line is None:
             return
-        self.shown = line
+        # Not a terminal: a line when the run moved (the ETA alone moves with the clock).
+        moved = (self.latest, self._budget())
+        if not self.tty and not last and moved == self.shown:
+            return
+        self.shown = moved
         if self.tty:
             self._clear()
             self.out.write(line[: _columns() - 1])
@@ -536,19 +560,19 @@ class ProgressView:
 
     def _budget(self) -> str:
         """The shared model budget's load per provider: in flight (of its limit), waiting."""
-        budget = getattr(self.kernel, "budget", None)
+        budget = getattr(self.kernel, "budget", None)  # once the kernel has one
         snapshot = getattr(budget, "snapshot", None)
         if snapshot is None:
             return ""
         shown = []
         for load in snapshot():
-            name = str(getattr(load, "provider", "?"))
-            model = getattr(load, "model", None)
-            if model:
-                name = f"{name}/{model}"
-            limit = getattr(load, "limit", None)
-            in_flight = f"{load.in_flight}/{limit}" if limit else f"{load.in_flight}"
-            shown.append(f"{name} {in_flight} in flight, {load.waiting} waiting")
+            if load.model is not None:  # a provider's models are in its row
+                continue
+            in_flight = f"{load.in_flight}/{load.limit}" if load.limit else f"{load.in_flight}"
+            text = f"{load.provider} {in_flight} in flight, {load.waiting} waiting"
+            if load.paused_for > 0:
+                text += f", paused {math.ceil(load.paused_for)}s"
+            shown.append(text)
         return "; ".join(shown)
 
 
