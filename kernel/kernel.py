@@ -230,6 +230,16 @@ class Kernel:
         self._compact_later(session)
         return result
 
+    async def check_workspace(self, path: str | os.PathLike[str]) -> None:
+        """Refuse ``path`` (or a directory to be made below it) as a workspace, as
+        ``open_workspace`` would, before any job is started there.
+
+        Raises:
+            SandboxError: it overlaps the Python environment, the kernel's code or
+                ``$TAK_HOME``'s config and data.
+        """
+        await self.plugins.check_workspace(path)
+
     async def check_run(
         self,
         *,

@@ -286,7 +286,7 @@ class PluginHost:
             SandboxError: the directory cannot be opened, or it overlaps the Python
                 environment, the kernel's code or ``$TAK_HOME`` (see ``guarded_paths``).
         """
-        await trio.to_thread.run_sync(_check_overlap, path, self.home)
+        await self.check_workspace(path)
         max_bytes = self.workspace.max_bytes
         ws = await trio.to_thread.run_sync(_open_lent, path, max_bytes)
         lent = _TaskWorkspace(ws)
@@ -299,6 +299,15 @@ class PluginHost:
                 for worker in lent.workers.values():
                     await self.pool.close_worker(worker)
             ws.close()
+
+    async def check_workspace(self, path: str | os.PathLike[str]) -> None:
+        """Refuse ``path`` as a workspace, as ``open_workspace`` would, without opening it.
+
+        Raises:
+            SandboxError: it overlaps the Python environment, the kernel's code or
+                ``$TAK_HOME`` (see ``guarded_paths``).
+        """
+        await trio.to_thread.run_sync(_check_overlap, path, self.home)
 
     def _remote_tool(self, spec: ToolSpec, worker: Worker, permissions: Permissions) -> Tool:
         """``remote_tool`` of the plugin's worker, routed by the caller's workspace: a

@@ -464,8 +464,9 @@ async def run_batch(
         on_progress: called (it must not block) after every change.
 
     Raises:
-        UsageError: ``max_concurrency`` below 1, a bad model string, a task that
-            conflicts with the ledger's.
+        UsageError: ``max_concurrency`` below 1, a bad model string, tool pattern
+            or setting, a task that conflicts with the ledger's.
+        SandboxError: ``workspace_root`` is where a workspace may not be.
         trio.Cancelled: the run was cancelled; running tasks were recorded ``cancelled``.
     """
     if (
@@ -476,8 +477,6 @@ async def run_batch(
         raise UsageError(f"max_concurrency must be 1 or more, got {max_concurrency!r}")
     # A bad model string, tool pattern or setting is refused once, before any task.
     await kernel.check_run(model=model, settings=settings, tools=tools)
-    if tasks is not None:
-        await ledger.add_tasks(tasks)
     root = workspace_root
     if root is None:
         found = getattr(ledger, "workspaces", None)
@@ -486,11 +485,16 @@ async def run_batch(
             if found is not None
             else kernel.home.root / "batch" / ledger.run_id / "workspaces"
         )
+    root = Path(await trio.to_thread.run_sync(os.path.abspath, root))
+    # Where every task's workspace goes, refused once rather than by each task.
+    await kernel.check_workspace(root / "task")
+    if tasks is not None:
+        await ledger.add_tasks(tasks)
     runner = _Runner(
         kernel,
         ledger,
         worker=worker or default_worker(),
-        root=Path(await trio.to_thread.run_sync(os.path.abspath, root)),
+        root=root,
         model=model,
         settings=settings,
         tools=tools,

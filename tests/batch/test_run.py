@@ -19,7 +19,7 @@ from kernel.batch._directory import DirectoryLedger, open_run_dir
 from kernel.batch._records import BatchTask, TaskLimits, TaskResult
 from kernel.batch._run import BatchProgress, TaskOutcome, run_batch
 from kernel.batch._summary import BatchSummary
-from kernel.errors import ModelAPIError, UsageError
+from kernel.errors import ModelAPIError, SandboxError, UsageError
 from kernel.kernel import Kernel
 from kernel.messages import Message, Text
 from kernel.models import ModelRequest, ScriptedModel
@@ -501,6 +501,12 @@ async def test_bad_arguments_are_refused_before_any_task(
         await run_batch(kernel, tasks(1), ledger=ledger, model="nope:x")
     with pytest.raises(UsageError, match="nothing"):
         await run_batch(kernel, tasks(1), ledger=ledger, tools=["nothing*"])
+    assert (await ledger.counts()).total == 0
+    # Task workspaces may not go where a workspace may not (the kernel's data).
+    with pytest.raises(SandboxError, match="lies inside"):
+        await run_batch(
+            kernel, tasks(1), ledger=ledger, workspace_root=kernel.home.data / "workspaces"
+        )
     assert (await ledger.counts()).total == 0
 
 
