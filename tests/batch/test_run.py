@@ -540,3 +540,24 @@ def test_the_summary_table() -> None:
     assert "wall p50    5.00 s" in table and "wall p95    10.00 s" in table
     assert math.isclose(summary.cost_usd or 0, 0.05)
     assert BatchSummary("empty", ()).table().count("-") >= 3
+
+
+async def test_a_task_given_as_messages_starts_from_them(
+    kernel: Kernel, ledger: DirectoryLedger
+) -> None:
+    """A task's conversation is recorded before its last (user) message is sent."""
+    use(kernel, Script())
+    earlier = [
+        Message("user", [Text("task t000")]),
+        Message("assistant", [Text("ready")]),
+    ]
+    task = BatchTask(
+        id="t000",
+        messages=(*earlier, Message("user", [Text("go on")])),
+        files={"question.txt": "q"},
+    )
+    (result,) = (await run_batch(kernel, [task], ledger=ledger)).results
+    assert (result.reason, result.text) == ("final", "answer: q")
+    session = kernel.session("t000", project=f"batch.{RUN}")
+    texts = [(m.role, m.text) for m in await session.messages()][:3]
+    assert texts == [("user", "task t000"), ("assistant", "ready"), ("user", "go on")]
