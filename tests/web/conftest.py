@@ -122,6 +122,15 @@ def page(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> It
     opened = context.new_page()
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
+    # A violation of the page's Content Security Policy is a console error, not a page error.
+    opened.on(
+        "console",
+        lambda message: (
+            errors.append(message.text)
+            if message.type == "error" and "Content Security Policy" in message.text
+            else None
+        ),
+    )
     yield opened
     outcome = request.node.stash.get(_OUTCOME, None)
     if outcome is not None and outcome.failed:
@@ -130,7 +139,7 @@ def page(browser: Browser, request: pytest.FixtureRequest, tmp_path: Path) -> It
         print(f"screenshot of the failure: {path}")
         outcome.sections.append(("screenshot", str(path)))
     context.close()
-    assert not errors, f"script errors on the page: {errors}"
+    assert not errors, f"script errors or CSP violations on the page: {errors}"
 
 
 def screenshot(page: Page, tmp_path: Path, name: str) -> Path:

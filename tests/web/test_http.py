@@ -96,6 +96,13 @@ async def test_the_scripts_and_the_style_sheet_are_served(url: str) -> None:
         assert body == (WEB / path[1:]).read_bytes()
 
 
+async def test_head_gives_the_headers_only(url: str) -> None:
+    request = f"HEAD /?token={TOKEN} HTTP/1.1\r\nHost: 127.0.0.1:{_port(url)}\r\n\r\n"
+    status, headers, body = await exchange(url, request.encode())
+    assert (status, body) == (200, b"")
+    assert int(headers["content-length"]) == len((WEB / "index.html").read_bytes())
+
+
 async def test_other_paths_are_not_found(url: str) -> None:
     for path in ["/index.html", "/../pyproject.toml", "/favicon.ico", "/wire.py"]:
         status, _, _ = await exchange(url, get(path, url))
