@@ -74,7 +74,7 @@ class RequestHead:
         return upgrade is not None and b"websocket" in upgrade.lower()
 
 
-async def read_request_head(stream: trio.abc.Stream) -> RequestHead | None:
+async def read_request_head(stream: trio.abc.Stream, label: str) -> RequestHead | None:
     """The connection's request head; ``None`` when the peer left or sent no HTTP.
 
     A malformed or oversized head gets a 400 or 431 here before ``None``.
@@ -86,16 +86,15 @@ async def read_request_head(stream: trio.abc.Stream) -> RequestHead | None:
             event = parser.next_event()
         except h11.RemoteProtocolError as exc:
             status = exc.error_status_hint
-            await _send_bare(
-                stream, status, "bad HTTP request" if status != 431 else "head too large"
-            )
+            why = "head too large" if status == 431 else "not an HTTP request"
+            await _refuse_bare(stream, label, status, why)
             return None
         if isinstance(event, h11.Request):
             return RequestHead(event, parser, bytes(received))
         if event is not h11.NEED_DATA:
             return None  # the peer closed the connection
         if len(received) >= MAX_HEAD_BYTES:
-            await _send_bare(stream, 431, "head too large")
+            await _refuse_bare(stream, label, 431, "head too large")
             return None
         try:
             data = bytes(await stream.receive_some(MAX_HEAD_BYTES))
@@ -105,10 +104,13 @@ async def read_request_head(stream: trio.abc.Stream) -> RequestHead | None:
         parser.receive_data(data)
 
 
-async def _send_bare(stream: trio.abc.Stream, status: int, why: str) -> None:
+async def _refuse_bare(stream: trio.abc.Stream, label: str, status: int, why: str) -> None:
+    """Answer a request h11 could not read (so without it): the status, ``why``, closed."""
+    logger.warning("%s refused (HTTP %d): %s", label, status, why)
     body = f"{why}\n".encode()
     head = (
-        f"HTTP/1.1 {status} {why}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
     try:

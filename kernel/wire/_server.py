@@ -189,7 +189,7 @@ class _Server:
         label = f"#{next(self._numbers)} {_peer(stream)}"
         ws: WebSocketConnection | None = None
         try:
-            head = await read_request_head(stream)
+            head = await read_request_head(stream, label)
             if head is None or not head.is_websocket:
                 if head is not None:
                     await answer_page_request(stream, head, self.gate, self.pages, label)
