@@ -58,7 +58,15 @@ import trio
 from kernel.errors import KernelError, SandboxError, UsageError
 from kernel.home import McpServerConfig, TakHome
 from kernel.tools import RunContext, Tool, ToolFailure, ToolRegistry
-from sandbox.exec import ExecPolicy, launcher_argv, parse_report, program_files, resolve_program
+from sandbox.exec import (
+    ExecPolicy,
+    launcher_argv,
+    make_cgroups,
+    parse_report,
+    program_files,
+    remove_cgroups,
+    resolve_program,
+)
 from sandbox.pool import Spawner
 
 from ._trust import MCP_TRUST_FILE, McpPermissions, McpTrustStore, TrustedMcpServer
@@ -562,10 +570,37 @@ class McpServer:
     @contextlib.asynccontextmanager
     async def _confined_stdio(self, stack: contextlib.AsyncExitStack) -> AsyncIterator[Any]:
         """The server started through ``sandbox.exec``, spoken to in JSON lines."""
+
+        policy = await trio.to_thread.run_sync(self._exec_policy)
+        # The memory of its whole process tree, and its task count, as a worker's.
+        try:
+            cgroups = await trio.to_thread.run_sync(
+                functools.partial(
+                    make_cgroups,
+                    memory_bytes=self.config.memory_bytes,
+                    processes=self.config.processes,
+                )
+            )
+        except OSError as exc:
+            logger.warning("MCP server %r: no cgroup (%s): rlimits only", self.name, exc)
+            cgroups = []
+        try:
+            async with self._confined_process(stack, policy, cgroups) as streams:
+                yield streams
+        finally:
+            if cgroups:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(remove_cgroups, cgroups)
+
+    @contextlib.asynccontextmanager
+    async def _confined_process(
+        self, stack: contextlib.AsyncExitStack, policy: ExecPolicy, cgroups: list[str]
+    ) -> AsyncIterator[Any]:
         import anyio
         from mcp.shared.message import SessionMessage
 
-        policy = await trio.to_thread.run_sync(self._exec_policy)
+        if cgroups:
+            policy = attrs.evolve(policy, cgroups=tuple(cgroups))
         process = await _ConfinedProcess.spawn(
             self._launch.spawner, policy, cwd=self.config.cwd, errlog=self._errlog(stack)
         )

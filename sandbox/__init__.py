@@ -24,6 +24,8 @@ its kin bring in Trio.
 - ``sandbox.worker``: the worker's side (confine, serve frames with a handler).
 - ``probe_isolation``, ``IsolationSupport``, ``selftest``: what this machine can confine.
 - ``sandbox.landlock``, ``sandbox.seccomp``: the two kernel mechanisms.
+- ``sandbox.exec``: confine, then exec a program (``python -m sandbox.exec``), with the
+  workers' layers: how a local MCP server runs.
 """
 
 from __future__ import annotations

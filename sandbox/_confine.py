@@ -13,7 +13,8 @@
 9. the Landlock ruleset (read-write workspace, read-only runtime).
 
 Each step either succeeds or says why it failed; a required layer that fails
-stops the worker (fail closed).
+stops the worker (fail closed). Steps 2 to 9 are ``apply_layers``, which the
+confine-then-exec launcher (``sandbox.exec``) applies to itself too.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ refused: Landlock has no UDP rules, and a UDP socket would reach any host.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -55,7 +56,7 @@ import attrs
 
 from kernel.errors import SandboxError
 
-from . import _protocol, landlock
+from . import _cgroup, _protocol, landlock
 from ._confine import (
     _DEVICES_READ,
     _EXECUTABLES,
@@ -310,6 +311,30 @@ def exec_rules(policy: ExecPolicy, files: ProgramFiles) -> list[landlock.PathRul
         access = landlock.READ_WRITE if policy.workspace_access == "write" else landlock.READ
         rules.append(landlock.PathRule(policy.workspace, access))
     return rules
+
+
+# -- cgroups ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _cgroup_parents() -> _cgroup.Parents:
+    return _cgroup.find_parents()
+
+
+def make_cgroups(*, memory_bytes: int | None, processes: int | None) -> list[str]:
+    """A cgroup set for one program (memory of its whole process tree, its task count),
+    as the pool makes one per worker; empty where this process cannot make cgroups.
+    Blocking: call it in a thread; ``remove_cgroups`` when the program has ended.
+
+    Raises:
+        OSError: it could not be made (nothing is left behind).
+    """
+    return _cgroup.create(_cgroup_parents(), memory_bytes=memory_bytes, max_pids=processes)
+
+
+def remove_cgroups(paths: Sequence[str]) -> None:
+    """Kill what is left in ``paths`` and remove them (blocking)."""
+    _cgroup.destroy(list(paths))
 
 
 # -- the launcher -------------------------------------------------------------------

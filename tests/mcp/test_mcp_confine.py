@@ -176,6 +176,29 @@ async def test_programs_only_with_subprocess(workspace: Path) -> None:
         assert await s.call("sub.run_program") == (None, "ran")
 
 
+async def test_a_cgroup_holds_its_process_tree_while_it_runs(workspace: Path) -> None:
+    """6: memory and tasks of the whole tree in a cgroup set, removed when it closes."""
+    from sandbox.exec import make_cgroups, remove_cgroups
+
+    try:
+        probe = make_cgroups(memory_bytes=1 << 30, processes=8)
+    except OSError:
+        probe = []
+    if not probe:
+        pytest.skip("this process cannot make cgroups")
+    remove_cgroups(probe)
+    async with serving({"t": stdio_server(startup_timeout=20)}, workspace) as s:
+        pid = int((await s.call("t.pid"))[1])
+        [info] = s.mcp.info()
+        assert info.confinement is not None
+        paths = info.confinement.partition("; cgroup ")[2].partition(";")[0].split(", ")
+        assert paths and all(os.path.isdir(p) for p in paths)
+        for path in paths:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                assert str(pid) in f.read().split()
+    assert not any(os.path.exists(p) for p in paths)
+
+
 async def test_the_kernel_dying_takes_its_servers_along(tmp_path: Path) -> None:
     """6: PDEATHSIG: a kernel killed outright leaves no server behind."""
     script = tmp_path / "host.py"
