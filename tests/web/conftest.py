@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 import pytest
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 CHROMIUM = Path("/usr/bin/chromium")
 #: Set to a path, the parallel-calls test saves its screenshot there (docs/web-screenshot.png).
 SCREENSHOT_ENV = "TAK_WEB_SCREENSHOT"
+#: Set (to anything), a missing Playwright or Chromium fails the browser tests instead of
+#: skipping them: for CI, which must run them.
+REQUIRE_ENV = "TAK_WEB_REQUIRED"
 
 
 @attrs.frozen
@@ -88,14 +91,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running.stop()
 
 
+def _cannot_run(why: str) -> NoReturn:
+    """Skip, with the reason; fail instead where the browser tests must run (CI)."""
+    if os.environ.get(REQUIRE_ENV):
+        pytest.fail(f"{REQUIRE_ENV} is set, but {why}")
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Browser]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+        _cannot_run("playwright is not installed (pip install -e '.[test]')")
     if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        _cannot_run(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(
             executable_path=str(CHROMIUM), args=["--no-sandbox"], headless=True
