@@ -171,18 +171,19 @@ class LedgerConformance:
             assert taken[0].attempt == 2
 
     async def test_renew_keeps_a_claim(self, open_ledger: OpenLedger) -> None:
-        """2: a renewed claim outlives its first lease; renewing others' tasks does nothing."""
+        """2: a renewed claim outlives its first lease; renewing another's claim does nothing."""
         self.needs_leases()
         async with open_ledger(RUN, lease_seconds=2.0) as ledger:
-            await ledger.add_tasks([task(1)])
-            await ledger.claim("a", 1)
+            await ledger.add_tasks([task(1), task(2)])
+            assert ids(await ledger.claim("a", 2)) == ["t001", "t002"]
             await trio.sleep(1.2)
-            await ledger.renew("b", ["t001"])  # not b's: no effect
             await ledger.renew("a", ["t001", "t999"])
+            await ledger.renew("b", ["t001", "t002"])  # not b's: no effect
             await ledger.renew("a", [])
             await trio.sleep(1.2)  # past the first lease, within the renewed one
-            assert await ledger.claim("b", 1) == []
-            claims = await claim_until(ledger, "b")  # it lapses in the end
+            claims = await ledger.claim("b", 2)
+            assert [(c.task.id, c.attempt) for c in claims] == [("t002", 2)]
+            claims = await claim_until(ledger, "b")  # t001 lapses in the end
             assert (ids(claims), claims[0].attempt) == (["t001"], 2)
 
     async def test_a_worker_that_lost_its_lease_cannot_take_it_back(

@@ -185,3 +185,43 @@ async def test_a_database_restart_mid_run_is_a_clear_error_then_work_goes_on() -
                 assert "\n" not in error
             assert [c.task.id for c in claims] == ["t002"]
             assert await ledger.finish("w", result("t001")) is True
+
+
+async def test_a_claim_skips_rows_another_claim_holds(db_url: str) -> None:  # noqa: F811
+    """SKIP LOCKED: a claim never waits behind another worker's transaction, and
+    never hands out a task that transaction holds."""
+    import psycopg
+
+    async with open_postgres_ledger(db_url, RUN) as ledger:
+        await ledger.add_tasks([task(1), task(2)])
+        with psycopg.connect(db_url) as other:  # a worker's claim, in the middle of it
+            other.execute("SELECT 1 FROM tak_batch_tasks WHERE task_id = 't001' FOR UPDATE")
+            with trio.fail_after(10):
+                claims = await ledger.claim("w", 2)
+            other.rollback()
+        assert [c.task.id for c in claims] == ["t002"]
+        assert [c.task.id for c in await ledger.claim("w", 2)] == ["t001"]
+
+
+async def test_many_handles_claiming_at_once_never_share_a_task(db_url: str) -> None:  # noqa: F811
+    """4 handles (as 4 hosts), each claiming from 4 tasks at once: every task once, attempt 1."""
+    n = 120
+    got: list[tuple[str, int]] = []
+    async with open_postgres_ledger(db_url, RUN) as first:
+        await first.add_tasks([task(i) for i in range(n)])
+
+    async def host(name: str) -> None:
+        async with open_postgres_ledger(db_url, RUN) as ledger:
+
+            async def worker() -> None:
+                while claims := await ledger.claim(name, 1):
+                    got.extend((c.task.id, c.attempt) for c in claims)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(worker)
+
+    async with trio.open_nursery() as nursery:
+        for h in range(4):
+            nursery.start_soon(host, f"host{h}")
+    assert sorted(got) == [(f"t{i:03d}", 1) for i in range(n)]
