@@ -226,6 +226,7 @@ class _Runner:
         self.on_progress = on_progress
         self.project = f"batch.{ledger.run_id}"
         self.running: set[str] = set()
+        self.idle = trio.Lock()
         self.totals = _Totals()
         self.total = 0
         self.started_at = trio.current_time()
@@ -259,14 +260,24 @@ class _Runner:
         """Claim and run tasks one at a time until none is left for this worker."""
         while True:
             claims = await self.ledger.claim(self.worker, 1)
+            if not claims:
+                async with self.idle:  # one idle runner polls; the others wait their turn
+                    claims = await self.wait_for_claim()
+                if not claims:
+                    return
+            await self.run_task(claims[0])
+
+    async def wait_for_claim(self) -> list[Claim]:
+        """Nothing to claim now: wait while other workers hold tasks (a lease that
+        lapses hands one here); ``[]`` once none is left for this worker."""
+        while True:
+            claims = await self.ledger.claim(self.worker, 1)
             if claims:
-                await self.run_task(claims[0])
-                continue
+                return claims
             counts: LedgerCounts = await self.ledger.counts()
             self.total = counts.total
-            # Tasks held by other workers may come back (a lapsed lease): wait for them.
             if counts.finished >= counts.total or counts.running <= len(self.running):
-                return
+                return []
             await trio.sleep(POLL_S)
 
     async def renew(self, period: float) -> None:

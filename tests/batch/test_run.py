@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import os
@@ -561,3 +562,41 @@ async def test_a_task_given_as_messages_starts_from_them(
     session = kernel.session("t000", project=f"batch.{RUN}")
     texts = [(m.role, m.text) for m in await session.messages()][:3]
     assert texts == [("user", "task t000"), ("assistant", "ready"), ("user", "go on")]
+
+
+async def test_an_idle_worker_waits_for_tasks_held_elsewhere_and_takes_a_lapsed_one(
+    kernel: Kernel, tmp_path: Path, thread_clock: trio.testing.MockClock
+) -> None:
+    """4: with nothing to claim while another worker holds a task, a run waits (one
+    poll at a time) and runs the task when its lease lapses to this worker."""
+    use(kernel, Script())
+    polls: list[float] = []
+    async with open_run_dir(tmp_path / RUN) as inner:
+        await inner.add_tasks(tasks(2))
+        (held,) = await inner.claim("elsewhere", 1)  # t000: another worker's, for now
+
+        class Shared:
+            lease_seconds = None
+            run_id = inner.run_id
+            workspaces = inner.workspaces
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            async def claim(self, worker: str, limit: int) -> list[Any]:
+                if trio.current_time() >= 10 and inner._running.get("t000") == "elsewhere":
+                    del inner._running["t000"]  # the other worker's lease lapsed
+                    heapq.heappush(inner._free, 0)
+                return await inner.claim(worker, limit)
+
+            async def counts(self) -> Any:
+                polls.append(trio.current_time())
+                return await inner.counts()
+
+        summary = await run_batch(kernel, None, ledger=Shared(), max_concurrency=5)  # type: ignore[arg-type]
+    assert [(r.id, r.reason, r.attempt) for r in summary.results] == [
+        ("t000", "final", 2),
+        ("t001", "final", 1),
+    ]
+    assert held.attempt == 1
+    assert 8 <= len(polls) <= 14  # about one a second, not one per idle runner
