@@ -60,6 +60,7 @@ from kernel.home import McpServerConfig, TakHome
 from kernel.tools import RunContext, Tool, ToolFailure, ToolRegistry
 from sandbox.exec import (
     ExecPolicy,
+    cgroups_limit_memory,
     launcher_argv,
     make_cgroups,
     parse_report,
@@ -323,14 +324,14 @@ class McpServer:
         nursery: trio.Nursery,
         registry: ToolRegistry,
         log_dir: Path | None = None,
-        launch: _Launch | None = None,
+        launch: _Launch,
     ) -> None:
         self.name = name
         self.config = config
         self._nursery = nursery
         self._registry = registry
         self._log_dir = log_dir
-        self._launch = launch if launch is not None else _Launch(Spawner())
+        self._launch = launch
         self._approval = (
             "not needed"
             if config.url is not None
@@ -600,7 +601,12 @@ class McpServer:
         from mcp.shared.message import SessionMessage
 
         if cgroups:
-            policy = attrs.evolve(policy, cgroups=tuple(cgroups))
+            limits = dict(policy.limits)
+            if cgroups_limit_memory():
+                # The cgroup caps the tree: no RLIMIT_AS, which runtimes that reserve
+                # much address space up front (Node, the JVM) cannot start under.
+                limits["memory_bytes"] = None
+            policy = attrs.evolve(policy, cgroups=tuple(cgroups), limits=limits)
         process = await _ConfinedProcess.spawn(
             self._launch.spawner, policy, cwd=self.config.cwd, errlog=self._errlog(stack)
         )

@@ -210,11 +210,16 @@ def program_files(
         if real in executables:
             break
         executables.append(real)
-        interpreter = _shebang_interpreter(real, path)
-        if interpreter is None:
+        interpreters = _shebang_interpreters(real, path)
+        if not interpreters:
             break
-        given.append(interpreter)
-        current = interpreter
+        # `#!/usr/bin/env NAME`: env runs first, then NAME (env's own real file is
+        # executable too).
+        *runners, current = interpreters
+        executables += [
+            os.path.realpath(r) for r in runners if os.path.realpath(r) not in executables
+        ]
+        given += interpreters
     loaders = [loader for e in executables if (loader := _elf_interpreter(e)) is not None]
     prefixes: list[str] = []
     for program in [*given, *executables]:
@@ -234,24 +239,26 @@ def program_files(
     )
 
 
-def _shebang_interpreter(path: str, search: str | None) -> str | None:
+def _shebang_interpreters(path: str, search: str | None) -> list[str]:
+    """The programs a ``#!`` line runs, in order: ``[interpreter]``, or for
+    ``#!/usr/bin/env NAME``, ``[env, NAME found on search]``; empty for no ``#!``."""
     try:
         with open(path, "rb") as f:
             head = f.read(256)
     except OSError:
-        return None
+        return []
     if not head.startswith(b"#!"):
-        return None
+        return []
     words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
     if not words:
-        return None
+        return []
     interpreter = words[0]
     if os.path.basename(interpreter) == "env":
         names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
-        if names:
-            found = shutil.which(names[0], path=search or DEFAULT_PATH)
-            return os.path.abspath(found) if found else interpreter
-    return interpreter
+        found = shutil.which(names[0], path=search or DEFAULT_PATH) if names else None
+        if found:
+            return [interpreter, os.path.abspath(found)]
+    return [interpreter]
 
 
 def _elf_interpreter(path: str) -> str | None:
@@ -330,6 +337,11 @@ def make_cgroups(*, memory_bytes: int | None, processes: int | None) -> list[str
         OSError: it could not be made (nothing is left behind).
     """
     return _cgroup.create(_cgroup_parents(), memory_bytes=memory_bytes, max_pids=processes)
+
+
+def cgroups_limit_memory() -> bool:
+    """Whether ``make_cgroups`` puts a memory limit on the program's whole tree."""
+    return _cgroup_parents().memory is not None
 
 
 def remove_cgroups(paths: Sequence[str]) -> None:

@@ -176,6 +176,17 @@ async def test_programs_only_with_subprocess(workspace: Path) -> None:
         assert await s.call("sub.run_program") == (None, "ran")
 
 
+async def test_a_script_runs_through_its_env_interpreter(workspace: Path, tmp_path: Path) -> None:
+    """6: ``#!/usr/bin/env python``: env, then the python it finds on the server's PATH,
+    may be executed (and nothing else: it still cannot start a program)."""
+    script = _write_script(tmp_path / "bin/server", "#!/usr/bin/env python\n")
+    path = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    config = McpServerConfig(command=str(script), env={"PATH": path}, startup_timeout=20)
+    async with serving({"s": config}, workspace) as s:
+        assert await s.call("s.echo", text="via env") == (None, "via env")
+        assert (await s.call("s.run_program"))[1].startswith("refused")
+
+
 async def test_a_cgroup_holds_its_process_tree_while_it_runs(workspace: Path) -> None:
     """6: memory and tasks of the whole tree in a cgroup set, removed when it closes."""
     from sandbox.exec import make_cgroups, remove_cgroups
@@ -192,11 +203,24 @@ async def test_a_cgroup_holds_its_process_tree_while_it_runs(workspace: Path) ->
         [info] = s.mcp.info()
         assert info.confinement is not None
         paths = info.confinement.partition("; cgroup ")[2].partition(";")[0].split(", ")
-        assert paths and all(os.path.isdir(p) for p in paths)
-        for path in paths:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                assert str(pid) in f.read().split()
-    assert not any(os.path.exists(p) for p in paths)
+        assert paths and all(pid in _members(p) for p in paths)
+    assert not any(_exists(p) for p in paths)
+
+
+def _write_script(script: Path, shebang: str) -> Path:
+    script.parent.mkdir()
+    script.write_text(shebang + Path(SERVER).read_text())
+    script.chmod(0o755)
+    return script
+
+
+def _members(cgroup: str) -> list[int]:
+    with open(os.path.join(cgroup, "cgroup.procs")) as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
 
 
 async def test_the_kernel_dying_takes_its_servers_along(tmp_path: Path) -> None:
