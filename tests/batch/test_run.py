@@ -599,4 +599,5 @@ async def test_an_idle_worker_waits_for_tasks_held_elsewhere_and_takes_a_lapsed_
         ("t001", "final", 1),
     ]
     assert held.attempt == 1
-    assert 8 <= len(polls) <= 14  # about one a second, not one per idle runner
+    # About one a second while waiting, not one per idle runner (5 would make ~35).
+    assert 5 <= len([t for t in polls if 2 <= t < 9]) <= 8
