@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from kernel import open_kernel, tool, tracing
 from kernel.agent import INTERRUPTED, Agent, AgentEvent, TurnFinished
@@ -565,19 +566,24 @@ class Stop(BaseException):
 
 
 @tool
-async def stop_everything() -> str:
+async def stop_everything(how: str) -> str:
     """Raise a BaseException after a while."""
     await trio.sleep(1)
-    raise Stop("stop")
+    raise KeyboardInterrupt if how == "KeyboardInterrupt" else Stop("stop")
 
 
+@pytest.mark.parametrize("how", ["KeyboardInterrupt", "Stop"])
 async def test_a_tool_raising_a_base_exception_ends_every_span(
-    spans: InMemorySpanExporter, autojump_clock: trio.abc.Clock
+    spans: InMemorySpanExporter, autojump_clock: trio.abc.Clock, how: str
 ) -> None:
-    model = ScriptedModel([reply(calls=[("stop_everything", {}), ("hang", {})])])
+    model = ScriptedModel([reply(calls=[("stop_everything", {"how": how}), ("hang", {})])])
+    agent = Agent(model, [*TOOLS, stop_everything])
     with pytest.raises(BaseException) as raised:
-        await Agent(model, [*TOOLS, stop_everything]).run_turn(Session(MemoryStore(), KEY), "go")
-    assert raised.group_contains(Stop) if isinstance(raised.value, BaseExceptionGroup) else False
+        await agent.run_turn(Session(MemoryStore(), KEY), "go")
+    if how == "KeyboardInterrupt":
+        assert raised.type is KeyboardInterrupt  # never wrapped, never swallowed
+    else:
+        assert isinstance(raised.value, BaseExceptionGroup) and raised.group_contains(Stop)
     finished = spans.get_finished_spans()
     assert sorted(s.name for s in finished) == [
         "chat test",
@@ -585,9 +591,33 @@ async def test_a_tool_raising_a_base_exception_ends_every_span(
         "execute_tool stop_everything",
         "invoke_agent tak",
     ]
-    [turn] = named(finished, "invoke_agent tak")
-    assert (turn.attributes or {}).get("error.type") == "BaseExceptionGroup"
+    for span in finished:
+        if span.name != "chat test":
+            assert span.status.status_code == StatusCode.ERROR
     assert not trace.get_current_span().get_span_context().is_valid
+
+
+async def test_a_turn_cancelled_mid_stream_ends_its_spans(
+    spans: InMemorySpanExporter, autojump_clock: trio.abc.Clock
+) -> None:
+    streaming = trio.Event()
+
+    def long_reply(request: ModelRequest) -> ModelResponse:
+        streaming.set()
+        return reply("one two three four five six")
+
+    session = Session(MemoryStore(), KEY)
+    model = ScriptedModel([long_reply], chunk_delay=1.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(Agent(model, TOOLS).run_turn, session, "go")
+        await streaming.wait()
+        await trio.sleep(2.5)
+        nursery.cancel_scope.cancel()
+    finished = spans.get_finished_spans()
+    kinds = {s.name: (s.attributes or {}).get("error.type") for s in finished}
+    assert kinds == {"chat test": "cancelled", "invoke_agent tak": "cancelled"}
+    assert not trace.get_current_span().get_span_context().is_valid
+    assert (await session.entries())[-1].get("partial") is True
 
 
 async def test_swapping_the_provider_mid_turn_ends_every_span(
