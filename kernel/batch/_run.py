@@ -58,6 +58,8 @@ logger = logging.getLogger("tak.batch")
 
 #: How long a stopped run may take to record its running tasks as cancelled.
 CANCEL_RECORD_S = 5.0
+#: How long recording a finished task's result may take (even while the run stops).
+FINISH_S = 60.0
 #: How often an idle runner asks the ledger again while other workers hold tasks
 #: (their leases may lapse, and the tasks come to this worker).
 POLL_S = 1.0
@@ -313,7 +315,21 @@ class _Runner:
                 span.set_attribute("tak.batch.reason", result.reason)
         finally:
             self.running.discard(task.id)
-        if await self.ledger.finish(self.worker, result):
+        # Work done is recorded even when the run is being stopped meanwhile: a
+        # cancellation arrives at the next checkpoint. Bounded: a ledger that hangs
+        # must not hold a stopping run forever (the task then runs again on resume).
+        accepted: bool | None = None
+        with trio.CancelScope(shield=True), trio.move_on_after(FINISH_S):
+            accepted = await self.ledger.finish(self.worker, result)
+        if accepted is None:
+            logger.error(
+                "task %s: its result (%s) could not be recorded within %g s; it runs again "
+                "on resume",
+                task.id,
+                result.reason,
+                FINISH_S,
+            )
+        elif accepted:
             self.totals.add(result)
         else:
             logger.warning(
