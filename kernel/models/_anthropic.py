@@ -6,14 +6,14 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..messages import Message
+from ..messages import Attachment, Message, Observation
 from ..settings import ModelSettings, check_tool_choice
 from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json, refuse_settings
 from ._sse import SSEEvent
-from ._wire import ToolNameMap, arguments_object, system_text
+from ._wire import AttachmentPlan, ToolNameMap, arguments_object, refused_media, system_text
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -30,6 +30,23 @@ _STOP_REASONS: Mapping[str, StopReason] = {
 _RETRYABLE_ERRORS = frozenset(
     {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
 )
+
+# What a tool_result may hold besides text: image blocks and PDF document blocks.
+_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+_DOCUMENT_TYPES = frozenset({"application/pdf"})
+# The API refuses an image whose base64 text is over 5 MiB ("image exceeds 5 MB
+# maximum: 6275800 bytes > 5242880 bytes": it counts the base64, not the bytes).
+_MAX_IMAGE_BASE64 = 5 * 1024 * 1024
+# A request is at most 32 MB and 100 images: leave room for the conversation's text.
+_ATTACHMENT_BUDGET = 24 * 1024 * 1024
+_MAX_ATTACHMENTS = 100
+_refused_media = refused_media("anthropic", _IMAGE_TYPES | _DOCUMENT_TYPES)
+
+
+def _refusal(attachment: Attachment) -> str | None:
+    if attachment.base_type in _IMAGE_TYPES and len(attachment.data) > _MAX_IMAGE_BASE64:
+        return "over the 5 MiB of base64 anthropic takes for an image"
+    return _refused_media(attachment)
 
 
 def anthropic_tools(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any]]:
@@ -75,7 +92,11 @@ class AnthropicModel(HTTPModel):
 
     Tool results go back as ``tool_result`` blocks, all of them first in the
     next user message, in declared order, with ``is_error: true`` for error
-    observations. The system prompt is the top-level ``system``.
+    observations. A result with attachments has a list of blocks for its
+    content: its text, then an ``image`` block for each JPEG, PNG, GIF or
+    WebP image and a ``document`` block for each PDF; other media, and images
+    past the API's limits, are named in the text (``AttachmentPlan``). The
+    system prompt is the top-level ``system``.
     """
 
     provider = "anthropic"
@@ -83,9 +104,15 @@ class AnthropicModel(HTTPModel):
 
     def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
         names = ToolNameMap(t.name for t in request.tools)
+        plan = AttachmentPlan(
+            request.messages,
+            refusal=_refusal,
+            budget=_ATTACHMENT_BUDGET,
+            max_count=_MAX_ATTACHMENTS,
+        )
         messages: list[dict[str, Any]] = []
         for message in request.messages:
-            role, blocks = _blocks(message, names)
+            role, blocks = _blocks(message, names, plan)
             if not blocks:
                 continue
             if messages and messages[-1]["role"] == role:
@@ -160,7 +187,9 @@ class AnthropicModel(HTTPModel):
         )
 
 
-def _blocks(message: Message, names: ToolNameMap) -> tuple[str, list[dict[str, Any]]]:
+def _blocks(
+    message: Message, names: ToolNameMap, plan: AttachmentPlan
+) -> tuple[str, list[dict[str, Any]]]:
     if message.role == "system":
         return "system", []  # sent as the top-level system prompt
     blocks: list[dict[str, Any]] = []
@@ -169,7 +198,7 @@ def _blocks(message: Message, names: ToolNameMap) -> tuple[str, list[dict[str, A
             result: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": o.call_id,
-                "content": o.content,
+                "content": _result_content(o, plan),
             }
             if o.is_error:
                 result["is_error"] = True
@@ -188,6 +217,28 @@ def _blocks(message: Message, names: ToolNameMap) -> tuple[str, list[dict[str, A
         ]
         return "assistant", blocks
     return "user", blocks
+
+
+def _result_content(observation: Observation, plan: AttachmentPlan) -> str | list[dict[str, Any]]:
+    """A ``tool_result``'s content: the text alone, or blocks when media is sent."""
+    if not observation.attachments:
+        return observation.content
+    text, sent = plan.split(observation)
+    if not sent:
+        return text
+    # The API refuses an empty text block: a result of media alone has none.
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for attachment in sent:
+        source = {"type": "base64", "media_type": attachment.base_type, "data": attachment.data}
+        if attachment.base_type in _IMAGE_TYPES:
+            blocks.append({"type": "image", "source": source})
+        else:
+            document: dict[str, Any] = {"type": "document", "source": source}
+            title = attachment.name or attachment.uri
+            if title:
+                document["title"] = title
+            blocks.append(document)
+    return blocks
 
 
 def _usage(usage: Usage, fields: Mapping[str, Any]) -> Usage:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import httpx
 
 from ..errors import UsageError
-from ..messages import Message
+from ..messages import Message, Observation
 from ..settings import check_tool_choice
 from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
@@ -20,7 +21,7 @@ from ._http import HTTPModel, load_json, refuse_settings
 from ._prices import Price
 from ._retry import RetryPolicy
 from ._sse import SSEEvent
-from ._wire import arguments_object, system_text
+from ._wire import AttachmentPlan, arguments_object, refused_media, system_text
 
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 
@@ -43,6 +44,26 @@ _STOP_REASONS: Mapping[str, StopReason] = {
 _RETRYABLE_STATUSES = frozenset(
     {"UNAVAILABLE", "RESOURCE_EXHAUSTED", "INTERNAL", "DEADLINE_EXCEEDED"}
 )
+
+# Gemini 3 takes media inside a functionResponse ("multimodal function
+# responses"): these types only. Earlier models answer such a request with
+# HTTP 400, but take media as inline parts of the same turn, of more types.
+_FUNCTION_RESPONSE_MEDIA = frozenset(
+    {"image/png", "image/jpeg", "image/webp", "application/pdf", "text/plain"}
+)
+_INLINE_MEDIA = _FUNCTION_RESPONSE_MEDIA | {
+    "image/heic",
+    "image/heif",
+    "audio/wav",
+    "audio/mp3",
+    "audio/aiff",
+    "audio/aac",
+    "audio/ogg",
+    "audio/flac",
+}
+_BEFORE_GEMINI_3 = re.compile(r"gemini-[12]\.")
+# Inline data is at most 20 MB a request, base64 and the rest together.
+_ATTACHMENT_BUDGET = 14 * 1024 * 1024
 
 
 class _NotForGemini(Exception):
@@ -128,6 +149,12 @@ class GeminiModel(HTTPModel):
     function, with ``{"result": content}`` or, for an error observation,
     ``{"error": content}``.
 
+    A result's attachments go as ``inlineData`` in the ``functionResponse``'s
+    ``parts`` (PNG, JPEG, WebP, PDF, plain text), and for models before
+    Gemini 3, which refuse that, as ``inlineData`` parts after the turn's
+    function responses, each after a line naming its call; other media is
+    named in the result's text (``AttachmentPlan``).
+
     Thought signatures (Gemini 2.5 and 3 sign their function calls, and
     Gemini 3 refuses a history without them) are kept in memory by call id
     and sent back with their calls; a turn whose signature is not known gets
@@ -160,8 +187,14 @@ class GeminiModel(HTTPModel):
 
     def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
         contents: list[dict[str, Any]] = []
+        taken = _INLINE_MEDIA if self._media_after_responses else _FUNCTION_RESPONSE_MEDIA
+        plan = AttachmentPlan(
+            request.messages,
+            refusal=refused_media(self.provider, taken),
+            budget=_ATTACHMENT_BUDGET,
+        )
         for message in request.messages:
-            role, parts = self._parts(message)
+            role, parts = self._parts(message, plan)
             if not parts:
                 continue
             if contents and contents[-1]["role"] == role:
@@ -241,17 +274,44 @@ class GeminiModel(HTTPModel):
     def _own_id(self, call_id: str) -> bool:
         return call_id.startswith(f"{self.provider}-")
 
-    def _parts(self, message: Message) -> tuple[str, list[dict[str, Any]]]:
+    @property
+    def _media_after_responses(self) -> bool:
+        """Whether media goes after the function responses, not inside them."""
+        return _BEFORE_GEMINI_3.match(self.model) is not None
+
+    def _function_response(
+        self, o: Observation, plan: AttachmentPlan, after: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """``o`` as a ``functionResponse`` part; media for after the responses
+        goes to ``after``."""
+        text, sent = plan.split(o) if o.attachments else (o.content, [])
+        media = [
+            {"inlineData": {"mimeType": attachment.base_type, "data": attachment.data}}
+            for attachment in sent
+        ]
+        if media and self._media_after_responses:
+            lines = [text] if text else []
+            for attachment, part in zip(sent, media, strict=True):
+                lines.append(f"[{attachment.describe()}: sent after the function responses]")
+                line = f"{attachment.describe()}, from {o.name} (call {o.call_id}):"
+                after += [{"text": line}, part]
+            text, media = "\n".join(lines), []
+        response = {"error": text} if o.is_error else {"result": text}
+        function_response: dict[str, Any] = {"name": o.name, "response": response}
+        if not self._own_id(o.call_id):
+            function_response["id"] = o.call_id
+        if media:
+            function_response["parts"] = media
+        return {"functionResponse": function_response}
+
+    def _parts(self, message: Message, plan: AttachmentPlan) -> tuple[str, list[dict[str, Any]]]:
         parts: list[dict[str, Any]] = []
         if message.role == "system":
             return "user", []  # sent as systemInstruction
         if message.role == "tool":
-            for o in message.observations:
-                response = {"error": o.content} if o.is_error else {"result": o.content}
-                function_response: dict[str, Any] = {"name": o.name, "response": response}
-                if not self._own_id(o.call_id):
-                    function_response["id"] = o.call_id
-                parts.append({"functionResponse": function_response})
+            after: list[dict[str, Any]] = []
+            parts += [self._function_response(o, plan, after) for o in message.observations]
+            parts += after
         if message.text:
             parts.append({"text": message.text})
         if message.role != "assistant":

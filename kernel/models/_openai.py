@@ -14,7 +14,7 @@ from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
 from ._sse import SSEEvent
-from ._wire import ToolNameMap, arguments_text, system_text
+from ._wire import AttachmentPlan, ToolNameMap, arguments_text, refused_media, system_text
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
@@ -25,6 +25,13 @@ _STOP_REASONS: Mapping[str, StopReason] = {
     "length": "max_tokens",
     "content_filter": "content_filter",
 }
+
+# A tool message takes text parts only; a user message takes images as
+# image_url parts (data: URLs), which every server speaking the API for a
+# vision model reads. 50 MB of images a request: leave room for the rest.
+_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+_ATTACHMENT_BUDGET = 32 * 1024 * 1024
+_refusal = refused_media("openai", _IMAGE_TYPES)
 
 
 def openai_tools(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any]]:
@@ -53,7 +60,12 @@ class OpenAIModel(HTTPModel):
     """A model behind ``{base_url}/chat/completions``.
 
     Tool results go back as one ``role: tool`` message per observation, in
-    declared order. Against api.openai.com the output limit is sent as
+    declared order. A tool message holds text alone, so the images of the
+    results (JPEG, PNG, GIF, WebP) follow them in one ``user`` message, each
+    after a line naming its call, and each result's text says where its
+    images went; other media is named in the text (``AttachmentPlan``). A
+    model that takes no images refuses such a request: keep tools that
+    return images away from it. Against api.openai.com the output limit is sent as
     ``max_completion_tokens`` (its reasoning models refuse ``max_tokens``);
     against other servers as ``max_tokens``, which they all know.
     """
@@ -67,8 +79,9 @@ class OpenAIModel(HTTPModel):
         system = system_text(request)
         if system:
             messages.append({"role": "system", "content": system})
+        plan = AttachmentPlan(request.messages, refusal=_refusal, budget=_ATTACHMENT_BUDGET)
         for message in request.messages:
-            messages.extend(_messages(message, names))
+            messages.extend(_messages(message, names, plan))
         settings = request.effective_settings()
         check_tool_choice(settings, [t.name for t in request.tools])
         body: dict[str, Any] = {"model": self.model, "messages": messages}
@@ -132,7 +145,7 @@ class OpenAIModel(HTTPModel):
         )
 
 
-def _messages(message: Message, names: ToolNameMap) -> list[dict[str, Any]]:
+def _messages(message: Message, names: ToolNameMap, plan: AttachmentPlan) -> list[dict[str, Any]]:
     if message.role == "system":
         return []  # folded into the leading system message
     if message.role == "user":
@@ -155,11 +168,31 @@ def _messages(message: Message, names: ToolNameMap) -> list[dict[str, Any]]:
         elif entry["content"] is None:
             entry["content"] = ""
         return [entry]
-    out: list[dict[str, Any]] = [
-        {"role": "tool", "tool_call_id": o.call_id, "content": o.content}
-        for o in message.observations
-    ]
-    if message.text:
+    out: list[dict[str, Any]] = []
+    shown: list[dict[str, Any]] = []  # the user message's parts after the results
+    for o in message.observations:
+        if not o.attachments:
+            out.append({"role": "tool", "tool_call_id": o.call_id, "content": o.content})
+            continue
+        text, sent = plan.split(o)
+        lines = [text] if text else []
+        for attachment in sent:
+            number = len(shown) // 2 + 1
+            lines.append(
+                f"[{attachment.describe()}: image {number} of the user message after the "
+                "tool results]"
+            )
+            shown.append(
+                {"type": "text", "text": f"Image {number}, from {o.name} (call {o.call_id}):"}
+            )
+            url = f"data:{attachment.base_type};base64,{attachment.data}"
+            shown.append({"type": "image_url", "image_url": {"url": url}})
+        out.append({"role": "tool", "tool_call_id": o.call_id, "content": "\n".join(lines)})
+    if shown:
+        if message.text:
+            shown.append({"type": "text", "text": message.text})
+        out.append({"role": "user", "content": shown})
+    elif message.text:
         out.append({"role": "user", "content": message.text})
     return out
 

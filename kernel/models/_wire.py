@@ -8,16 +8,27 @@ Their adapters send ``.`` as ``__`` and map names back through the table of
 the request's own tools, so the mapping is exact both ways; a request whose
 tools would collide on the wire (``fs.read`` beside ``fs__read``) or grow
 past 64 characters is refused before anything is sent.
+
+Attachments on the wire: ``AttachmentPlan``.
+
+Each adapter says which attachments its provider takes in a tool result,
+and how much base64 one request may carry. The plan walks the request from
+its newest message back and sends what fits; an attachment not sent becomes
+a line of its result's text (``[image: image/png, 1234 bytes, not sent:
+...]``), so the model knows it was there and why it cannot see it. Older
+ones give way first: a long conversation with screenshots keeps sending the
+latest, and never grows past what the provider takes (a refused request
+would be refused again at every turn).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import UsageError
-from ..messages import escape_surrogates, json_problem
+from ..messages import Attachment, Message, Observation, escape_surrogates, json_problem
 from ._base import ModelRequest
 
 _MAX_WIRE_NAME = 64
@@ -91,3 +102,77 @@ def arguments_object(arguments: dict[str, Any] | str) -> dict[str, Any]:
         return {} if json_problem(value) is not None else value
     except RecursionError:
         return {}
+
+
+class AttachmentPlan:
+    """Which attachments of a request's tool results go to the provider.
+
+    ``refusal`` gives the reason an attachment cannot be sent (``None``:
+    it can); of those that can, the newest are sent while their base64 fits
+    ``budget`` characters and their number ``max_count``.
+    """
+
+    def __init__(
+        self,
+        messages: Sequence[Message],
+        *,
+        refusal: Callable[[Attachment], str | None],
+        budget: int,
+        max_count: int | None = None,
+    ) -> None:
+        # By observation (its id: the request holds it while the plan is used), the
+        # reason for each of its attachments not sent, None for those sent. Keyed by
+        # the observation, not the attachment: one Attachment may appear twice.
+        self._reasons: dict[int, list[str | None]] = {}
+        used = count = 0
+        for message in reversed(messages):
+            for observation in reversed(message.observations):
+                if not observation.attachments or id(observation) in self._reasons:
+                    continue
+                reasons: list[str | None] = [None] * len(observation.attachments)
+                for position in range(len(observation.attachments) - 1, -1, -1):
+                    attachment = observation.attachments[position]
+                    reason = refusal(attachment)
+                    if reason is None:
+                        if used + len(attachment.data) > budget or (
+                            max_count is not None and count >= max_count
+                        ):
+                            reason = (
+                                "newer attachments took the room one request has for them "
+                                f"({_amount(budget, max_count)})"
+                            )
+                        else:
+                            used += len(attachment.data)
+                            count += 1
+                    reasons[position] = reason
+                self._reasons[id(observation)] = reasons
+
+    def split(self, observation: Observation) -> tuple[str, list[Attachment]]:
+        """``(text, sent)``: the observation's content with a line for each
+        attachment not sent, and the attachments to send, in order."""
+        sent: list[Attachment] = []
+        lines = [observation.content] if observation.content else []
+        reasons = self._reasons.get(id(observation)) or [None] * len(observation.attachments)
+        for attachment, reason in zip(observation.attachments, reasons, strict=True):
+            if reason is None:
+                sent.append(attachment)
+            else:
+                lines.append(f"[{attachment.describe()}, not sent: {reason}]")
+        return "\n".join(lines), sent
+
+
+def _amount(budget: int, max_count: int | None) -> str:
+    size = f"{budget / (1 << 20):.3g} MiB of base64"
+    return size if max_count is None else f"{size}, {max_count} attachments"
+
+
+def refused_media(provider: str, taken: Iterable[str]) -> Callable[[Attachment], str | None]:
+    """A ``refusal`` for a provider that takes the media types ``taken`` and no other."""
+    media_types = frozenset(taken)
+
+    def refusal(attachment: Attachment) -> str | None:
+        if attachment.base_type in media_types:
+            return None
+        return f"{provider} does not take {attachment.base_type} in tool results"
+
+    return refusal
