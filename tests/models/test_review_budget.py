@@ -24,7 +24,7 @@ import trio.testing
 from kernel import tool
 from kernel.agent import COMPACTION_PROMPT, Agent, RunLimits
 from kernel.errors import ModelAPIError, UsageError
-from kernel.messages import Message, Text, ToolCall
+from kernel.messages import Attachment, Message, Observation, Text, ToolCall
 from kernel.models import (
     AnthropicModel,
     BudgetLimits,
@@ -193,6 +193,70 @@ def test_bug_from_table_with_a_non_string_key_is_a_type_error() -> None:
 def test_bug_from_table_with_mixed_setting_names_is_a_type_error() -> None:
     with pytest.raises(UsageError, match=r"\[budget\]\.openai: unknown setting"):
         ModelBudget.from_table({"openai": {1: 2, "max_conections": 3}})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a misspelt provider ([budget.opnai]) is accepted in silence: its limits never apply",
+)
+def test_bug_from_table_accepts_a_provider_that_does_not_exist() -> None:
+    # Inside a table an unknown setting is refused ("unknown setting
+    # 'max_conections'"); an unknown provider name, the likelier typo, is not.
+    with pytest.raises(UsageError, match="opnai"):
+        ModelBudget.from_table({"opnai": {"max_connections": 50}})
+
+
+@pytest.mark.xfail(
+    strict=True, reason="GeminiModel(budget=) is a TypeError; OpenAI and Anthropic take budget="
+)
+async def test_bug_gemini_model_does_not_take_budget() -> None:
+    from kernel.models import GeminiModel
+
+    budget = ModelBudget()
+    async with httpx.AsyncClient() as client:
+        model = GeminiModel(
+            "gemini-2.5-flash",
+            client=client,
+            api_key="k",
+            budget=budget,  # type: ignore[call-arg]
+        )
+    assert model.budget is budget
+
+
+def screenshot_request(size: int = 1024 * 1024) -> ModelRequest:
+    """A request whose history holds one tool result with a ``size``-byte PNG."""
+    call = ToolCall(id="c1", name="browser.screenshot", arguments="{}", index=0)
+    png = Attachment.of_bytes("image", "image/png", random.Random(1).randbytes(size))
+    observation = Observation("c1", "browser.screenshot", 0, "the page", attachments=(png,))
+    return ModelRequest(
+        (user("look at the page"), Message("assistant", (call,)), Message("tool", (observation,))),
+        max_tokens=100,
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an image is estimated at its base64 bytes / 4 (a 1 MB screenshot: ~350k tokens, "
+    "over the minute): the request waits for an empty window and FIFO holds everyone behind it",
+)
+async def test_bug_a_screenshot_in_one_history_stalls_every_session_of_the_provider(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A provider bills an image ~1-2k tokens. Every later request of a session
+    # that took a screenshot carries it, so each waits for a minute with no
+    # tokens used at all, and every other session queues behind it.
+    provider = RateLimitedProvider(latency=1.0)
+    budget = ModelBudget(providers={"openai": BudgetLimits(tokens_per_minute=100_000)})
+    async with provider.client() as client:
+        model = openai(client, budget)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(model.complete, REQUEST)  # served at 0, settled (25) at 1
+            await trio.sleep(2)
+            nursery.start_soon(model.complete, screenshot_request())
+            await trio.sleep(1)
+            nursery.start_soon(model.complete, REQUEST)
+    # 25 + ~2k + 25 tokens in three seconds, against 100,000 a minute.
+    assert provider.served == [0.0, 2.0, 3.0]
 
 
 # --- bugs: ReplayModel ----------------------------------------------------------------------
