@@ -52,7 +52,7 @@ from .history import HistoryCache
 from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
 from .home import Config, McpServerConfig, TakHome
 from .messages import Message, Observation, ToolCall
-from .models import Model, open_http_client, resolve_model
+from .models import Model, ModelBudget, open_http_client, resolve_model
 from .plugin import ToolContext, use_context
 from .session import Session
 from .settings import ModelSettings, merge
@@ -90,7 +90,11 @@ class Kernel:
         config: Config | None = None,
         mcp: McpServers | None = None,
         allowed_tools: Sequence[str] | None = None,
+        budget: ModelBudget | None = None,
     ) -> None:
+        #: The limits every model of this kernel shares (``open_kernel(budget=)``):
+        #: ``budget.snapshot()`` shows each provider's requests in flight and waiting.
+        self.budget = budget
         #: The tools a run offers when it names none (``None``: all).
         self.allowed_tools = list(allowed_tools) if allowed_tools is not None else None
         self.home = home
@@ -188,7 +192,7 @@ class Kernel:
             self._agents.move_to_end(model)
             return agent
         agent = self._agents[model] = self.agent.with_model(
-            resolve_model(model, client=self._http_client)
+            resolve_model(model, client=self._http_client, budget=self.budget)
         )
         while len(self._agents) > MAX_MODEL_AGENTS:
             self._agents.popitem(last=False)
@@ -428,6 +432,7 @@ async def open_kernel(
     settings: ModelSettings | None = None,
     allowed_tools: Sequence[str] | None = None,
     mcp_servers: Mapping[str, McpServerConfig] | None = None,
+    budget: ModelBudget | None = None,
 ) -> AsyncIterator[Kernel]:
     """Open a kernel: its home, store, model, tools and plugins, and a nursery for its tasks.
 
@@ -455,6 +460,9 @@ async def open_kernel(
         mcp_servers: MCP servers by name, whose tools join the kernel's as
             ``NAME.tool``; they replace the same names of ``[mcp.servers]`` in
             ``tak.toml`` (docs/mcp.md).
+        budget: connections, requests and tokens per minute per provider and
+            model, shared by every session and model of the kernel (a model
+            string's; a ``Model`` object passed in is used as it is).
 
     Raises:
         UsageError: a bad model string, a missing API key, a workspace that is
@@ -496,7 +504,7 @@ async def open_kernel(
         ):
             registry = host.tools
             the_model = (
-                resolve_model(model, client=client, fallbacks=fallbacks)
+                resolve_model(model, client=client, fallbacks=fallbacks, budget=budget)
                 if isinstance(model, str)
                 else model
             )
@@ -527,6 +535,7 @@ async def open_kernel(
                             allowed_tools if allowed_tools is not None else config.model.tools
                         ),
                         mcp=mcp,
+                        budget=budget,
                     )
                     # Background work (compaction) is optional: don't hold the exit for it.
                     nursery.cancel_scope.cancel()

@@ -601,3 +601,13 @@ async def test_an_idle_worker_waits_for_tasks_held_elsewhere_and_takes_a_lapsed_
     assert held.attempt == 1
     # About one a second while waiting, not one per idle runner (5 would make ~35).
     assert 5 <= len([t for t in polls if 2 <= t < 9]) <= 8
+
+
+async def test_the_kernels_model_budget_is_the_one_given(tmp_path: Path) -> None:
+    from kernel.models import ModelBudget
+
+    budget = ModelBudget()
+    async with open_kernel(home=tmp_path / "home", plugins=[], budget=budget) as k:
+        assert k.budget is budget
+    async with open_kernel(home=tmp_path / "home", plugins=[]) as k:
+        assert k.budget is None
