@@ -12,6 +12,7 @@ import contextlib
 import functools
 import gc
 import math
+import pathlib
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -221,6 +222,28 @@ async def test_bug_gemini_model_does_not_take_budget() -> None:
             budget=budget,  # type: ignore[call-arg]
         )
     assert model.budget is budget
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="docs/models.md configures the kernel's budget with [budget] in tak.toml, "
+    "but tak.toml refuses it: unknown setting 'budget'",
+)
+async def test_bug_the_documented_budget_table_of_tak_toml_is_refused(
+    tmp_path: pathlib.Path,
+) -> None:
+    from kernel.kernel import open_kernel
+
+    (tmp_path / "home" / "config").mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "home" / "config" / "tak.toml").write_text(
+        '[budget.openai]\nmax_connections = 5\n[budget."openai:gpt-4.1-mini"]\n'
+        "tokens_per_minute = 200000\n"
+    )
+    async with open_kernel(home=tmp_path / "home", workspace=tmp_path / "work") as kernel:
+        budget = kernel.budget
+    assert budget is not None
+    assert budget.providers == {"openai": BudgetLimits(max_connections=5)}
 
 
 def screenshot_request(size: int = 1024 * 1024) -> ModelRequest:
