@@ -78,6 +78,26 @@ async def test_bug_a_long_run_of_429s_without_retry_after_overflows_the_backoff(
 
 @pytest.mark.xfail(
     strict=True,
+    reason="requests refused together double the backoff once each: 10 concurrent 429s "
+    "without Retry-After pause the provider 2**9 s (capped only by max_pause)",
+)
+async def test_bug_concurrent_refusals_compound_the_backoff(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # "Doubled for each such refusal in a row": ten requests already in
+    # flight when the provider starts refusing are one refusal of the
+    # provider, not ten rounds of backing off. With max_pause=600 (to honour
+    # long Retry-Afters) one burst stalls every session 512 s.
+    budget = ModelBudget(backoff=1.0, max_pause=600)
+    grants = [await budget.acquire("anthropic", "m") for _ in range(10)]
+    for grant in grants:
+        grant.refused(529, None)
+        grant.release()
+    assert row(budget, "anthropic").paused_for < 10
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="Retry-After: nan parses to nan; the retry loop's trio.sleep(nan) raises ValueError",
 )
 async def test_bug_a_retry_after_of_nan_crashes_the_request(
