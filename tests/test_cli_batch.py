@@ -160,6 +160,10 @@ def test_bad_flags_and_runs_are_one_line(tmp_path: Path) -> None:
         result = tak(home, "batch", str(tasks), *args)
         assert result.returncode == 2 and result.stderr.startswith(expected), (args, result)
         assert result.stderr.count("\n") == 1
+    inside = tak(home, "batch", str(tasks), "--out", str(home / "data" / "runs" / "x"))
+    assert inside.returncode == 2 and inside.stderr.startswith(
+        f"tak batch: --out {home / 'data' / 'runs' / 'x'}: lies inside the home's data"
+    ), inside.stderr
     missing = tak(home, "batch", "resume", "nope")
     assert (missing.returncode, missing.stderr) == (
         2,
@@ -215,6 +219,12 @@ def test_ctrl_c_records_cancelled_and_the_printed_resume_finishes_the_rest_once(
             )
 
         wait_for(sleeping, "t3 and t4 to be in their sleep calls", proc)
+        # meanwhile: ls reads the run as it goes; a second process may not run it
+        listed = tak(home, "batch", "ls")
+        assert listed.stdout.splitlines()[1].split()[3:6] == ["6", "2", "0"], listed.stdout
+        second = tak(home, "batch", "resume", "slow")
+        assert second.returncode == 2 and f"in use by process {proc.pid} " in second.stderr
+        assert second.stderr.count("\n") == 1
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -276,11 +286,12 @@ def test_progress_on_a_terminal_is_one_line_redrawn(tmp_path: Path) -> None:
     finally:
         proc.kill()
         os.close(master)
-    assert proc.returncode == 0
     text = drawn.decode()
-    assert "tty: 3/3 done, 0 running, 0 failed" in text
-    # the line is drawn in place; only the end leaves it with a newline
-    assert text.count("\n") == 1 and text.endswith("\n"), text
+    assert proc.returncode == 0, text
+    # each drawing clears the line and draws it in place; only the last ends it
+    *drawings, last = text.split("\r\x1b[2K")
+    assert all(re.fullmatch(r"tty: \d/3 done, [^\r\n]*", d) for d in drawings if d), text
+    assert re.fullmatch(r"tty: 3/3 done, 0 running, 0 failed, [^\r\n]*\r?\n", last), text
     assert "finished    3 of 3 tasks" in stdout
 
 

@@ -275,6 +275,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         return _drive(args, open_postgres, tasks=tasks, given=given, run_dir=None, shared=url)
     run_dir = (args.out if args.out is not None else runs_dir(args.home) / run_id).absolute()
+    data = TakHome.locate(args.home).data.resolve()
+    if run_dir.resolve().is_relative_to(data):
+        # its tasks' workspaces would be refused, one by one (sandbox._overlap)
+        raise UsageError(
+            f"--out {args.out}: lies inside the home's data ({data}), where no task's "
+            "workspace may be; choose another directory"
+        )
     _link_run(args.home, run_id, run_dir)
 
     def open_directory(settings: dict[str, Any] | None) -> Any:
@@ -520,7 +527,7 @@ class ProgressView:
         self.shown = moved
         if self.tty:
             self._clear()
-            self.out.write(line[: _columns() - 1])
+            self.out.write(line[: _columns(self.out) - 1])
             self.drawn = True
         else:
             self.out.write(line + "\n")
@@ -576,10 +583,13 @@ class ProgressView:
         return "; ".join(shown)
 
 
-def _columns() -> int:
-    import shutil
-
-    return shutil.get_terminal_size((100, 24)).columns
+def _columns(out: IO[str]) -> int:
+    """The terminal's width (``out``'s own: stdout may be a file meanwhile)."""
+    try:
+        columns = os.get_terminal_size(out.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        columns = 0
+    return columns if columns > 0 else 100
 
 
 def _duration(seconds: float) -> str:
