@@ -473,6 +473,64 @@ async def test_held_cancelling_at_every_await_of_a_streamed_request_leaks_nothin
         assert (load.in_flight, load.waiting) == (0, 0)
 
 
+async def test_held_cancelling_at_every_await_of_complete_leaks_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    budget = ModelBudget(providers={"openai": BudgetLimits(max_connections=2)})
+    provider = RateLimitedProvider(latency=1.0, max_concurrent=2)
+    async with provider.client() as client:
+        model = openai(client, budget)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_all, model, 30)
+            for tenth in range(40):
+                with trio.move_on_after(tenth / 10):
+                    await model.complete(REQUEST)
+        load = row(budget, "openai")
+        assert (load.in_flight, load.waiting) == (0, 0)
+    assert provider.refused == 0
+
+
+async def test_held_cancelled_just_after_its_grant_arrives_it_is_released(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The other order: the release wakes the waiter first, then its scope is
+    # cancelled. acquire() has succeeded (as trio.Lock would); the caller's
+    # with-block gives the connection back at its next checkpoint. The
+    # request stays counted for the minute: the budget errs on the safe side.
+    budget = ModelBudget(providers={"p": BudgetLimits(max_connections=1)})
+    holder = await budget.acquire("p", "m")
+    scope = trio.CancelScope()
+    sent: list[str] = []
+
+    async def ask() -> None:
+        with scope:
+            with await budget.acquire("p", "m"):
+                await trio.lowlevel.checkpoint()
+                sent.append("sent")
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            holder.release()
+            scope.cancel()
+        with await budget.acquire("p", "m"):
+            pass
+    assert sent == []
+    assert row(budget, "p").in_flight == 0
+
+
+async def test_held_two_budgets_share_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    # No module-level state: each budget's limits and pauses are its own.
+    one = ModelBudget(providers={"p": BudgetLimits(max_connections=1)})
+    two = ModelBudget(providers={"p": BudgetLimits(max_connections=1)})
+    with await one.acquire("p", "m") as grant:
+        grant.refused(429, 30)
+        with await two.acquire("p", "m"):
+            assert trio.current_time() == 0
+    assert row(two, "p").paused_for == 0
+
+
 async def test_held_a_stream_closed_early_releases_its_grant(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
