@@ -317,6 +317,20 @@ def test_ls_lists_the_runs_under_the_home(finished_run: Path, tmp_path: Path) ->
     assert header.split() == ["ID", "CREATED", "TASKS", "FINISHED", "FAILED", "COST", "MODEL"]
     fields = row.split()
     assert fields[0] == "graded" and fields[3:] == ["2", "2", "1", "-", "scripted:demo"]
+    as_json = json.loads(tak(finished_run, "batch", "ls", "--json").stdout)
+    assert as_json == [
+        {
+            "run_id": "graded",
+            "where": str(finished_run / "batch" / "graded"),
+            "created": as_json[0]["created"],
+            "model": "scripted:demo",
+            "total": 2,
+            "finished": 2,
+            "failed": 1,
+            "cost_usd": None,
+        }
+    ]
+    assert isinstance(as_json[0]["created"], float)
     empty = tak(tmp_path / "empty", "batch", "ls")
     assert empty.stdout == f"no batch runs under {tmp_path / 'empty' / 'batch'}\n"
 
@@ -400,6 +414,14 @@ def test_help_names_the_shorthand_and_every_command() -> None:
     for command in ("run", "resume", "ls", "show", "worker"):
         assert re.search(rf"^    {command} ", shown.stdout, re.M), command
     assert "130 stopped by Ctrl-C" in " ".join(shown.stdout.split())
+    for command in ("run", "resume", "ls", "show", "worker"):
+        sub = subprocess.run(
+            [sys.executable, "-m", "kernel.cli", "batch", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sub.stdout.startswith(f"usage: tak batch {command} [-h]"), sub.stdout
 
 
 def test_the_store_variable_is_the_homes() -> None:

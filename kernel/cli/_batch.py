@@ -690,10 +690,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
     entries = sorted(root.iterdir()) if root.is_dir() else []
     runs = [read_run(e) for e in entries if (e / "manifest.json").is_file()]
     gone = [e for e in entries if e.is_symlink() and not e.exists()]
-    if not runs:
+    runs.sort(key=lambda r: (-(r.created or 0), r.run_id))
+    if args.json:
+        print(json.dumps([ls_json(r) for r in runs], indent=2, ensure_ascii=False))
+    elif not runs:
         print(f"no batch runs under {root}")
     else:
-        runs.sort(key=lambda r: (-(r.created or 0), r.run_id))
         width = max(len("ID"), *(len(r.run_id) for r in runs))
         print(
             f"{'ID':<{width}}  {'CREATED':<19}  {'TASKS':>6}  {'FINISHED':>8}  {'FAILED':>6}  "
@@ -710,6 +712,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
         print(f"tak batch ls: {link.name}: its directory is gone ({link.readlink()})",
               file=sys.stderr)  # fmt: skip
     return 0
+
+
+def ls_json(view: RunView) -> dict[str, Any]:
+    """One run of ``tak batch ls --json``: ``show --json``'s totals, without the tasks."""
+    return {
+        "run_id": view.run_id,
+        "where": view.where,
+        "created": view.created,
+        "model": view.model,
+        "total": view.total,
+        "finished": view.finished,
+        "failed": view.failed,
+        "cost_usd": view.cost_usd,
+    }
 
 
 def _local_time(unix: float) -> str:
@@ -761,18 +777,11 @@ def show_json(view: RunView) -> dict[str, Any]:
 
     scores = [r.score for r in view.results if r.score is not None]
     return {
-        "run_id": view.run_id,
-        "where": view.where,
-        "created": view.created,
-        "model": view.model,
-        "total": view.total,
-        "finished": view.finished,
-        "failed": view.failed,
+        **ls_json(view),
         "unfinished": view.total - view.finished,
         "reasons": dict(sorted(Counter(r.reason for r in view.results).items())),
         "input_tokens": sum(r.input_tokens for r in view.results),
         "output_tokens": sum(r.output_tokens for r in view.results),
-        "cost_usd": view.cost_usd,
         "score_mean": sum(scores) / len(scores) if scores else None,
         "not_final": [
             {"id": r.id, "reason": r.reason, "error": r.error}

@@ -91,7 +91,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "(resume with the command it prints)",
     )
     commands = group.add_subparsers(
-        dest="batch_command", metavar="COMMAND", required=True, action=_Commands
+        dest="batch_command",
+        metavar="COMMAND",
+        required=True,
+        action=_Commands,
+        prog=group.prog,  # not from the usage above: "tak batch show", not the two lines
     )
 
     p = commands.add_parser(
@@ -129,6 +133,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=_handler("cmd_resume"))
 
     p = commands.add_parser("ls", help="the runs under the home, newest first")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_handler("cmd_ls"))
 
     p = commands.add_parser("show", help="a run's summary table and its failed tasks")
