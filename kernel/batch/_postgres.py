@@ -178,7 +178,9 @@ class PostgresLedger:
     """A run's tasks and results in PostgreSQL (see the module docstring).
 
     Made by ``open_postgres_ledger``; tables are ``tak_batch_runs``,
-    ``tak_batch_tasks`` and ``tak_batch_results`` beside the store's.
+    ``tak_batch_tasks`` and ``tak_batch_results`` (and
+    ``tak_batch_schema_version``), beside the store's: the ledger drives a
+    ``PostgresStore`` of its own, which applies the store's schema too.
     """
 
     def __init__(

@@ -5,9 +5,11 @@ The run is made as a program makes one (``open_postgres_ledger`` with the
 settings ``tak batch run`` would store), then worked by the real command.
 Each task's prompt makes ``scripted:demo`` call the built-in shell tool once:
 it appends ``start`` to ``runs.log`` in the task's workspace, waits a little,
-then appends ``end``. The workers share one home, as processes on one host
-do, so a task's workspace (never re-seeded once worked in) keeps the lines of
-every attempt: they count the executions.
+then appends ``end``. Each worker has a home of its own, as on its own host
+(each host keeps its tasks' workspaces); the lines in every home's copy of a
+task's workspace count the task's executions. A task taken over continues
+its transcript from the database, so a call the dead worker had started is
+not run again.
 """
 
 from __future__ import annotations
@@ -35,7 +37,17 @@ TASKS = 60
 WORKERS = 4
 LEASE_S = 2.0
 # A shell command that takes a little time, with a trace of its start and its end.
-COMMAND = "echo start >> runs.log; sleep 0.3; echo end >> runs.log"
+COMMAND = "echo start >> runs.log; sleep 0.5; echo end >> runs.log"
+
+
+def tak(home: Path) -> list[str]:
+    return [sys.executable, "-m", "kernel.cli", "--home", str(home)]
+
+
+def runs_log(home: Path, task_id: str) -> list[str]:
+    """What ``COMMAND`` wrote in ``home``'s copy of the task's workspace."""
+    path = home / "batch" / RUN / "workspaces" / task_id / "runs.log"
+    return path.read_text().split() if path.exists() else []
 
 
 def psql(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -79,13 +91,12 @@ def test_four_workers_one_killed_every_task_finishes_exactly_once(
     workers: list[subprocess.Popen[bytes]],
 ) -> None:
     trio.run(make_run, db_url)
-    home = tmp_path / "home"
-    tak = [sys.executable, "-m", "kernel.cli", "--home", str(home)]
-    for n in range(WORKERS):
+    homes = [tmp_path / f"host{n}" for n in range(WORKERS)]
+    for n, home in enumerate(homes):
         with open(tmp_path / f"worker{n}.log", "wb") as log:
             workers.append(
                 subprocess.Popen(
-                    [*tak, "batch", "worker", "--run", RUN, "--store", db_url],
+                    [*tak(home), "batch", "worker", "--run", RUN, "--store", db_url],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # its group: sandbox workers and shells
@@ -94,21 +105,28 @@ def test_four_workers_one_killed_every_task_finishes_exactly_once(
     victim = workers[0]
     victim_name = f"{socket.gethostname()}:{victim.pid}"  # run_batch's default worker name
 
-    def held_by_victim() -> int:
-        ((n,),) = psql(
+    def held_by_victim() -> list[str]:
+        rows = psql(
             db_url,
-            "SELECT count(*) FROM tak_batch_tasks"
+            "SELECT task_id FROM tak_batch_tasks"
             " WHERE lease_owner = %s AND NOT finished AND lease_until > now()",
             victim_name,
         )
-        return int(n)
+        return [task_id for (task_id,) in rows]
 
     def finished() -> int:
         ((n,),) = psql(db_url, "SELECT count(*) FROM tak_batch_tasks WHERE finished")
         return int(n)
 
-    # Mid-run: some tasks done, and the victim in the middle of some of its own.
-    wait_for("the run to get going", lambda: finished() >= 6 and held_by_victim() >= 2)
+    def mid_run() -> bool:
+        # Some tasks done, and the victim in the middle of some of its own, one of
+        # them inside its call (the command started).
+        if finished() < 6:
+            return False
+        held = held_by_victim()
+        return len(held) >= 2 and any(runs_log(homes[0], t) == ["start"] for t in held)
+
+    wait_for("the victim to be inside a call, mid-run", mid_run)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     in_flight = {
@@ -150,14 +168,16 @@ def test_four_workers_one_killed_every_task_finishes_exactly_once(
         assert results[task_id].worker not in (None, victim_name)
     assert {t for t, a in attempts.items() if a != 1} == in_flight
 
-    # Executions: each task's command ran to its end at most once; every task the
-    # victim did not hold, exactly once. (A call the victim had started is recorded
-    # without a result: the next attempt answers it "interrupted", never runs it again.)
-    workspaces = home / "batch" / RUN / "workspaces"
+    # Executions, over every host: each task's command ran at most once; every task
+    # the victim did not hold, exactly once, to its end. (A call the victim had
+    # started is in the shared transcript without a result: the next attempt
+    # answers it "interrupted" and never runs it again.)
     for task_id in results:
-        log_path = workspaces / task_id / "runs.log"
-        lines = log_path.read_text().split() if log_path.exists() else []
+        runs = [(home.name, line) for home in homes for line in runs_log(home, task_id)]
+        lines = [line for _, line in runs]
         if task_id in in_flight:
-            assert lines.count("start") <= 1 and lines.count("end") <= 1, (task_id, lines)
+            assert lines.count("start") <= 1 and lines.count("end") <= 1, (task_id, runs)
         else:
-            assert lines == ["start", "end"], (task_id, lines)
+            assert lines == ["start", "end"], (task_id, runs)
+    started = [t for t in in_flight if "start" in runs_log(homes[0], t)]
+    assert started, "no call of the victim was cut short: nothing to see not run again"
