@@ -80,10 +80,14 @@ def test_killed_midway_and_resumed_every_task_runs_exactly_once(tmp_path: Path) 
         process.wait()
     done_before = len(result_lines(tmp_path))
     assert done_before < 200
+    on_disk = (tmp_path / "run" / "results.jsonl").read_bytes()
+    acknowledged = on_disk[: on_disk.rfind(b"\n") + 1]
 
     resumed = run_example(tmp_path)
     assert "resuming: " in resumed.stdout
     assert table_counts(resumed.stdout) == {"final": 189, "model_error": 10, "wall_time": 1}
+    # Nothing written before the kill was lost or rewritten.
+    assert (tmp_path / "run" / "results.jsonl").read_bytes().startswith(acknowledged)
     lines = result_lines(tmp_path)
     finished = Counter(str(line["id"]) for line in lines if line["reason"] in FINISHED)
     assert len(finished) == 200 and set(finished.values()) == {1}
