@@ -18,6 +18,8 @@ import attrs
 import cattrs
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kernel.executor import run_tool_calls
 from kernel.messages import (
@@ -87,6 +89,25 @@ def test_an_observation_with_attachments_round_trips_through_json() -> None:
     back = round_trip(message, Message).observations[0].attachments
     assert [a.media_type for a in back] == ["image/png", "application/pdf", "audio/wav"]
     assert base64.b64decode(back[0].data) == PNG
+
+
+attachments = st.builds(
+    Attachment.of_bytes,
+    kind=st.sampled_from(["image", "audio", "resource"]),
+    media_type=st.sampled_from(["image/png", "audio/wav", "application/pdf", "text/plain; a=b"]),
+    data=st.binary(max_size=64),
+    uri=st.none() | st.text(max_size=12),
+    name=st.none() | st.text(max_size=12),
+)
+
+
+@given(st.lists(attachments, max_size=4), st.text(max_size=20))
+def test_any_attachments_round_trip(values: list[Attachment], content: str) -> None:
+    observation = Observation("c", "n", 0, content, attachments=values)
+    assert round_trip(observation, Observation) == observation
+    assert [base64.b64decode(a.data) for a in observation.attachments] == [
+        base64.b64decode(a.data) for a in values
+    ]
 
 
 def test_an_observation_without_attachments_is_written_as_before() -> None:
