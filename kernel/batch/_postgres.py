@@ -49,6 +49,7 @@ import attrs
 from kernel.errors import StoreError, UsageError
 from kernel.store import PostgresStore
 
+from ._directory import _structure  # the records' boundary: "WHERE: $.path: reason"
 from ._ledger import Claim, LedgerCounts
 from ._records import BatchTask, TaskResult, check_task_id, converter
 
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from psycopg import Connection
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # pg_advisory_xact_lock key of the ledger's schema migrations ("tak" + 2).
 _MIGRATION_LOCK = 0x74616B02
@@ -127,7 +129,7 @@ UPDATE tak_batch_tasks t SET
     attempt = t.attempt + 1
 FROM picked
 WHERE t.run_id = %(run)s AND t.task_id = picked.task_id
-RETURNING t.ord, t.task::text, t.attempt
+RETURNING t.ord, t.task_id, t.task::text, t.attempt
 """
 _RENEW = """
 UPDATE tak_batch_tasks SET lease_until = now() + make_interval(secs => %(lease)s)
@@ -219,6 +221,17 @@ class PostgresLedger:
         """The run's settings, as given by whoever opened it first."""
         return dict(self._settings)
 
+    def _structure(self, text: str, cls: type[R], task_id: str) -> R:
+        """A stored task or result as its record (one a newer tak wrote may not be).
+
+        Raises:
+            UsageError: ``PostgreSQL host:port/db: run R, task T: $.path: reason``.
+        """
+        kind = "task" if cls is BatchTask else "result of task"
+        where = f"{self._store._where}: run {self._run_id!r}, {kind} {task_id!r}"
+        record: R = _structure(json.loads(text), cls, where)
+        return record
+
     async def _run(self, fn: Callable[[Connection[Any]], T]) -> T:
         # The store's thread, pool and cancellation machinery (its guarantee 6).
         return await self._store._run(fn)
@@ -247,13 +260,13 @@ class PostgresLedger:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise UsageError(f"claim: limit must be a positive int, got {limit!r}")
         params = {"run": self._run_id, "limit": limit, "worker": worker, "lease": self._lease}
-        rows: list[tuple[int, str, int]] = await self._run(
+        rows: list[tuple[int, str, str, int]] = await self._run(
             lambda conn: conn.execute(_CLAIM, params).fetchall()
         )
         rows.sort()
         return [
-            Claim(task=converter.structure(json.loads(text), BatchTask), attempt=attempt)
-            for _, text, attempt in rows
+            Claim(task=self._structure(text, BatchTask, task_id), attempt=attempt)
+            for _, task_id, text, attempt in rows
         ]
 
     async def renew(self, worker: str, task_ids: Sequence[str]) -> None:
@@ -281,14 +294,14 @@ class PostgresLedger:
 
     async def results(self) -> list[TaskResult]:
         """See ``Ledger.results``."""
-        rows: list[tuple[str]] = await self._run(
+        rows: list[tuple[str, str]] = await self._run(
             lambda conn: conn.execute(
-                "SELECT result::text FROM tak_batch_tasks"
+                "SELECT task_id, result::text FROM tak_batch_tasks"
                 " WHERE run_id = %s AND result IS NOT NULL ORDER BY ord",
                 (self._run_id,),
             ).fetchall()
         )
-        return [converter.structure(json.loads(text), TaskResult) for (text,) in rows]
+        return [self._structure(text, TaskResult, task_id) for task_id, text in rows]
 
     async def counts(self) -> LedgerCounts:
         """See ``Ledger.counts``: running is the tasks under a live lease."""
@@ -352,8 +365,9 @@ async def open_postgres_ledger(
 
 
 def _check_worker(worker: object) -> None:
-    if not isinstance(worker, str) or not worker:
-        raise UsageError(f"worker: expected a non-empty string, got {worker!r}")
+    # PostgreSQL text cannot hold NUL: refused here, in the caller's words.
+    if not isinstance(worker, str) or not 0 < len(worker) <= 256 or "\x00" in worker:
+        raise UsageError(f"worker: expected 1 to 256 characters without NUL, got {worker!r}")
 
 
 # -- what the threads run ----------------------------------------------------
@@ -427,7 +441,7 @@ def _finish(conn: Connection[Any], run_id: str, worker: str, result: TaskResult)
             "run": run_id,
             "task": result.id,
             "worker": worker,
-            "result": json.dumps(converter.unstructure(stamped), ensure_ascii=False),
+            "result": _json_text(converter.unstructure(stamped), f"result of task {result.id!r}"),
         }
         done = conn.execute(_FINISH if result.finished else _CANCEL, params).fetchone()
         if done is None:
@@ -468,3 +482,6 @@ def _migrate(conn: Connection[Any], where: str) -> None:
             for statement in _MIGRATIONS[version - 1]:
                 conn.execute(statement)
             conn.execute("INSERT INTO tak_batch_schema_version (version) VALUES (%s)", (version,))
+
+
+__all__ = ["DEFAULT_LEASE_S", "PostgresLedger", "open_postgres_ledger"]

@@ -107,6 +107,33 @@ async def test_bad_arguments_are_refused_before_connecting() -> None:
             pass
 
 
+async def test_a_stored_record_this_tak_cannot_read_is_named(db_url: str) -> None:  # noqa: F811
+    """A row a newer tak wrote (an unknown field): one line naming the run, task and field."""
+    async with open_postgres_ledger(db_url, RUN) as ledger:
+        await ledger.add_tasks([task(1)])
+        psql(
+            db_url, """UPDATE tak_batch_tasks SET task = '{"id": "t001", "prompt": "p", "x": 1}'"""
+        )
+        with pytest.raises(UsageError) as info:
+            await ledger.claim("w", 1)
+        message = str(info.value)
+        assert message.startswith("PostgreSQL 127.0.0.1:") and "\n" not in message
+        assert message.endswith("run 'run-1', task 't001': $: extra fields found (x)")
+
+
+async def test_a_bad_worker_name_is_refused_in_one_line(db_url: str) -> None:  # noqa: F811
+    async with open_postgres_ledger(db_url, RUN) as ledger:
+        await ledger.add_tasks([task(1)])
+        for bad in ("", "nul\x00", "x" * 257, None):
+            with pytest.raises(UsageError, match=r"^worker: expected 1 to 256 characters"):
+                await ledger.claim(bad, 1)  # type: ignore[arg-type]
+            with pytest.raises(UsageError, match=r"^worker: "):
+                await ledger.renew(bad, ["t001"])  # type: ignore[arg-type]
+            with pytest.raises(UsageError, match=r"^worker: "):
+                await ledger.finish(bad, result("t001"))  # type: ignore[arg-type]
+        assert len(await ledger.claim("w" * 256, 1)) == 1
+
+
 async def test_leases_and_finish_times_come_from_the_database_clock(
     db_url: str,  # noqa: F811
 ) -> None:
