@@ -6,6 +6,7 @@ PostgreSQL is the real server tests/store starts (tests/store/pg_server.py).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,17 @@ async def test_a_bad_worker_name_is_refused_in_one_line(db_url: str) -> None:  #
         assert len(await ledger.claim("w" * 256, 1)) == 1
 
 
+async def test_an_unreachable_server_is_one_line_naming_it() -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StoreError) as info:
+        async with open_postgres_ledger(f"postgresql://tak@127.0.0.1:{port}/tak", RUN):
+            pass
+    message = str(info.value)
+    assert message.startswith(f"PostgreSQL 127.0.0.1:{port}/tak: ") and "\n" not in message
+
+
 async def test_leases_and_finish_times_come_from_the_database_clock(
     db_url: str,  # noqa: F811
 ) -> None:
@@ -198,7 +210,7 @@ async def test_a_database_restart_mid_run_is_a_clear_error_then_work_goes_on() -
                 )
             )
             errors = []
-            for _ in range(4):  # the pool's idle connections were all lost
+            for _ in range(8):  # the pool's idle connections were all lost
                 try:
                     claims = await ledger.claim("w", 1)
                     break
