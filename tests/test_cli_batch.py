@@ -160,6 +160,16 @@ def test_bad_flags_and_runs_are_one_line(tmp_path: Path) -> None:
         result = tak(home, "batch", str(tasks), *args)
         assert result.returncode == 2 and result.stderr.startswith(expected), (args, result)
         assert result.stderr.count("\n") == 1
+    # a mistake found when the kernel opens makes no run (the same command, fixed, runs)
+    for args, expected in [
+        (["--tools", "nope"], "tak batch: "),
+        (["--model", "nope:x"], "tak batch: "),
+        (["--set", "tool_choice=nope"], "tak batch: "),
+    ]:
+        result = tak(home, "batch", str(tasks), "--out", str(tmp_path / "out"), *args)
+        assert result.returncode == 2 and result.stderr.startswith(expected), (args, result)
+        assert result.stderr.count("\n") == 1 and "nope" in result.stderr, result.stderr
+        assert not (tmp_path / "out").exists() and not (home / "batch" / "out").exists()
     inside = tak(home, "batch", str(tasks), "--out", str(home / "data" / "runs" / "x"))
     assert inside.returncode == 2 and inside.stderr.startswith(
         f"tak batch: --out {home / 'data' / 'runs' / 'x'}: lies inside the home's data"

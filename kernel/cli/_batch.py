@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..batch._run import BatchProgress
     from ..kernel import Kernel
     from ..settings import ModelSettings
+    from ..store import SessionStore
 
 #: How often progress is redrawn on a terminal, at most (seconds).
 TTY_REDRAW_S = 0.1
@@ -282,11 +283,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"--out {args.out}: lies inside the home's data ({data}), where no task's "
             "workspace may be; choose another directory"
         )
-    _link_run(args.home, run_id, run_dir)
 
     def open_directory(settings: dict[str, Any] | None) -> Any:
         from ..batch._directory import open_run_dir
 
+        _link_run(args.home, run_id, run_dir)
         return open_run_dir(run_dir, run_id=run_id, settings=settings)
 
     return _drive(args, open_directory, tasks=tasks, given=given, run_dir=run_dir)
@@ -345,48 +346,59 @@ def _drive(
 
     import trio
 
-    from ..kernel import open_kernel
-
     async def main() -> int:
-        settings = None if given is None else given.to_settings()
         async with contextlib.AsyncExitStack() as stack:
-            ledger = await stack.enter_async_context(open_ledger(settings))
             sessions = None
             if shared is not None:
                 from ..store import PostgresStore
 
                 sessions = await stack.enter_async_context(PostgresStore(shared))
-            command = RunCommand.from_settings(ledger.run_id, _settings_of(ledger))
             if given is not None:
+                # Checked before the run is made: a mistake is not kept as its settings.
+                kernel = await stack.enter_async_context(_open_kernel(args, given, sessions))
+                await kernel.check_run(
+                    model=given.model, settings=given.model_settings(), tools=given.tools
+                )
+                ledger = await stack.enter_async_context(open_ledger(given.to_settings()))
+                command = RunCommand.from_settings(ledger.run_id, _settings_of(ledger))
                 changed = command.differences(given)
                 if changed:
                     raise UsageError(
                         f"run {ledger.run_id!r} was started with other {', '.join(changed)}; "
                         "run it as it was (tak batch resume) or give a new --run-id"
                     )
-                command = attrs.evolve(command, concurrency=given.concurrency)
+                command = given
+            else:
+                ledger = await stack.enter_async_context(open_ledger(None))
+                command = RunCommand.from_settings(ledger.run_id, _settings_of(ledger))
+                kernel = await stack.enter_async_context(_open_kernel(args, command, sessions))
             if concurrency is not None:
                 command = attrs.evolve(command, concurrency=concurrency)
             workspace_root = None
             if run_dir is None:  # PostgreSQL: each host keeps its tasks' workspaces
                 workspace_root = runs_dir(args.home) / ledger.run_id / "workspaces"
-            kernel = await stack.enter_async_context(
-                open_kernel(
-                    home=args.home,
-                    model=command.model,
-                    fallbacks=command.fallbacks,
-                    store=sessions,
-                    # the run's plugins, and any `tak --plugin` of this command
-                    extra_plugins=[*command.plugins, *_new(args.plugin, command.plugins)],
-                    system=command.system,
-                )
-            )
             return await _run_with_progress(
                 args, kernel, ledger, tasks, command, run_dir, workspace_root
             )
         raise AssertionError("unreachable")  # mypy: an exit stack may swallow an exception
 
     return trio.run(main)
+
+
+def _open_kernel(
+    args: argparse.Namespace, command: RunCommand, sessions: SessionStore | None
+) -> AbstractAsyncContextManager[Kernel]:
+    from ..kernel import open_kernel
+
+    return open_kernel(
+        home=args.home,
+        model=command.model,
+        fallbacks=command.fallbacks,
+        store=sessions,
+        # the run's plugins, and any `tak --plugin` of this command
+        extra_plugins=[*command.plugins, *_new(args.plugin, command.plugins)],
+        system=command.system,
+    )
 
 
 async def _run_with_progress(
