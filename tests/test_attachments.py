@@ -321,12 +321,37 @@ async def test_anthropic_result_of_media_alone_has_no_empty_text_block() -> None
 
 async def test_anthropic_names_an_image_over_its_limit_instead_of_sending_it() -> None:
     """The API refuses an image whose base64 is over 5 MiB: the request would fail every turn."""
-    big = Attachment.of_bytes("image", "image/jpeg", bytes(4 * 1024 * 1024))  # 5.3 MiB of base64
+    jpeg = b"\xff\xd8\xff\xe0" + bytes(4 * 1024 * 1024 - 4)  # 5.3 MiB of base64
+    big = Attachment.of_bytes("image", "image/jpeg", jpeg)
     body = await sent_body(anthropic, ANTHROPIC_ANSWER, conversation(result(big)))
     assert body["messages"][2]["content"][0]["content"] == (
         "Drew the chart.\n[image: image/jpeg, 4194304 bytes, not sent: "
         "over the 5 MiB of base64 anthropic takes for an image]"
     )
+
+
+async def test_an_image_goes_with_the_type_its_bytes_show() -> None:
+    """Servers often call a JPEG image/png; providers refuse the mismatch (every turn)."""
+    jpeg64 = base64.b64encode(b"\xff\xd8\xff\xe0\x00\x10JFIF").decode()
+    mislabelled = Attachment("image", "image/png", jpeg64)
+    garbage = Attachment.of_bytes("image", "image/png", b"<html>not found</html>")
+    observation = result(mislabelled, garbage)
+    body = await sent_body(anthropic, ANTHROPIC_ANSWER, conversation(observation))
+    assert body["messages"][2]["content"][0]["content"] == [
+        {
+            "type": "text",
+            "text": "Drew the chart.\n[image: image/png, 22 bytes, not sent: its bytes are not "
+            "image/png]",
+        },
+        {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": jpeg64}},
+    ]
+    body = await sent_body(openai, OPENAI_ANSWER, conversation(observation))
+    assert body["messages"][3]["content"][1]["image_url"]["url"].startswith("data:image/jpeg;")
+    body = await sent_body(
+        gemini("gemini-3-flash-preview"), GEMINI_ANSWER, conversation(observation)
+    )
+    [part] = body["contents"][2]["parts"][0]["functionResponse"]["parts"]
+    assert part["inlineData"]["mimeType"] == "image/jpeg"
 
 
 async def test_anthropic_without_attachments_sends_the_same_string_content() -> None:

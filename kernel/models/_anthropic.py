@@ -13,7 +13,14 @@ from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json, refuse_settings
 from ._sse import SSEEvent
-from ._wire import AttachmentPlan, ToolNameMap, arguments_object, refused_media, system_text
+from ._wire import (
+    AttachmentPlan,
+    ToolNameMap,
+    arguments_object,
+    refused_media,
+    sent_media_type,
+    system_text,
+)
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -44,9 +51,11 @@ _refused_media = refused_media("anthropic", _IMAGE_TYPES | _DOCUMENT_TYPES)
 
 
 def _refusal(attachment: Attachment) -> str | None:
-    if attachment.base_type in _IMAGE_TYPES and len(attachment.data) > _MAX_IMAGE_BASE64:
-        return "over the 5 MiB of base64 anthropic takes for an image"
-    return _refused_media(attachment)
+    reason = _refused_media(attachment)
+    if reason is None and len(attachment.data) > _MAX_IMAGE_BASE64:
+        if sent_media_type(attachment) in _IMAGE_TYPES:
+            return "over the 5 MiB of base64 anthropic takes for an image"
+    return reason
 
 
 def anthropic_tools(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any]]:
@@ -229,8 +238,9 @@ def _result_content(observation: Observation, plan: AttachmentPlan) -> str | lis
     # The API refuses an empty text block: a result of media alone has none.
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     for attachment in sent:
-        source = {"type": "base64", "media_type": attachment.base_type, "data": attachment.data}
-        if attachment.base_type in _IMAGE_TYPES:
+        media_type = sent_media_type(attachment)
+        source = {"type": "base64", "media_type": media_type, "data": attachment.data}
+        if media_type in _IMAGE_TYPES:
             blocks.append({"type": "image", "source": source})
         else:
             document: dict[str, Any] = {"type": "document", "source": source}

@@ -21,7 +21,7 @@ from ._http import HTTPModel, load_json, refuse_settings
 from ._prices import Price
 from ._retry import RetryPolicy
 from ._sse import SSEEvent
-from ._wire import AttachmentPlan, arguments_object, refused_media, system_text
+from ._wire import AttachmentPlan, arguments_object, refused_media, sent_media_type, system_text
 
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 
@@ -286,7 +286,7 @@ class GeminiModel(HTTPModel):
         goes to ``after``."""
         text, sent = plan.split(o) if o.attachments else (o.content, [])
         media = [
-            {"inlineData": {"mimeType": attachment.base_type, "data": attachment.data}}
+            {"inlineData": {"mimeType": sent_media_type(attachment), "data": attachment.data}}
             for attachment in sent
         ]
         if media and self._media_after_responses:

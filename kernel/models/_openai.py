@@ -14,7 +14,14 @@ from ._assemble import ResponseBuilder, token_count
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json
 from ._sse import SSEEvent
-from ._wire import AttachmentPlan, ToolNameMap, arguments_text, refused_media, system_text
+from ._wire import (
+    AttachmentPlan,
+    ToolNameMap,
+    arguments_text,
+    refused_media,
+    sent_media_type,
+    system_text,
+)
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
@@ -185,7 +192,7 @@ def _messages(message: Message, names: ToolNameMap, plan: AttachmentPlan) -> lis
             shown.append(
                 {"type": "text", "text": f"Image {number}, from {o.name} (call {o.call_id}):"}
             )
-            url = f"data:{attachment.base_type};base64,{attachment.data}"
+            url = f"data:{sent_media_type(attachment)};base64,{attachment.data}"
             shown.append({"type": "image_url", "image_url": {"url": url}})
         out.append({"role": "tool", "tool_call_id": o.call_id, "content": "\n".join(lines)})
     if shown:

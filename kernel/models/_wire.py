@@ -18,11 +18,14 @@ a line of its result's text (``[image: image/png, 1234 bytes, not sent:
 ...]``), so the model knows it was there and why it cannot see it. Older
 ones give way first: a long conversation with screenshots keeps sending the
 latest, and never grows past what the provider takes (a refused request
-would be refused again at every turn).
+would be refused again at every turn). For the same reason an image or a
+PDF goes with the media type its bytes show (``sent_media_type``): a server
+that calls a JPEG ``image/png`` is common, and providers refuse the mismatch.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -166,13 +169,43 @@ def _amount(budget: int, max_count: int | None) -> str:
     return size if max_count is None else f"{size}, {max_count} attachments"
 
 
+# The first bytes of the media whose type providers check against the bytes.
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"%PDF-", "application/pdf"),
+)
+_SNIFFED = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf"})
+
+
+def sent_media_type(attachment: Attachment) -> str | None:
+    """The media type to send ``attachment`` as: for a PNG, JPEG, GIF, WebP or PDF
+    the one its bytes show, whatever it was called; ``None`` when it was called
+    one of them and its bytes are none of them. Other types as declared."""
+    declared = attachment.base_type
+    if declared not in _SNIFFED:
+        return declared
+    head = base64.b64decode(attachment.data[:16])  # 12 bytes: enough for each magic
+    for magic, media_type in _MAGIC:
+        if head.startswith(magic):
+            return media_type
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
 def refused_media(provider: str, taken: Iterable[str]) -> Callable[[Attachment], str | None]:
     """A ``refusal`` for a provider that takes the media types ``taken`` and no other."""
     media_types = frozenset(taken)
 
     def refusal(attachment: Attachment) -> str | None:
-        if attachment.base_type in media_types:
+        media_type = sent_media_type(attachment)
+        if media_type is None:
+            return f"its bytes are not {attachment.base_type}"
+        if media_type in media_types:
             return None
-        return f"{provider} does not take {attachment.base_type} in tool results"
+        return f"{provider} does not take {media_type} in tool results"
 
     return refusal
