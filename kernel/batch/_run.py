@@ -384,10 +384,6 @@ class _Runner:
                 path = await seed_workspace(self.root, task)
                 finished = await self.turn(task, path, limits, turn)
                 reason, error = finished.reason, finished.error
-                if finished.reason == "cancelled":
-                    # The turn was cancelled from inside (not by us, not from outside):
-                    # nothing resumable about it.
-                    reason, error = "error", error or "the turn was cancelled"
             except BaseException as exc:
                 failure = _failures(exc)
                 if failure is None:
@@ -488,7 +484,8 @@ async def run_batch(
         worker: this worker's name in the ledger (default ``host:pid``).
         workspace_root: where task workspaces go (default: the ledger's
             ``workspaces`` directory, else ``$TAK_HOME/batch/<run id>/workspaces``).
-        on_progress: called (it must not block) after every change.
+        on_progress: called after every change; it must neither block nor raise
+            (an exception from it stops the run, as a bug of the caller's).
 
     Raises:
         UsageError: ``max_concurrency`` below 1, a bad model string, tool pattern

@@ -7,6 +7,10 @@ directory, is left out and logged), and a path of ``task.files`` that leaves
 the task's workspace (``..``, absolute, through a link) is refused, by the
 kernel's path resolution rather than by looking at the string.
 
+Files are copied as data: a file's mode is not (no execute bit, as for
+every file the kernel writes into a workspace; a task runs ``sh run.sh``,
+not ``./run.sh``).
+
 The copy is made in ``.<id>.seeding`` beside the workspace and renamed into
 place when whole, so a task whose run stopped mid-copy is seeded again, while
 a workspace a task has already worked in is never re-seeded (a resumed task
