@@ -1,17 +1,15 @@
-"""DirectoryLedger: the Ledger conformance suite, plus what only a run directory does
-(one process at a time, torn lines, the task file's errors)."""
+"""DirectoryLedger: what only a run directory does (one process at a time, torn lines,
+the task file's errors). The Ledger conformance suite runs against it in
+tests/batch/test_ledger_conformance.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -22,27 +20,9 @@ from kernel.batch._directory import (
     load_tasks,
     open_run_dir,
 )
-from kernel.batch._ledger import Ledger
 from kernel.batch._records import BatchTask
 from kernel.errors import UsageError
-from tests.batch.ledger_conformance import LedgerConformance, OpenLedger, result, shared, task
-
-
-class TestDirectoryLedger(LedgerConformance):
-    leases = False  # claims last as long as the process holding the directory
-
-    @pytest.fixture
-    def open_ledger(self, tmp_path: Path) -> OpenLedger:
-        def opener(run_id: str, **options: Any) -> contextlib.AbstractAsyncContextManager[Ledger]:
-            return open_run_dir(tmp_path / run_id)
-
-        return opener
-
-    @pytest.fixture
-    async def peer(self, open_ledger: OpenLedger, ledger: Ledger) -> AsyncIterator[Ledger]:
-        # One process holds a run directory: the peer is the same handle.
-        async with shared(ledger) as same:
-            yield same
+from tests.batch.ledger_conformance import result, task
 
 
 async def test_the_files_of_a_run(tmp_path: Path) -> None:
