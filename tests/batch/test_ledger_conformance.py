@@ -65,6 +65,15 @@ async def test_workers_starting_together_make_the_tables_once(db_url: str) -> No
     assert psql(db_url, "SELECT version FROM tak_batch_schema_version") == [(1,)]
 
 
+async def test_a_ledger_schema_newer_than_this_tak_is_refused(db_url: str) -> None:  # noqa: F811
+    async with open_postgres_ledger(db_url, RUN):
+        pass
+    psql(db_url, "INSERT INTO tak_batch_schema_version (version) VALUES (99)")
+    with pytest.raises(StoreError, match=r"batch ledger schema version 99 is newer .*upgrade tak"):
+        async with open_postgres_ledger(db_url, RUN):
+            pass
+
+
 async def test_the_run_row_keeps_the_first_settings_and_lease(db_url: str) -> None:  # noqa: F811
     settings = {"model": "scripted:x", "concurrency": 4, "limits": {"max_steps": 3}}
     async with open_postgres_ledger(db_url, RUN, settings=settings, lease_seconds=5) as first:
