@@ -208,6 +208,31 @@ def test_a_persisted_sessions_transcript_renders(
     screenshot(page, tmp_path, "transcript")
 
 
+def test_the_runs_model_and_settings_go_into_the_request(page: Page, server: Server) -> None:
+    open_page(page, server)
+    page.click(".run-settings summary")
+    page.fill("#temperature", "7")
+    run_prompt(page, "settings", "hello")
+    failed = page.locator(".turn[data-state=failed]")
+    failed.wait_for(timeout=WAIT_MS)
+    assert "invalid_request: $.settings.temperature: expected a number from 0 to 2, got 7" in (
+        failed.inner_text()
+    )
+    page.fill("#temperature", "0.2")
+    page.fill("#max_tokens", "64")
+    page.fill("#run-tools", "search*")
+    run_prompt(page, "settings", "hello")
+    refused = page.locator(".turn[data-state=failed]", has_text="no tool matches 'search*'")
+    refused.wait_for(timeout=WAIT_MS)
+    page.fill("#run-tools", "add, divide")
+    page.fill("#model", "nonsense:model")
+    run_prompt(page, "settings", "hello")
+    page.locator(".turn[data-state=failed]", has_text="$.model:").wait_for(timeout=WAIT_MS)
+    page.fill("#model", "scripted:demo")
+    run_prompt(page, "settings", "hello")
+    page.locator(".turn[data-state=final]", has_text="You said: hello").wait_for(timeout=WAIT_MS)
+
+
 def _entry(kind: str, uuid: str, **fields: object) -> str:
     return json.dumps(
         {"type": kind, "uuid": uuid, "timestamp": "2026-01-02T03:04:05.000Z", **fields}
