@@ -347,7 +347,6 @@ class _Runner:
         claim: Claim,
         started: float,
         *,
-        text: str | None = None,
         error: str | None = None,
         score: float | None = None,
     ) -> TaskResult:
@@ -362,7 +361,7 @@ class _Runner:
             cost_usd=usage.cost_usd if usage is not None else None,
             wall_seconds=trio.current_time() - started,
             error=error,
-            text=text if text is not None else (finished.text if finished is not None else ""),
+            text=finished.text if finished is not None else "",
             steps=finished.steps if finished is not None else 0,
             attempt=claim.attempt,
             worker=self.worker,
@@ -420,17 +419,16 @@ class _Runner:
             "tools": self.tools,
             "limits": run_limits,
         }
+        earlier = task.messages[:-1] if task.messages is not None else ()
+        prompt = task.messages[-1].text if task.messages is not None else task.prompt
+        assert prompt is not None
         async with kernel.open_workspace(path) as workspace:
-            if await session.messages():
+            recorded = await session.messages()
+            if len(recorded) > len(earlier):
                 # A run stopped mid-task: go on from its transcript, never from scratch.
                 return await kernel.resume_turn(session, workspace=workspace, **common)
-            prompt = task.prompt
-            if task.messages is not None:
-                *earlier, last = task.messages
-                if earlier:
-                    await session.append(*earlier)
-                prompt = last.text
-            assert prompt is not None
+            if earlier and not recorded:
+                await session.append(*earlier)
             return await kernel.run_turn(session, prompt, workspace=workspace, **common)
 
     async def score(self, task: BatchTask, outcome: TaskOutcome) -> tuple[float | None, str | None]:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -561,6 +562,15 @@ async def test_a_task_given_as_messages_starts_from_them(
     assert (result.reason, result.text) == ("final", "answer: q")
     session = kernel.session("t000", project=f"batch.{RUN}")
     texts = [(m.role, m.text) for m in await session.messages()][:3]
+    assert texts == [("user", "task t000"), ("assistant", "ready"), ("user", "go on")]
+    # Stopped after the conversation was recorded, before its last message: the
+    # next attempt sends that message (it does not take "ready" for the answer).
+    again = attrs.evolve(task, id="t001")
+    cut = kernel.session("t001", project=f"batch.{RUN}")
+    await cut.append(*earlier)
+    (_, result) = (await run_batch(kernel, [task, again], ledger=ledger)).results
+    assert (result.reason, result.text) == ("final", "answer: q")
+    texts = [(m.role, m.text) for m in await cut.messages()][:3]
     assert texts == [("user", "task t000"), ("assistant", "ready"), ("user", "go on")]
 
 
