@@ -17,18 +17,24 @@ Its guarantees:
    ``tokens_per_minute``; each for the provider (``providers["openai"]``) and
    for each model (``models["openai:gpt-4.1-mini"]``), ``default`` standing
    for a provider not listed. A request whose estimate alone is over the
-   tokens per minute goes when the window is empty, alone.
+   tokens per minute goes when the window is empty, or once it has waited a
+   minute, whichever comes first; it holds nobody back meanwhile (the
+   requests behind it go as they fit).
 2. **Tokens are reserved, then settled.** A grant reserves its estimate (the
-   request's ``max_tokens`` plus a quarter of its bytes, ``estimate_tokens``)
-   when it starts, and ``settle`` replaces the estimate by what the provider
+   request's ``max_tokens``, a quarter of its bytes besides its attachments,
+   and ``ATTACHMENT_TOKENS`` per attachment: ``estimate_tokens``) when it
+   starts, and ``settle`` replaces the estimate by what the provider
    reported: an overestimate frees room at once, an underestimate holds later
    requests back. A grant left unsettled keeps its estimate; a refused one
    (``refused``) counts no tokens, only the request.
 3. **Retry-After is everyone's.** A 429, 503 or 529 that says when to come
    back pauses every request to that provider until then (at most
-   ``max_pause`` seconds). A 429 or 529 that does not say pauses the provider
-   ``backoff`` seconds, doubled for each such refusal in a row (a success ends
-   the row), up to ``max_pause``. Grants already given are not taken back.
+   ``max_pause`` seconds). A 429 or 529 that does not say (or says 0, or
+   something that is not a number) pauses the provider ``backoff`` seconds,
+   doubled for each such refusal in a row, up to ``max_pause``. The requests
+   already in flight when the provider began refusing are one refusal, not
+   one each; a success, or a minute past the pause without a refusal, ends
+   the row. Grants already given are not taken back.
 4. **First come, first served.** Waiters of a provider are served in order;
    one held back by a provider-wide limit (a pause, the provider's
    connections, requests or tokens) holds back everyone behind it, so a big
@@ -46,6 +52,11 @@ wakes the waiters at once.
 
 ``snapshot()`` shows the load: a ``ProviderLoad`` row per provider and per
 model seen.
+
+A budget keeps time on the Trio clock, which each ``trio.run`` starts
+afresh: a budget used by a later run (a module-level budget in a test suite)
+starts that run empty, as new; used by two runs at once (threads) it refuses
+with a ``UsageError``.
 """
 
 from __future__ import annotations
@@ -67,7 +78,11 @@ PAUSE_STATUSES = frozenset({429, 503, 529})
 """Statuses whose ``Retry-After`` pauses the whole provider."""
 BACKOFF_STATUSES = frozenset({429, 529})
 """Statuses that pause the provider even without ``Retry-After`` (rate limited, overloaded)."""
+ATTACHMENT_TOKENS = 1600
+"""The tokens an image (or another attachment) is reckoned at: providers bill an image
+by its pixels, about 1,000 to 1,800 tokens for a screenshot, not by its bytes."""
 _INF = math.inf
+_MAX_DOUBLINGS = 64  # 2.0 ** 64 seconds: past any max_pause, far from an OverflowError
 
 
 def _positive_int_or_none(owner: str) -> Any:
@@ -134,11 +149,12 @@ class ProviderLoad:
     paused_for: float = 0.0
 
 
-def estimate_tokens(max_tokens: int | None, body_bytes: int) -> int:
+def estimate_tokens(max_tokens: int | None, body_bytes: int, *, attachments: int = 0) -> int:
     """What a request may use, before it is sent: its ``max_tokens`` (the most it can
-    answer) plus its body's bytes over four (about a token each; images and tools
-    count by their JSON, which errs high)."""
-    return (max_tokens or 0) + body_bytes // 4
+    answer), its body's bytes over four (about a token each; tools count by their
+    JSON, which errs high) and ``ATTACHMENT_TOKENS`` for each of its
+    ``attachments`` (images: their bytes are not in ``body_bytes``)."""
+    return (max_tokens or 0) + max(body_bytes, 0) // 4 + attachments * ATTACHMENT_TOKENS
 
 
 class _Slot:
@@ -218,13 +234,19 @@ class _Gate:
         """When a minute window next frees something (a release wakes waiters itself)."""
         return min(self.requests.next_expiry(), self.tokens.next_expiry())
 
+    def oversize(self, tokens: int) -> bool:
+        """Whether ``tokens`` alone are over the tokens per minute (it waits for an empty window)."""
+        limit = self.limits.tokens_per_minute
+        return limit is not None and tokens > limit
+
 
 class _Waiter:
-    __slots__ = ("admitted", "event", "model", "scope", "tokens")
+    __slots__ = ("admitted", "event", "model", "scope", "since", "tokens")
 
-    def __init__(self, model: str, tokens: int) -> None:
+    def __init__(self, model: str, tokens: int, since: float) -> None:
         self.model = model
         self.tokens = tokens
+        self.since = since
         self.event = trio.Event()
         self.scope: trio.CancelScope | None = None
         self.admitted: Grant | None = None
@@ -240,6 +262,8 @@ class _Provider:
         self.waiting: collections.deque[_Waiter] = collections.deque()
         self.paused_until = -_INF
         self.refusals = 0  # in a row, without Retry-After
+        self.refused_at = -_INF  # when the row last grew
+        self.row_ends = -_INF  # a minute after its pause: no refusal since, a new row
         self.wake_at = _INF
 
 
@@ -290,7 +314,7 @@ class Grant:
         """The provider turned the request down: no tokens used; maybe pause the provider."""
         self._provider.gate.tokens.change(self._token_slots[0], 0)
         self._model.tokens.change(self._token_slots[1], 0)
-        self._budget._refused(self._provider, status, retry_after)
+        self._budget._refused(self._provider, status, retry_after, self._request_slots[0].at)
 
     def release(self) -> None:
         """Give the connection back (again: nothing). The request and tokens stay counted."""
@@ -316,12 +340,10 @@ def _limits_from(value: object, where: str) -> BudgetLimits:
         return value
     if not isinstance(value, Mapping):
         raise UsageError(f"{where}: expected a table of limits, got {value!r}")
-    known = {f.name for f in attrs.fields(BudgetLimits)}
-    unknown = sorted(set(value) - known)
+    known = [f.name for f in attrs.fields(BudgetLimits)]
+    unknown = [key for key in value if key not in known]
     if unknown:
-        raise UsageError(
-            f"{where}: unknown setting {unknown[0]!r}; known: {', '.join(sorted(known))}"
-        )
+        raise UsageError(f"{where}: unknown setting {unknown[0]!r}; known: {', '.join(known)}")
     try:
         return BudgetLimits(**value)
     except UsageError as exc:
@@ -369,6 +391,7 @@ class ModelBudget:
         self.backoff = _seconds("ModelBudget.backoff", backoff)
         self.max_pause = _seconds("ModelBudget.max_pause", max_pause)
         self._states: dict[str, _Provider] = {}
+        self._run: trio.lowlevel.TrioToken | None = None  # the run whose clock _states keep
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], *, where: str = "[budget]") -> ModelBudget:
@@ -393,17 +416,28 @@ class ModelBudget:
         models: dict[str, BudgetLimits] = {}
         default = NO_LIMITS
         seconds: dict[str, float] = {}
+        from ._resolve import PROVIDERS  # resolve_model's names (it imports this module)
+
+        known = [p for p in PROVIDERS if p != "scripted"]  # scripted models send nothing
         for key, value in table.items():
+            if not isinstance(key, str):
+                raise UsageError(f"{where}: expected a provider name as key, got {key!r}")
             if key in ("backoff", "max_pause"):
                 seconds[key] = _seconds(f"{where}.{key}", value)
                 continue
             inner = f"{where}.{key}" if ":" not in key else f'{where}."{key}"'
             limits = _limits_from(value, inner)
+            provider, colon, name = key.partition(":")
             if key == "default":
                 default = limits
-            elif ":" in key:
-                if not key.partition(":")[2] or not key.partition(":")[0]:
-                    raise UsageError(f"{inner}: expected provider:model")
+                continue
+            if colon and not (provider and name):
+                raise UsageError(f"{inner}: expected provider:model")
+            if provider not in known:
+                raise UsageError(
+                    f"{inner}: unknown provider {provider!r}; known: default, {', '.join(known)}"
+                )
+            if colon:
                 models[key] = limits
             else:
                 providers[key] = limits
@@ -424,9 +458,10 @@ class ModelBudget:
         connection until then. Cancelled while waiting, it leaves nothing
         reserved. Always a checkpoint.
         """
+        self._check_run("acquire")
         state = self._provider(provider)
         self._model(state, model)  # _pump finds it there
-        waiter = _Waiter(model, max(int(tokens), 0))
+        waiter = _Waiter(model, max(int(tokens), 0), trio.current_time())
         state.waiting.append(waiter)
         try:
             self._pump(state)
@@ -464,6 +499,24 @@ class ModelBudget:
 
     # --- the provider's state ------------------------------------------------------
 
+    def _check_run(self, what: str) -> None:
+        """Start afresh in a new Trio run (its clock is not the last one's); refuse two at once."""
+        try:
+            run = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            raise UsageError(
+                f"ModelBudget.{what}() needs a running Trio run: the budget keeps Trio's time"
+            ) from None
+        if run is self._run:
+            return
+        busy = any(s.gate.in_flight or s.waiting for s in self._states.values())
+        if busy and self._run is not None:
+            raise UsageError(
+                "ModelBudget: used by two Trio runs at once; one budget serves one run at a time"
+            )
+        self._run = run
+        self._states.clear()
+
     def _provider(self, name: str) -> _Provider:
         state = self._states.get(name)
         if state is None:
@@ -477,13 +530,24 @@ class ModelBudget:
             gate = state.models[model] = _Gate(limits)
         return gate
 
-    def _refused(self, state: _Provider, status: int | None, retry_after: float | None) -> None:
+    def _refused(
+        self, state: _Provider, status: int | None, retry_after: float | None, granted_at: float
+    ) -> None:
         now = trio.current_time()
+        if retry_after is not None and not retry_after > 0:
+            retry_after = None  # 0 (a date past), negative or nan: it did not say
         if status in PAUSE_STATUSES and retry_after is not None:
             pause = retry_after
         elif status in BACKOFF_STATUSES:
-            state.refusals += 1
+            if now >= state.row_ends:
+                state.refusals = 0
+            if state.refusals == 0 or granted_at > state.refused_at:
+                # Sent after the last refusal: the provider refused again. One
+                # sent before it was refused in the same breath: no doubling.
+                state.refusals = min(state.refusals + 1, _MAX_DOUBLINGS)
+                state.refused_at = now
             pause = self.backoff * 2.0 ** (state.refusals - 1)
+            state.row_ends = now + min(pause, self.max_pause) + WINDOW
         else:
             return
         state.paused_until = max(state.paused_until, now + min(pause, self.max_pause))
@@ -495,23 +559,42 @@ class ModelBudget:
         provider = state.gate
         provider.expire(now)
         wake_at = _INF
+        admitted = 0
         if now < state.paused_until:
             wake_at = state.paused_until
         else:
             held: set[str] = set()  # models held back by their own limits
-            for waiter in list(state.waiting):
+            for waiter in state.waiting:  # admitted ones are taken out after
                 if waiter.model in held:
                     continue
-                if not provider.fits(waiter.tokens):
-                    wake_at = min(wake_at, provider.next_change())
-                    break
                 gate = state.models[waiter.model]
                 gate.expire(now)
+                if not provider.fits(waiter.tokens):
+                    if not _oversize(provider, waiter):
+                        wake_at = min(wake_at, provider.next_change())
+                        break
+                    if now < waiter.since + WINDOW:
+                        # Over the whole minute's tokens: it waits for an empty
+                        # window (a minute at most), in nobody's way.
+                        wake_at = min(wake_at, provider.next_change(), waiter.since + WINDOW)
+                        continue
                 if not gate.fits(waiter.tokens):
-                    held.add(waiter.model)
-                    wake_at = min(wake_at, gate.next_change())
-                    continue
+                    if not _oversize(gate, waiter):
+                        held.add(waiter.model)
+                        wake_at = min(wake_at, gate.next_change())
+                        continue
+                    if now < waiter.since + WINDOW:
+                        wake_at = min(wake_at, gate.next_change(), waiter.since + WINDOW)
+                        continue
                 self._admit(state, gate, waiter, now)
+                admitted += 1
+        if admitted:
+            waiting = state.waiting
+            while waiting and waiting[0].admitted is not None:
+                waiting.popleft()
+                admitted -= 1
+            if admitted:
+                state.waiting = collections.deque(w for w in waiting if w.admitted is None)
         state.wake_at = wake_at
         if state.waiting:
             first = state.waiting[0]
@@ -519,6 +602,7 @@ class ModelBudget:
                 first.scope.deadline = wake_at
 
     def _admit(self, state: _Provider, gate: _Gate, waiter: _Waiter, now: float) -> None:
+        """Grant ``waiter`` its leave (the caller takes it out of the queue)."""
         provider = state.gate
         provider.in_flight += 1
         gate.in_flight += 1
@@ -528,13 +612,25 @@ class ModelBudget:
             gate.tokens.add(now, waiter.tokens),
         )
         waiter.admitted = Grant(self, state, gate, requests, tokens)
-        state.waiting.remove(waiter)
         waiter.event.set()
 
     # --- looking -------------------------------------------------------------------
 
+    def paused_for(self, provider: str) -> float:
+        """Seconds left of ``provider``'s pause (0 when it is not paused)."""
+        self._check_run("paused_for")
+        state = self._states.get(provider)
+        if state is None:
+            return 0.0
+        return max(state.paused_until - trio.current_time(), 0.0)
+
     def snapshot(self) -> list[ProviderLoad]:
-        """The load now: per provider (``model=None``), then each of its models, by name."""
+        """The load now: per provider (``model=None``), then each of its models, by name.
+
+        Raises:
+            UsageError: called outside a Trio run (the budget keeps Trio's time).
+        """
+        self._check_run("snapshot")
         now = trio.current_time()
         rows: list[ProviderLoad] = []
         for name in sorted(self._states):
@@ -549,6 +645,11 @@ class ModelBudget:
                 gate.expire(now)
                 rows.append(_row(name, model, gate, waiting[model], 0.0))
         return rows
+
+
+def _oversize(gate: _Gate, waiter: _Waiter) -> bool:
+    """Whether ``waiter`` is held by ``gate`` only for asking more than a minute's tokens."""
+    return gate.oversize(waiter.tokens) and gate.fits(0)
 
 
 def _row(

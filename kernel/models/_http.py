@@ -36,6 +36,15 @@ _CLOSE_TIMEOUT = 5.0
 # lets httpx keep the connection for the next request.
 _DRAIN_TIMEOUT = 1.0
 _MAX_ERROR_TEXT = 2000
+# An error event inside a stream (after the HTTP 200) that means what these
+# statuses mean: the budget is told, as of a refused request.
+_IN_BAND_STATUS: Mapping[str, int] = {
+    "overloaded_error": 529,  # Anthropic
+    "rate_limit_error": 429,  # Anthropic
+    "rate_limit_exceeded": 429,  # OpenAI
+    "RESOURCE_EXHAUSTED": 429,  # Gemini
+    "UNAVAILABLE": 503,  # Gemini
+}
 
 
 @contextlib.asynccontextmanager
@@ -227,12 +236,14 @@ class HTTPModel:
         """Leave from the budget to send one attempt (at once without a budget)."""
         if self.budget is None:
             return _NO_GRANT
-        tokens = estimate_tokens(request.effective_settings().max_tokens, len(content))
+        tokens = _estimate(request, content)
         started = trio.current_time()
+        # Waiting out a pause is part of retrying (a refusal asked for it), not queueing.
+        paused = self.budget.paused_for(self.provider)
         try:
             return await self.budget.acquire(self.provider, self.model, tokens)
         finally:
-            queued.seconds += trio.current_time() - started
+            queued.seconds += max(trio.current_time() - started - paused, 0.0)
 
     async def _send(
         self,
@@ -296,6 +307,23 @@ class HTTPModel:
             retryable=retryable,
             retry_after=retry_after if retry_after is not None else hint,
         )
+
+
+def _estimate(request: ModelRequest, content: bytes) -> int:
+    """``estimate_tokens`` of a request: an attachment sent counts as an image, not its bytes."""
+    attachments = 0
+    media_bytes = 0
+    for message in request.messages:
+        if message.role != "tool":
+            continue
+        for observation in message.observations:
+            for attachment in observation.attachments:
+                # Sent (its base64 is in the body, verbatim), or left out by the adapter.
+                if content.find(attachment.data[:64].encode()) >= 0:
+                    attachments += 1
+                    media_bytes += len(attachment.data)
+    max_tokens = request.effective_settings().max_tokens
+    return estimate_tokens(max_tokens, len(content) - media_bytes, attachments=attachments)
 
 
 class _Queued:
@@ -395,8 +423,15 @@ class _OpenStream:
                 event = self._sse.feed(line)
                 if event is None:
                     continue
+                try:
+                    with response_shape(self._provider):
+                        self._pending.extend(self._decoder.feed(event))
+                except ProviderError as exc:
+                    status = _IN_BAND_STATUS.get(exc.error_type or "")
+                    if exc.status is None and status is not None:
+                        self._grant.refused(status, exc.retry_after)  # overloaded, in band
+                    raise
                 with response_shape(self._provider):
-                    self._pending.extend(self._decoder.feed(event))
                     if self._decoder.done:
                         self._complete = self._decoder.response()
                         self._grant.settle(self._complete.usage.total_tokens)

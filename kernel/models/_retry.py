@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email.utils
 import itertools
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -62,7 +63,7 @@ class RetryPolicy:
 
     def delay(self, retry: int, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``retry`` (1 for the first)."""
-        if retry_after is not None:
+        if retry_after is not None and not math.isnan(retry_after):
             return min(max(retry_after, 0.0), self.max_delay)
         backoff = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
         return backoff * (1 - self.jitter * random.random())
@@ -101,22 +102,20 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
 
     ``Retry-After`` is seconds or an HTTP date; ``now`` (epoch seconds, the
     wall clock by default) is what a date is measured from. Anything else is
-    ignored.
+    ignored (``nan`` too); a date past or a negative number is 0 (come back now).
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     milliseconds = lowered.get("retry-after-ms")
     if milliseconds is not None:
-        try:
-            return max(float(milliseconds) / 1000, 0.0)
-        except ValueError:
-            pass
+        seconds = _number(milliseconds)
+        if seconds is not None:
+            return seconds / 1000
     value = lowered.get("retry-after")
     if value is None:
         return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
+    seconds = _number(value)
+    if seconds is not None:
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
@@ -124,3 +123,12 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     if when.tzinfo is None:
         return None
     return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def _number(text: str) -> float | None:
+    """``text`` as a number of seconds >= 0 (``inf`` kept, to be capped), or ``None``."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else max(value, 0.0)

@@ -57,30 +57,20 @@ def refusal(status: int = 429, **headers: str) -> httpx.Response:
 # --- bugs: the budget ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backoff * 2.0 ** refusals raises OverflowError after 1,024 429s in a row",
-)
 async def test_bug_a_long_run_of_429s_without_retry_after_overflows_the_backoff(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # Every refused grant counts, concurrent ones too: 50 connections refused
-    # together add 50. About 21 rounds of an overloaded provider (minutes at
-    # max_pause=60) and every refusal raises OverflowError out of _send, in
-    # place of the ProviderError the turn would have handled.
+    # An overloaded provider refusing for hours: 1,100 refusals in a row, each
+    # of a request sent after the last pause (concurrent refusals count once,
+    # see the next test), raised OverflowError out of _send in place of the
+    # ProviderError the turn would have handled.
     budget = ModelBudget(backoff=1.0, max_pause=60)
-    grants = [await budget.acquire("anthropic", "m") for _ in range(1100)]
-    for grant in grants:
-        grant.refused(529, None)
-        grant.release()
+    for _ in range(1100):
+        with await budget.acquire("anthropic", "m") as grant:
+            grant.refused(529, None)
     assert row(budget, "anthropic").paused_for == 60
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="requests refused together double the backoff once each: 10 concurrent 429s "
-    "without Retry-After pause the provider 2**9 s (capped only by max_pause)",
-)
 async def test_bug_concurrent_refusals_compound_the_backoff(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -96,10 +86,6 @@ async def test_bug_concurrent_refusals_compound_the_backoff(
     assert row(budget, "anthropic").paused_for < 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Retry-After: nan parses to nan; the retry loop's trio.sleep(nan) raises ValueError",
-)
 async def test_bug_a_retry_after_of_nan_crashes_the_request(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -112,10 +98,6 @@ async def test_bug_a_retry_after_of_nan_crashes_the_request(
     assert response.message.text == "ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 429 whose retry_after is nan neither pauses the provider nor backs off",
-)
 async def test_bug_a_429_with_a_nan_retry_after_pauses_nobody(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -128,11 +110,6 @@ async def test_bug_a_429_with_a_nan_retry_after_pauses_nobody(
     assert row(budget, "p").paused_for > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an in-band overloaded_error event (Anthropic, HTTP 200) is retried but never "
-    "reported to the budget: no shared pause",
-)
 async def test_bug_an_overloaded_error_event_in_a_stream_pauses_nobody(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -164,11 +141,6 @@ def _clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a budget reused by a second trio.run keeps the first run's clock times: "
-    "it stalls (up to days on the real clock) instead of working or refusing",
-)
 def test_bug_a_budget_used_by_a_second_trio_run_stalls() -> None:
     # A module-level budget in a test suite (one trio.run per test) or a
     # program that runs twice. trio's real clock starts at a random offset
@@ -198,28 +170,17 @@ def test_bug_a_budget_used_by_a_second_trio_run_stalls() -> None:
     assert waited == [0.0]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="from_table with a non-string key raises TypeError, not UsageError"
-)
 def test_bug_from_table_with_a_non_string_key_is_a_type_error() -> None:
     # ModelBudget(providers=...) checks its keys' type; from_table does not.
     with pytest.raises(UsageError, match=r"\[budget\]"):
         ModelBudget.from_table({1: {"max_connections": 3}})  # type: ignore[dict-item]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="from_table with a non-string setting name beside a string one: TypeError from sorted()",
-)
 def test_bug_from_table_with_mixed_setting_names_is_a_type_error() -> None:
     with pytest.raises(UsageError, match=r"\[budget\]\.openai: unknown setting"):
         ModelBudget.from_table({"openai": {1: 2, "max_conections": 3}})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a misspelt provider ([budget.opnai]) is accepted in silence: its limits never apply",
-)
 def test_bug_from_table_accepts_a_provider_that_does_not_exist() -> None:
     # Inside a table an unknown setting is refused ("unknown setting
     # 'max_conections'"); an unknown provider name, the likelier typo, is not.
@@ -269,7 +230,9 @@ async def test_bug_the_documented_budget_table_of_tak_toml_is_refused(
 def screenshot_request(size: int = 1024 * 1024) -> ModelRequest:
     """A request whose history holds one tool result with a ``size``-byte PNG."""
     call = ToolCall(id="c1", name="browser.screenshot", arguments="{}", index=0)
-    png = Attachment.of_bytes("image", "image/png", random.Random(1).randbytes(size))
+    # A PNG's signature first: adapters send only media whose bytes are what they say.
+    noise = random.Random(1).randbytes(size)
+    png = Attachment.of_bytes("image", "image/png", b"\x89PNG\r\n\x1a\n" + noise)
     observation = Observation("c1", "browser.screenshot", 0, "the page", attachments=(png,))
     return ModelRequest(
         (user("look at the page"), Message("assistant", (call,)), Message("tool", (observation,))),
@@ -277,11 +240,6 @@ def screenshot_request(size: int = 1024 * 1024) -> ModelRequest:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an image is estimated at its base64 bytes / 4 (a 1 MB screenshot: ~350k tokens, "
-    "over the minute): the request waits for an empty window and FIFO holds everyone behind it",
-)
 async def test_bug_a_screenshot_in_one_history_stalls_every_session_of_the_provider(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -300,6 +258,58 @@ async def test_bug_a_screenshot_in_one_history_stalls_every_session_of_the_provi
             nursery.start_soon(model.complete, REQUEST)
     # 25 + ~2k + 25 tokens in three seconds, against 100,000 a minute.
     assert provider.served == [0.0, 2.0, 3.0]
+
+
+async def test_fixed_a_request_over_the_minute_holds_nobody_and_waits_a_minute_at_most(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Before: it waited, first in line, for an empty window, and every request
+    # behind it with it; small ones arriving meanwhile kept the window from emptying.
+    budget = ModelBudget(providers={"p": BudgetLimits(tokens_per_minute=1000)})
+    admitted: list[tuple[str, float]] = []
+
+    async def ask(name: str, tokens: int) -> None:
+        with await budget.acquire("p", "m", tokens=tokens):
+            admitted.append((name, trio.current_time()))
+
+    with trio.fail_after(3600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "small", 100)
+            await trio.sleep(1)
+            nursery.start_soon(ask, "big", 5000)
+            for _ in range(2):
+                await trio.sleep(1)
+                nursery.start_soon(ask, "small", 100)
+    assert admitted == [("small", 0.0), ("small", 2.0), ("small", 3.0), ("big", 61.0)]
+
+
+async def test_fixed_waiting_out_a_pause_counts_toward_max_total(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A 429 asks for 50 s; the retry sleeps its max_delay (20 s), then waits
+    # out the rest of the pause in the budget. That wait is the retry's, not
+    # queueing behind others: max_total=60 gives up after 2 attempts, not 4.
+    def handler(request: httpx.Request) -> httpx.Response:
+        return refusal(429, **{"retry-after": "50"})
+
+    budget = ModelBudget()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        model = OpenAIModel(
+            "m",
+            client=client,
+            api_key="k",
+            retry=RetryPolicy(max_attempts=100, max_delay=20, max_total=60),
+            budget=budget,
+        )
+        with pytest.raises(ProviderError) as caught:
+            await model.complete(REQUEST)
+    assert caught.value.attempts == 2
+    assert trio.current_time() == 50
+
+
+def test_fixed_snapshot_outside_a_trio_run_says_so() -> None:
+    with pytest.raises(UsageError, match=r"snapshot\(\) needs a running Trio run"):
+        ModelBudget().snapshot()
 
 
 # --- bugs: ReplayModel ----------------------------------------------------------------------
@@ -609,11 +619,15 @@ async def test_held_no_error_path_of_complete_leaks_a_grant(
 @pytest.mark.parametrize(
     ("header", "paused"),
     [
-        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date in the past: come back now
+        # A date in the past (come back now) or a negative number on a 429: a
+        # refusal that names no wait backs off (the budget's minimum), else
+        # every session would come back at once, into the same 429.
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 1.0),
         ("Fri, 31 Dec 9999 23:59:59 GMT", 60.0),  # a date centuries away: max_pause
         ("99999999999", 60.0),
         ("1e999", 60.0),
-        ("-30", 0.0),
+        ("-30", 1.0),
+        ("nan", 1.0),
         ("soon", 1.0),  # garbage: as if it did not say (backoff)
     ],
 )
