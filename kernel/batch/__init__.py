@@ -13,3 +13,6 @@ from ._records import TaskReason as TaskReason
 from ._records import TaskResult as TaskResult
 from ._records import check_task_id as check_task_id
 from ._records import converter as converter
+from ._postgres import DEFAULT_LEASE_S as DEFAULT_LEASE_S
+from ._postgres import PostgresLedger as PostgresLedger
+from ._postgres import open_postgres_ledger as open_postgres_ledger
