@@ -18,7 +18,7 @@ DEFAULT_PORT = 8765
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "serve",
-        help="serve the kernel over WebSocket",
+        help="serve the kernel over WebSocket, and a page for the browser",
         description="Serve the kernel over WebSocket, and a page for the browser on the same "
         "port. Prints two lines, ws://HOST:PORT/?token=TOKEN then the page's "
         "http://HOST:PORT/?token=TOKEN, then logs to stderr. See docs/protocol.md and "
