@@ -9,6 +9,8 @@ and everything under it. docs/protocol.md is the protocol; its modules:
 - ``_payloads``: each event kind's payload and each request's result;
 - ``_admission``: the accept loop and its connection budgets;
 - ``_handshake``: the HTTP handshake's checks (Host, Origin, token);
+- ``_http``: plain HTTP on the same port: the browser page (files in
+  ``kernel/web/``, docs/web.md);
 - ``_connection``: one WebSocket's reader, writer, keep-alive and requests;
 - ``_send``: several text messages in one write (the writer's and the client's);
 - ``_handlers``: what the server does for each request type (``HANDLERS``);

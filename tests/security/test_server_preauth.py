@@ -309,7 +309,8 @@ async def test_tak_serve_under_a_small_open_files_limit_survives_a_flood(
                     chunk = await process.stdout.receive_some(4096)
                     assert chunk, f"tak serve exited: {bytes(log)[-2000:]!r}"
                     line += chunk
-            url = line.decode().strip()
+            # The first line: tak serve prints the page's http:// URL on the next one.
+            url = line.decode().splitlines()[0].strip()
             assert url.startswith("ws://"), url
             port = port_of(url)
             async with held([]) as streams:
