@@ -18,6 +18,11 @@ with ``crashed`` observations (``kernel.history.messages_from_entries``).
 A turn does not read the transcript again: the session's
 ``kernel.history.HistoryCache`` holds the conversation from the latest
 compaction on, extended with what the turn appends.
+
+Turns on one session run one at a time: each holds the session's turn lock
+(``Session.hold_turn``), shared by the sessions of one cache (one
+``Kernel``). A second ``run_turn`` waits for the first; ``resume_turn``
+refuses while a turn runs.
 """
 
 from __future__ import annotations
@@ -34,7 +39,14 @@ import attrs
 import trio
 
 from .errors import ModelAPIError, StoreError, UsageError
-from .executor import CallEvent, CallFinished, CallLimits, CallStarted, run_tool_calls
+from .executor import (
+    CallEvent,
+    CallFinished,
+    CallLimits,
+    CallStarted,
+    only_cancelled,
+    run_tool_calls,
+)
 from .history import history_from_entries as history_from_entries
 from .history import message_from_entry
 from .messages import Message, Observation, Text, ToolError, recordable
@@ -56,6 +68,8 @@ TurnEnd: TypeAlias = Literal[
 INTERRUPTED = ToolError(
     "crashed", "Interrupted", "interrupted: the run stopped before the call finished"
 )
+
+_MESSAGE_TYPES = frozenset({"system", "user", "assistant", "tool"})
 
 #: How long a shielded write of the turn may take once the turn was cancelled.
 _PERSIST_GRACE_S = 10.0
@@ -294,7 +308,7 @@ class Agent:
             history.append(user)
             return history
 
-        return await self._turn(session, start, on_event, settings, tools)
+        return await self._turn(session, start, on_event, settings, tools, wait=True)
 
     async def resume_turn(
         self,
@@ -306,20 +320,38 @@ class Agent:
     ) -> TurnFinished:
         """Continue the turn a crash or a cancel left without a final answer.
 
-        When the transcript already ends with a final answer, that answer is
-        returned at once (``steps=0``, no model request; a reply the token
-        limit cut is recorded as one, and counts as one). Otherwise: if the
-        last message is an assistant message whose calls have no recorded
+        When the transcript already ends with the model's last word, that is
+        returned at once (``steps=0``, no model request): a final answer as
+        ``"final"``, a reply the token limit cut as ``"max_tokens"`` (older
+        transcripts, which did not record it, as ``"final"``). Otherwise: if
+        the last message is an assistant message whose calls have no recorded
         results (the kernel stopped while they ran), each call gets a
         ``crashed`` observation, "interrupted: the run stopped before the call
         finished", recorded first; the calls are never run again (they may
-        have had effects). Then the loop goes on as in ``run_turn``, asking
-        the model, under the agent's limits counted afresh (``max_steps``
+        have had effects). A reply cut mid-stream (``partial``) stays in the
+        transcript but is not sent: the model is asked again from the message
+        before it (sent last, it would be a prefill, which providers refuse
+        or continue). Then the loop goes on as in ``run_turn``, asking the
+        model, under the agent's limits counted afresh (``max_steps``
         requests from here, and so on).
 
+        One turn at a time: within a process (sessions sharing a cache, as a
+        ``Kernel``'s do), a resume refuses while a turn or another resume of
+        the session runs. Across processes, two resumes that both find
+        interrupted calls write one results entry between them (the store
+        keeps one entry per uuid) and the one whose entry was kept goes on:
+        the other refuses. What is not covered across processes: a resume
+        racing the turn it resumes while that turn still runs elsewhere (the
+        first results recorded count; the turn, if it is alive, goes on
+        too), and two resumes of a transcript that needs no results recorded
+        (both ask the model). Resume where the turn ran, or once it is known
+        to be gone.
+
         Raises:
-            UsageError: the transcript holds no message (nothing to resume),
-                or ``settings``/``tools`` are refused as by ``run_turn``.
+            UsageError: the transcript holds no message (nothing to resume);
+                a turn of the session runs (in this process), or another
+                resume answered the interrupted calls first (in another);
+                ``settings``/``tools`` are refused as by ``run_turn``.
             trio.Cancelled: as for ``run_turn``.
         """
 
@@ -333,21 +365,18 @@ class Agent:
             last, message = found
             if message.role == "assistant" and not last.get("partial"):
                 if not message.tool_calls:
-                    return TurnFinished("final", message.text, 0, Usage())
-                answers = last.get("uuid")
-                if not isinstance(answers, str):
-                    raise UsageError(
-                        f"session {session.key}: the last assistant entry has no uuid, "
-                        "so its calls cannot be answered"
-                    )
-                interrupted = [
-                    Observation.failure(call, index, INTERRUPTED)
-                    for index, call in enumerate(message.tool_calls)
-                ]
-                await _persist_whole(session.record_results(message, interrupted, answers=answers))
-            return await load_history(session)
+                    cut = last.get("stop_reason") == "max_tokens"
+                    return TurnFinished("max_tokens" if cut else "final", message.text, 0, Usage())
+                await _answer_interrupted(session, last, message)
+            history = await load_history(session)
+            # A reply cut mid-stream, sent last, would be a prefill: ask again before it.
+            for _ in range(_trailing_partials(entries)):
+                if not history or history[-1].role != "assistant":
+                    break
+                history.pop()
+            return history
 
-        return await self._turn(session, start, on_event, settings, tools)
+        return await self._turn(session, start, on_event, settings, tools, wait=False)
 
     async def _turn(
         self,
@@ -356,11 +385,14 @@ class Agent:
         on_event: AgentEventCallback | None,
         settings: ModelSettings | None,
         tools: Sequence[str] | None,
+        *,
+        wait: bool,
     ) -> TurnFinished:
         """A turn from the conversation ``start`` returns (or how it already ended).
 
-        The one body of ``run_turn`` and ``resume_turn``: limits, cancellation,
-        the ``TurnFinished`` event.
+        The one body of ``run_turn`` and ``resume_turn``: the session's turn
+        lock (``wait`` for it, or refuse), limits, cancellation, the
+        ``TurnFinished`` event.
         """
         turn_settings, registry = self._prepare(settings, tools)
         emit = on_event if on_event is not None else _ignore
@@ -374,24 +406,32 @@ class Agent:
         token = _current_turn.set(_Turn(self, session, registry, turn_settings))
         with trace_span(f"invoke_agent {self.name}", self._turn_attributes(session)) as traced:
             try:
-                with trio.move_on_at(deadline):
-                    history = await start()
-                    if isinstance(history, TurnFinished):
-                        finished = history
-                    else:
-                        finished = await self._loop(
-                            session, history, state, emit, turn_settings, registry
-                        )
-            except trio.Cancelled:
+                async with session.hold_turn(wait=wait):
+                    with trio.move_on_at(deadline):
+                        history = await start()
+                        if isinstance(history, TurnFinished):
+                            finished = history
+                        else:
+                            finished = await self._loop(
+                                session, history, state, emit, turn_settings, registry
+                            )
+            except BaseException as exc:
+                # A group of nothing but Cancelled (a model's own nursery, cancelled
+                # from outside) is a cancellation too.
+                if not only_cancelled(exc):
+                    raise
                 cancelled = state.finish("cancelled")
                 _describe_turn(traced, cancelled)
                 emit(cancelled)
+                if isinstance(exc, BaseExceptionGroup):
+                    # The scope cancelled is around us: this raises its Cancelled, bare.
+                    await trio.lowlevel.checkpoint()
                 raise
             finally:
                 _current_turn.reset(token)
             if finished is None:
                 finished = state.finish("wall_time")
-            _describe_turn(traced, finished)
+            _describe_turn(traced, finished, state.error_type)
         emit(finished)
         return finished
 
@@ -426,6 +466,7 @@ class Agent:
             try:
                 response = await self._ask(session, request, state.steps, emit)
             except ModelAPIError as exc:
+                state.error_type = _model_error_type(exc)
                 return state.finish("model_error", error=str(exc))
             state.usage = state.usage + response.usage
             # What is recorded is what runs and what the model sees next time.
@@ -433,12 +474,12 @@ class Agent:
             if message.text:
                 state.text = message.text
             if not message.tool_calls:
-                await _persist_whole(self._record(session, response, message))
+                # Cut by the token limit: not an answer the model finished (and
+                # recorded so, for a resume to tell).
+                cut = response.stop_reason == "max_tokens"
+                await _persist_whole(self._record(session, response, message, cut=cut))
                 history.append(message)
-                # Cut by the token limit: not an answer the model finished.
-                return state.finish(
-                    "max_tokens" if response.stop_reason == "max_tokens" else "final"
-                )
+                return state.finish("max_tokens" if cut else "final")
             observations = await self._run_calls(session, response, message, registry, emit)
             history.append(message)
             history.append(Message("tool", observations))
@@ -486,7 +527,9 @@ class Agent:
                 raise ModelAPIError(f"{self.model.name}: the stream ended without a response")
             except BaseException as exc:
                 if isinstance(exc, ModelAPIError):
-                    traced.set_error(_model_error_type(exc), str(exc))
+                    # Its type only: a provider's message can quote the request.
+                    kind = _model_error_type(exc)
+                    traced.set_error(kind, kind)
                 if streamed:
                     try:
                         await _persist_whole(
@@ -515,12 +558,15 @@ class Agent:
             cost_usd=response.usage.cost_usd,
         )
 
-    async def _record(self, session: Session, response: ModelResponse, message: Message) -> None:
+    async def _record(
+        self, session: Session, response: ModelResponse, message: Message, *, cut: bool
+    ) -> None:
         await session.record_turn(
             message,
             usage=usage_entry_fields(response.usage),
             model=response.model or self.model.name,
             cost_usd=response.usage.cost_usd,
+            stop_reason="max_tokens" if cut else None,
         )
 
     def _prepare(
@@ -633,13 +679,14 @@ def _describe_usage(traced: TraceSpan, usage: Usage) -> None:
         traced.set_attribute("tak.usage.cost_usd", usage.cost_usd)
 
 
-def _describe_turn(traced: TraceSpan, finished: TurnFinished) -> None:
-    """How the turn ended, on its span; one without a final answer failed, with its reason."""
+def _describe_turn(traced: TraceSpan, finished: TurnFinished, error_type: str = "") -> None:
+    """How the turn ended, on its span; one without a final answer failed, with its
+    reason (and for a model error, the provider's type of error, never its message)."""
     traced.set_attribute("tak.turn.reason", finished.reason)
     traced.set_attribute("tak.turn.steps", finished.steps)
     _describe_usage(traced, finished.usage)
     if finished.reason != "final":
-        traced.set_error(finished.reason, finished.error or "")
+        traced.set_error(finished.reason, error_type)
 
 
 def _model_error_type(exc: ModelAPIError) -> str:
@@ -699,6 +746,55 @@ async def _record_before_running(
             f"{len(assistant.tool_calls)} tool call(s), so none ran: {reason}"
         ) from problem
     return answers
+
+
+async def _answer_interrupted(session: Session, entry: Mapping[str, Any], message: Message) -> None:
+    """Record ``INTERRUPTED`` for the calls of ``message`` (recorded as ``entry``).
+
+    Raises:
+        UsageError: the entry has no uuid, or another resume (in another
+            process) answered the calls first.
+    """
+    answers = entry.get("uuid")
+    if not isinstance(answers, str):
+        raise UsageError(
+            f"session {session.key}: the last assistant entry has no uuid, "
+            "so its calls cannot be answered"
+        )
+    interrupted = [
+        Observation.failure(call, index, INTERRUPTED)
+        for index, call in enumerate(message.tool_calls)
+    ]
+    ours: bool | None = None
+
+    async def record() -> None:
+        nonlocal ours
+        ours = await session.record_interrupted(message, interrupted, answers=answers)
+
+    await _persist_whole(record())
+    if ours is None:
+        raise StoreError(
+            f"session {session.key}: the results of the interrupted calls were not "
+            f"recorded within {_PERSIST_GRACE_S:g} s"
+        )
+    if not ours:
+        raise UsageError(
+            f"session {session.key}: the calls of entry {answers} were answered meanwhile "
+            "by another writer (a resume, or the turn itself, in another process); "
+            "this resume stops"
+        )
+
+
+def _trailing_partials(entries: Sequence[Mapping[str, Any]]) -> int:
+    """How many messages at the end of ``entries`` are replies cut mid-stream."""
+    count = 0
+    for entry in reversed(entries):
+        if entry.get("type") not in _MESSAGE_TYPES or "message" not in entry:
+            continue  # a title, a compaction
+        if entry.get("type") != "assistant" or not entry.get("partial"):
+            break
+        count += 1
+    return count
 
 
 def _last_message(
@@ -806,6 +902,7 @@ class _TurnState:
     steps: int = 0
     usage: Usage = attrs.field(factory=Usage)
     text: str = ""
+    error_type: str = ""  # a model error's type, for the turn's span
 
     def finish(self, reason: TurnEnd, *, error: str | None = None) -> TurnFinished:
         return TurnFinished(reason, self.text, self.steps, self.usage, error)

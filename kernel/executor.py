@@ -17,7 +17,8 @@
 8. with tracing on (``kernel.tracing``), every call has an
    ``execute_tool {name}`` span, a child of the span current when the batch
    started, current while the tool runs, and ended with its observation
-   (failed with ``error.type`` = the error's kind); off, it costs nothing.
+   (failed with ``error.type`` = the error's kind, and no argument: the
+   error's message stays out); off, it costs nothing.
 
 A call's arguments are validated once, in ``_check`` (``Tool.prepare``), and
 the tool runs in one place, ``_Batch.run_untraced``, through its runner
@@ -489,7 +490,8 @@ class _Batch:
         span = self.spans.pop(index, None) or self.start_span(self.calls[index])
         error = observation.error
         if error is not None:
-            span.set_error(error.kind, error.message)
+            # The class, never the message: it can quote the call's arguments.
+            span.set_error(error.kind, error.type)
             span.set_attribute("tak.tool.error_type", error.type)
         span.end()
 
@@ -733,7 +735,7 @@ async def run_tool_calls(
     except BaseException as exc:
         batch.cancel_unfinished()
         _reraise_unwrapped(exc)
-        if isinstance(exc, BaseExceptionGroup) and _only_cancelled(exc):
+        if isinstance(exc, BaseExceptionGroup) and only_cancelled(exc):
             # The children's Cancelled came from a scope around us, which is still
             # cancelled: this checkpoint raises the caller's own Cancelled, bare,
             # instead of a group of the children's.
@@ -750,7 +752,8 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _only_cancelled(exc: BaseException) -> bool:
+def only_cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``trio.Cancelled``, or a group (of groups) of nothing else."""
     return all(isinstance(e, trio.Cancelled) for e in _leaves(exc))
 
 

@@ -34,9 +34,12 @@ entries; the least recently used session is dropped whole.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
+
+import trio
 
 from .errors import StoreError, UsageError
 from .messages import Message, Observation, Text, ToolCall, ToolError, converter
@@ -324,12 +327,24 @@ def _same_entry(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return uuid == b.get("uuid") if isinstance(uuid, str) else dict(a) == dict(b)
 
 
+class _TurnLock:
+    """A session's turn lock, and how many tasks hold it or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = trio.Lock()
+        self.users = 0
+
+
 class HistoryCache:
     """The messages of recently used sessions, extended as entries are appended.
 
     See the module docstring. One cache serves one process's sessions (a
     ``Kernel`` holds one; a ``Session`` made without one has its own);
-    sessions are told apart by key and store.
+    sessions are told apart by key and store. It also holds each session's
+    turn lock (``hold_turn``): one turn at a time per session among the
+    sessions that share the cache.
 
     Raises:
         UsageError: a bound is below 1.
@@ -345,9 +360,47 @@ class HistoryCache:
         self.max_entries = max_entries
         self._sessions: OrderedDict[str, _Folded] = OrderedDict()  # by SessionKey.name, LRU first
         self._entries = 0  # folded entries held, over every session
+        # By SessionKey.name, while held or waited for (never evicted then; dropped after).
+        self._turns: dict[str, _TurnLock] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    @contextlib.asynccontextmanager
+    async def hold_turn(self, key: SessionKey, *, wait: bool = True) -> AsyncIterator[None]:
+        """Hold ``key``'s turn lock for the block: one turn at a time on a session.
+
+        A turn appends in several steps (prompt, calls, results, answer), each
+        atomic, the whole not: two turns at once would interleave them. With
+        ``wait``, the block waits for the turn before it (first come, first
+        served); without, it refuses at once.
+
+        Raises:
+            UsageError: not ``wait``, and a turn holds the session.
+        """
+        name = key.name
+        held = self._turns.get(name)
+        if held is None:
+            held = self._turns[name] = _TurnLock()
+        held.users += 1
+        try:
+            if wait:
+                await held.lock.acquire()
+            else:
+                try:
+                    held.lock.acquire_nowait()
+                except trio.WouldBlock:
+                    raise UsageError(
+                        f"session {name}: a turn of this session is running in this process"
+                    ) from None
+            try:
+                yield
+            finally:
+                held.lock.release()
+        finally:
+            held.users -= 1
+            if not held.users and self._turns.get(name) is held:
+                del self._turns[name]
 
     def forget(self, key: SessionKey) -> None:
         """Drop what is known of ``key`` (the next use reads it from the store)."""

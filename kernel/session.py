@@ -6,8 +6,9 @@ converter (``entry_to_json``), and back (``entry_from_json``)::
 
     MessageEntry     {"type": "<role>", "uuid": "<hex>", "timestamp": "<ISO 8601 UTC>",
                       "message": <kernel.messages.converter.unstructure(message)>,
-                      ...optional "usage", "model", "cost_usd" (assistant entries)
-                      and "answers" (tool entries)}
+                      ...optional "usage", "model", "cost_usd", "partial",
+                      "stop_reason" (assistant entries), "answers" and
+                      "resume" (tool entries)}
     TitleEntry       {"type": "title", "uuid", "timestamp", "title"}
     CompactionEntry  {"type": "compaction", "uuid", "timestamp", "summary",
                       "through", "usage", "model", ...optional "cost_usd"}
@@ -28,6 +29,12 @@ observation, so a conversation never holds a call without its result
 without ``"answers"``: a ``tool`` entry right after an assistant entry
 answers it.
 
+One turn at a time: a turn holds its session's turn lock
+(``Session.hold_turn``) among the sessions sharing a ``HistoryCache``, that is
+within one ``Kernel``. Across processes nothing serialises two turns; only
+the results a resume records for interrupted calls are written so that two
+resumes racing write one entry (``Session.record_interrupted``).
+
 Reading messages back goes through a ``kernel.history.HistoryCache``: each
 use reads from the store the entries since the last one it folded (checking
 that one is still there), its own appends included; an entry this
@@ -36,6 +43,7 @@ that one is still there), its own appends included; an entry this
 
 from __future__ import annotations
 
+import contextlib
 import uuid as uuid_module
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -79,6 +87,11 @@ class MessageEntry:
     whose reply was cut short (the turn was cancelled, or the model failed,
     mid-stream): the text the user already saw streamed. It stays in the
     conversation the model is sent next, as the assistant's words.
+    ``stop_reason`` is ``"max_tokens"`` on an assistant message the token
+    limit cut, with which its turn ended without a final answer (absent on
+    any other). ``resume`` is set on the results a resume recorded for calls
+    that were running when the run stopped: the id of that resume
+    (``Session.record_interrupted``).
     """
 
     type: Role = attrs.field(validator=_role_matches)
@@ -90,6 +103,8 @@ class MessageEntry:
     cost_usd: float | None = None
     answers: str | None = None
     partial: bool | None = None
+    stop_reason: str | None = None
+    resume: str | None = None
 
     @classmethod
     def of(cls, message: Message, **fields: Any) -> MessageEntry:
@@ -174,7 +189,15 @@ def _make_entry_converter() -> cattrs.Converter:
     conv.register_unstructure_hook(
         MessageEntry,
         make_dict_unstructure_fn(
-            MessageEntry, conv, usage=omit, model=omit, cost_usd=omit, answers=omit, partial=omit
+            MessageEntry,
+            conv,
+            usage=omit,
+            model=omit,
+            cost_usd=omit,
+            answers=omit,
+            partial=omit,
+            stop_reason=omit,
+            resume=omit,
         ),
     )
     conv.register_unstructure_hook(TitleEntry, make_dict_unstructure_fn(TitleEntry, conv))
@@ -261,6 +284,17 @@ class Session:
 
     def _timestamp(self) -> str:
         return utc_timestamp(self._now() if self._now is not None else None)
+
+    def hold_turn(self, *, wait: bool = True) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold this session's turn lock for a block (``HistoryCache.hold_turn``).
+
+        Every ``Agent`` turn holds it: turns on one session, from sessions that
+        share the cache (a ``Kernel``'s do), run one after the other.
+
+        Raises:
+            UsageError: not ``wait``, and a turn holds the session.
+        """
+        return self.cache.hold_turn(self.key, wait=wait)
 
     def child(self, subagent_id: str) -> Session:
         """The transcript of a subagent of this session (``subagents/<id>``).
@@ -414,17 +448,21 @@ class Session:
         usage: Mapping[str, int] | None = None,
         model: str | None = None,
         cost_usd: float | None = None,
+        stop_reason: str | None = None,
     ) -> None:
         """Append a model turn whose calls already have results, in one atomic append.
 
         A turn whose calls have yet to run is recorded in two steps instead
         (``record_calls`` before they run, ``record_results`` after).
+        ``stop_reason``: see ``MessageEntry``.
 
         Raises:
             UsageError: ``assistant`` is not an assistant message, or the
                 observations do not answer its tool calls one to one.
         """
         entry = self._assistant_entry(assistant, usage=usage, model=model, cost_usd=cost_usd)
+        if stop_reason is not None:
+            entry = attrs.evolve(entry, stop_reason=stop_reason)
         entries: list[TranscriptEntry] = [entry]
         if assistant.tool_calls or observations:
             entries.append(self._results_entry(assistant, observations, answers=entry.uuid))
@@ -465,6 +503,49 @@ class Session:
         """
         await self.record(self._results_entry(assistant, observations, answers=answers))
 
+    async def record_interrupted(
+        self, assistant: Message, observations: Sequence[Observation], *, answers: str
+    ) -> bool:
+        """``record_results`` for a resume; whether these are the results that count.
+
+        The results that count are the first entry answering ``answers``
+        (``kernel.history``). Two resumes of one transcript (in two
+        processes: within one, turns hold the session's lock) write one entry
+        under one uuid made from ``answers``, which the store keeps once, each
+        marked with its own ``resume`` id: reading it back, the one whose id
+        is there goes on, the other knows it lost. ``False`` as well when
+        other results came first (the turn itself still running elsewhere):
+        those are looked for right before writing, so as not to write a
+        second answer when it can be helped.
+
+        Raises:
+            UsageError: the observations do not answer the calls one to one.
+            StoreError: the store failed.
+        """
+        entry = attrs.evolve(
+            self._results_entry(assistant, observations, answers=answers),
+            uuid=uuid_module.uuid5(_INTERRUPTED_NAMESPACE, answers).hex,
+            resume=_new_uuid(),
+        )
+        # Read right before: results that came meanwhile are not answered twice.
+        if await self._first_answer(answers) is not None:
+            return False
+        await self.record(entry)
+        first = await self._first_answer(answers)
+        # None: rewritten meanwhile (deleted?), not ours to go on with.
+        return (
+            first is not None
+            and first.get("uuid") == entry.uuid
+            and first.get("resume") == entry.resume
+        )
+
+    async def _first_answer(self, answers: str) -> Mapping[str, Any] | None:
+        """The first entry that records results for the assistant entry ``answers``."""
+        for stored in await self.entries_since_cut():
+            if stored.get("type") == "tool" and stored.get("answers") == answers:
+                return stored
+        return None
+
     def _assistant_entry(
         self,
         assistant: Message,
@@ -500,6 +581,10 @@ class Session:
         return MessageEntry.of(
             recordable(Message("tool", ordered)), timestamp=self._timestamp(), answers=answers
         )
+
+
+#: The uuids of results recorded for interrupted calls: one per assistant entry.
+_INTERRUPTED_NAMESPACE = uuid_module.UUID("6d1f2f7e-5c57-4a8e-9a57-2a1c0b3e7d41")
 
 
 def _after_latest_compaction(entries: Sequence[Mapping[str, Any]]) -> int:

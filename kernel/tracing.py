@@ -46,12 +46,22 @@ name for is under ``tak.``. A span that failed has status ERROR and
 ``timeout``, ``cancelled``, ...); for a turn that ended without a final
 answer, its reason (``max_steps``, ``model_error``, ``cancelled``, ...); for
 a model request, the provider's error type; ``cancelled`` for a block left by
-``trio.Cancelled``; else the exception's class name.
+``trio.Cancelled`` (or a group of nothing else); else the exception's class
+name. No message content reaches a span: not a prompt, a reply, a call's
+arguments or its result, nor an error message (those can quote any of them);
+a status description is a kind or a class name. Text from the model (a tool
+name it made up, a call id) and any string given to a span is cut to
+``MAX_TEXT`` characters.
+
+Tracing never fails what it traces: a span that cannot be started or ended
+(a span processor raising, say) is dropped, and the first such failure is
+logged (logger ``kernel.tracing``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -67,6 +77,11 @@ SpanKind: TypeAlias = Literal["internal", "client"]
 
 ERROR_TYPE = "error.type"
 
+#: The longest span name, string attribute value or status description kept (characters).
+MAX_TEXT = 256
+
+_log = logging.getLogger("kernel.tracing")
+
 _NULL_BLOCK: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
@@ -81,8 +96,12 @@ class Span:
     def set_attribute(self, key: str, value: Any) -> None:
         """Set ``key`` (a string, number, bool or a sequence of one of them)."""
 
-    def set_error(self, kind: str, message: str = "") -> None:
-        """Mark the span failed: status ERROR, ``error.type`` = ``kind``."""
+    def set_error(self, kind: str, description: str = "") -> None:
+        """Mark the span failed: status ERROR, ``error.type`` = ``kind``.
+
+        ``description`` is the status description; it must hold no content
+        (no argument, no message that can quote one).
+        """
 
     def end(self) -> None:
         """End a span from ``start_span`` (``span`` ends its own)."""
@@ -114,6 +133,8 @@ class _Api:
 
 class _State:
     api: _Api | None = None
+    missing = False  # importing opentelemetry failed: never tried again
+    warned = False  # a span failed, and it was logged
     explicit: Any = None  # the provider given to use_tracer_provider
     provider: Any = None  # the provider ``tracer`` came from
     tracer: Any = None
@@ -159,9 +180,13 @@ def _tracer() -> Any:
 
 def _api() -> _Api | None:
     if _state.api is None:
+        if _state.missing:
+            return None
         try:
             _state.api = _Api()
         except ImportError:
+            # Remembered: with OTEL_PYTHON_TRACER_PROVIDER set, every span asks.
+            _state.missing = True
             return None
     return _state.api
 
@@ -193,7 +218,10 @@ def span(
     tracer = _tracer()
     if tracer is None:
         return _NO_SPAN_BLOCK
-    return _Block(_start(tracer, name, attributes, kind))
+    started = _start(tracer, name, attributes, kind)
+    if not isinstance(started, _Span):
+        return _NO_SPAN_BLOCK
+    return _Block(started)
 
 
 def start_span(
@@ -211,19 +239,58 @@ def start_span(
     return _start(tracer, name, attributes, kind)
 
 
-def _start(tracer: Any, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind) -> _Span:
+def _start(tracer: Any, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind) -> Span:
+    """A real span, or the null one when it cannot be started (``_failed``)."""
     api = _state.api
     assert api is not None  # _tracer() found it
-    return _Span(
-        api,
-        tracer.start_span(
-            name,
+    try:
+        started = tracer.start_span(
+            _bounded(name),
             kind=api.kinds[kind],
-            attributes=attributes,
+            attributes=_bounded_attributes(attributes),
             record_exception=False,
             set_status_on_exception=False,
-        ),
-    )
+        )
+    except Exception as exc:  # a span processor's on_start, say
+        _failed("start", name, exc)
+        return _NO_SPAN
+    return _Span(api, started)
+
+
+def _failed(what: str, name: str, exc: Exception) -> None:
+    """A span operation failed: it is dropped, never the traced work; logged once."""
+    if not _state.warned:
+        _state.warned = True
+        _log.warning(
+            "tracing: could not %s span %r (%s); such failures are dropped, and not logged again",
+            what,
+            _bounded(name, 80),
+            type(exc).__qualname__,
+            exc_info=exc,
+        )
+
+
+def _bounded(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut to ``limit`` characters (the last one an ellipsis) when longer."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1] + "\u2026"
+
+
+def _bounded_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return _bounded(value)
+    if isinstance(value, list | tuple) and any(isinstance(v, str) for v in value):
+        return [_bounded(v) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def _bounded_attributes(attributes: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if attributes is None or not any(
+        isinstance(v, str | list | tuple) for v in attributes.values()
+    ):
+        return attributes
+    return {key: _bounded_value(value) for key, value in attributes.items()}
 
 
 class _Span(Span):
@@ -235,15 +302,26 @@ class _Span(Span):
         self._failed = False
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self._span.set_attribute(key, value)
+        try:
+            self._span.set_attribute(key, _bounded_value(value))
+        except Exception as exc:
+            _failed("set an attribute of", key, exc)
 
-    def set_error(self, kind: str, message: str = "") -> None:
+    def set_error(self, kind: str, description: str = "") -> None:
         self._failed = True
-        self._span.set_attribute(ERROR_TYPE, kind)
-        self._span.set_status(self._api.status(self._api.error, message or None))
+        try:
+            self._span.set_attribute(ERROR_TYPE, _bounded(kind))
+            self._span.set_status(
+                self._api.status(self._api.error, _bounded(description) if description else None)
+            )
+        except Exception as exc:
+            _failed("fail", kind, exc)
 
     def end(self) -> None:
-        self._span.end()
+        try:
+            self._span.end()
+        except Exception as exc:  # a span processor's on_end, say: the work is done
+            _failed("end", getattr(self._span, "name", "?"), exc)
 
     @contextlib.contextmanager
     def current(self) -> Iterator[None]:
@@ -276,14 +354,26 @@ class _Block:
         span = self._span
         try:
             if exc is not None and not span._failed:
-                span.set_error(error_type(exc), str(exc))
+                # Not str(exc): an exception's message can quote anything.
+                span.set_error(error_type(exc))
         finally:
             span._api.detach(self._token)
             span.end()
 
 
 def error_type(exc: BaseException) -> str:
-    """``error.type`` for an exception: ``cancelled`` for ``trio.Cancelled``, else its class."""
-    if isinstance(exc, trio.Cancelled):
+    """``error.type`` for an exception: ``cancelled`` for ``trio.Cancelled`` or a group
+    of nothing else (a nursery cancelled from outside), else its class."""
+    if isinstance(exc, trio.Cancelled) or (
+        isinstance(exc, BaseExceptionGroup) and _only_cancelled(exc)
+    ):
         return "cancelled"
     return type(exc).__qualname__
+
+
+def _only_cancelled(group: BaseExceptionGroup[BaseException]) -> bool:
+    # Floor 0: kernel.executor's twin cannot be imported here.
+    return all(
+        _only_cancelled(e) if isinstance(e, BaseExceptionGroup) else isinstance(e, trio.Cancelled)
+        for e in group.exceptions
+    )

@@ -201,7 +201,13 @@ async def test_a_reply_cut_mid_stream_is_asked_for_again(autojump_clock: trio.ab
     result = await Agent(model, TOOLS).resume_turn(session)
 
     assert (result.reason, result.text, result.steps) == ("final", "the whole answer", 1)
-    assert [m.role for m in last_request(model).messages] == ["user", "assistant"]
+    # Asked again from the prompt: the cut reply, sent last, would be a prefill
+    # (which Anthropic refuses when it ends in whitespace, and continues otherwise).
+    assert [m.role for m in last_request(model).messages] == ["user"]
+    # It stays in the transcript: the user saw it.
+    after = await session.entries()
+    assert [e["type"] for e in after] == ["user", "assistant", "assistant"]
+    assert after[1]["partial"] and "partial" not in after[2]
 
 
 async def test_a_finished_turn_returns_its_answer_without_asking_the_model() -> None:

@@ -150,10 +150,6 @@ class GatedFileStore(FileStore):
         await super().append(key, entries)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two resumes of one session at once both answer the calls and both ask the model",
-)
 @pytest.mark.parametrize("processes", [1, 2])
 async def test_two_resumes_at_once_answer_the_interrupted_calls_once(
     tmp_path: Path, processes: int, thread_clock: trio.abc.Clock
@@ -187,11 +183,6 @@ async def test_two_resumes_at_once_answer_the_interrupted_calls_once(
     assert [e["type"] for e in after] == ["user", "assistant", "tool", "assistant"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resume while the turn still runs answers its running call 'interrupted'; the call "
-    "then finishes and its real result is recorded second and ignored",
-)
 async def test_resume_while_the_turn_still_runs_keeps_the_calls_real_result() -> None:
     session = Session(MemoryStore(), KEY)
     outcomes: list[TurnFinished | Exception] = []
@@ -211,11 +202,6 @@ async def test_resume_while_the_turn_still_runs_keeps_the_calls_real_result() ->
     assert (observation.content, observation.error) == ("the real result", None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resume reports a reply the token limit cut as reason 'final'; the turn ended "
-    "'max_tokens' (a batch killed before its ledger write scores it as finished)",
-)
 async def test_resume_of_a_reply_cut_by_the_token_limit_says_max_tokens() -> None:
     session = Session(MemoryStore(), KEY)
     cut = reply("half an ans", stop_reason="max_tokens")
@@ -227,11 +213,6 @@ async def test_resume_of_a_reply_cut_by_the_token_limit_says_max_tokens() -> Non
     assert (again.reason, again.text) == ("max_tokens", "half an ans")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a resumed reply cut mid-stream is sent to Anthropic as the final assistant "
-    "message (a prefill) ending in whitespace, which the Messages API refuses",
-)
 async def test_a_resumed_cut_reply_is_a_request_anthropic_accepts() -> None:
     session = Session(MemoryStore(), KEY)
     await session.append(Message("user", [Text("go")]))
@@ -428,11 +409,6 @@ async def model_with_a_nursery(request: ModelRequest) -> ModelResponse:
     raise AssertionError("unreachable")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a request cancelled as a group of Cancelled (a model with a nursery) gets "
-    "error.type 'BaseExceptionGroup' on its chat and turn spans, not 'cancelled'",
-)
 async def test_a_model_cancelled_as_a_group_marks_its_spans_cancelled(
     spans: InMemorySpanExporter, autojump_clock: trio.abc.Clock
 ) -> None:
@@ -445,11 +421,6 @@ async def test_a_model_cancelled_as_a_group_marks_its_spans_cancelled(
     assert kinds == {"chat test": "cancelled", "invoke_agent tak": "cancelled"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a turn cancelled while its model raises a group of Cancelled ends without "
-    "TurnFinished('cancelled') (_turn catches trio.Cancelled only)",
-)
 async def test_a_turn_cancelled_as_a_group_still_ends_with_a_cancelled_event(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -468,12 +439,6 @@ async def pick(mode: Literal["fast", "thorough"]) -> str:
     return mode
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a call's error message becomes its span's status description, so argument "
-    "values reach the trace (a tool's exception naming its path; the kernel's own "
-    "bad_arguments 'got <value>'), though docs/tracing.md says none does",
-)
 async def test_a_failing_calls_arguments_stay_out_of_its_span(
     spans: InMemorySpanExporter,
 ) -> None:
@@ -490,11 +455,6 @@ async def test_a_failing_calls_arguments_stay_out_of_its_span(
     assert leaked == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool name the model made up goes into the span name, gen_ai.tool.name and "
-    "the status unbounded (100 kB here)",
-)
 async def test_a_tool_name_the_model_made_up_is_bounded_in_its_span(
     spans: InMemorySpanExporter,
 ) -> None:
@@ -519,11 +479,6 @@ def run_python(code: str, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OTEL_PYTHON_TRACER_PROVIDER set without opentelemetry installed: every span "
-    "tries the import again (7 failed imports a turn) instead of once",
-)
 def test_opentelemetry_missing_with_the_provider_variable_set_is_looked_for_once() -> None:
     out = run_python(
         """
@@ -738,11 +693,6 @@ class FailingProcessor(SpanProcessor):
             raise RuntimeError("a bug in a span processor")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a span processor raising in on_end fails the turn from inside the executor, "
-    "and the call's result (it ran) is never recorded: resume would call it interrupted",
-)
 async def test_a_failing_span_processor_does_not_lose_the_calls_results() -> None:
     provider = TracerProvider()
     provider.add_span_processor(FailingProcessor())

@@ -172,7 +172,8 @@ async def test_a_turn_with_three_parallel_calls_one_failing(
         failed.attributes is not None and failed.attributes["tak.tool.error_type"] == "RuntimeError"
     )
     assert failed.status.status_code == StatusCode.ERROR
-    assert "boom" in (failed.status.description or "")
+    # The class, not the message: a message can quote the call's arguments.
+    assert failed.status.description == "RuntimeError"
     for ok in lookups:
         assert error_type(ok) is None and ok.status.status_code == StatusCode.UNSET
     # A span opened inside a tool is a child of that call's span, though the calls run
