@@ -9,14 +9,16 @@ from kernel.agent import Agent
 from kernel.errors import ModelAPIError, UsageError
 from kernel.messages import Message, Text, ToolCall
 from kernel.models import (
+    ModelEvent,
     ModelRequest,
     ProviderError,
     ReplayModel,
     ScriptedModel,
     TextDelta,
     ToolCallDelta,
+    Usage,
 )
-from kernel.session import Session
+from kernel.session import MessageEntry, Session
 from kernel.store import MemoryStore, SessionKey
 
 from .wire import collect, final, tool_results, user
@@ -192,3 +194,104 @@ async def test_a_replay_that_diverges_ends_the_turn_as_a_model_error() -> None:
 def test_a_recording_without_answers_is_refused() -> None:
     with pytest.raises(UsageError, match="no assistant message"):
         ReplayModel([user("hi")])
+
+
+# --- what the transcript says besides the messages: usage, partial replies, subagents ----------
+
+
+async def test_the_recorded_usage_is_replayed() -> None:
+    store = MemoryStore()
+    spent = Usage(input_tokens=700, output_tokens=40, cache_read_tokens=300, cost_usd=0.25)
+    recorded = session(store, "recorded")
+    await Agent(ScriptedModel([reply("Hello.", usage=spent)]), [note]).run_turn(recorded, "hi")
+    model = await ReplayModel.from_session(recorded)
+    response = await model.complete(ModelRequest([user("hi")]))
+    assert response.usage == spent
+    # Built from messages alone, nothing is known of it.
+    plain = ReplayModel(await recorded.messages())
+    assert (await plain.complete(ModelRequest([user("hi")]))).usage == Usage()
+
+
+async def test_a_partial_reply_streams_its_text_then_fails() -> None:
+    store = MemoryStore()
+    recorded = session(store, "recorded")
+    recording = [user("go"), Message("assistant", (Text("Half an ans"),)), user("again")]
+    await recorded.record(MessageEntry.of(recording[0], timestamp="t"))
+    await recorded.record_partial("Half an ans")  # the model failed mid-stream
+    await recorded.record(MessageEntry.of(recording[2], timestamp="t"))
+    await recorded.record_turn(Message("assistant", (Text("Fine."),)))
+    model = await ReplayModel.from_session(recorded)
+    seen: list[ModelEvent] = []
+    with pytest.raises(ProviderError, match="cut short") as caught:
+        async with model.stream(ModelRequest(recording[:1])) as events:
+            async for event in events:
+                seen.append(event)
+    assert seen == [TextDelta("Half an ans")]
+    assert caught.value.error_type == "replay_partial"
+    response = await model.complete(ModelRequest(recording))
+    assert response.message.text == "Fine."
+
+
+def delegating_recorder() -> ScriptedModel:
+    """A parent that delegates two tasks in one step (run at once), then answers."""
+    return ScriptedModel(
+        [
+            reply(calls=[("delegate", {"task": "note x"}), ("delegate", {"task": "note y"})]),
+            # The two children, in whichever order they ask: each answers its own task.
+            lambda request: reply(calls=[("note", {"text": request.messages[0].text[-1]})]),
+            lambda request: reply(calls=[("note", {"text": request.messages[0].text[-1]})]),
+            lambda request: reply(f"child {request.messages[0].text[-1]} done"),
+            lambda request: reply(f"child {request.messages[0].text[-1]} done"),
+            "parent done",
+        ]
+    )
+
+
+async def test_subagents_running_at_once_replay_from_their_own_transcripts() -> None:
+    store = MemoryStore()
+    recorded = session(store, "recorded")
+    first = await Agent(delegating_recorder(), [note], subagents=True).run_turn(recorded, "go")
+    assert first.text == "parent done"
+    ran.clear()
+    model = await ReplayModel.from_session(recorded)
+    assert model.steps == 6
+    replayed = session(store, "replayed")
+    result = await Agent(model, [note], subagents=True).run_turn(replayed, "go")
+    assert (result.reason, result.text) == ("final", "parent done")
+    assert sorted(ran) == ["x", "y"]
+    assert model.served == 6
+    children = await store.list_subkeys(replayed.key)
+    assert len(children) == 2
+
+
+async def test_without_its_children_the_subagents_of_a_replay_diverge() -> None:
+    store = MemoryStore()
+    recorded = session(store, "recorded")
+    await Agent(delegating_recorder(), [note], subagents=True).run_turn(recorded, "go")
+    ran.clear()
+    model = await ReplayModel.from_session(recorded, children=False)
+    again = session(store, "again")
+    result = await Agent(model, [note], subagents=True).run_turn(again, "go")
+    # The children's requests reach the parent's recording and are refused;
+    # the parent goes on (results are not compared), its subagents did not run.
+    assert result.text == "parent done"
+    assert ran == []
+    results = [m for m in await again.messages() if m.role == "tool"]
+    assert all("replay_diverged" in o.content for o in results[0].observations)
+
+
+async def test_children_given_as_messages_answer_their_own_requests() -> None:
+    child = [user("note x"), Message("assistant", (Text("child done"),))]
+    call = ToolCall(id="d1", name="delegate", arguments='{"task": "note x"}', index=0)
+    parent = [
+        user("go"),
+        Message("assistant", (call,)),
+        tool_results([call], ["child done"]),
+        Message("assistant", (Text("parent done"),)),
+    ]
+    model = ReplayModel(parent, children=[child])
+    assert (await model.complete(ModelRequest(parent[:1]))).message == parent[1]
+    assert (await model.complete(ModelRequest(child[:1]))).message.text == "child done"
+    assert (await model.complete(ModelRequest(parent[:3]))).message.text == "parent done"
+    text = await diverged(model, [user("note z")])  # no conversation began so: the main one's
+    assert "step 3 of 2" in text

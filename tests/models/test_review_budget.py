@@ -328,11 +328,6 @@ def session(store: MemoryStore, name: str) -> Session:
     return Session(store, SessionKey("p", name))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a subagent's requests go to the parent's ReplayModel (Agent gives the child "
-    "parent.model) and diverge: a session that delegated cannot be replayed",
-)
 async def test_bug_a_session_with_a_subagent_cannot_be_replayed() -> None:
     # docs/models.md: "a subagent's requests need a ReplayModel of their own";
     # but delegate builds Agent(parent.model, ...): there is no way to give one.
@@ -356,11 +351,6 @@ async def test_bug_a_session_with_a_subagent_cannot_be_replayed() -> None:
     assert ran == ["x"]  # the subagent's tool ran again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a partial assistant entry (the model failed mid-stream) is replayed as a whole "
-    "answer: a model_error turn replays as final",
-)
 async def test_bug_a_reply_cut_short_replays_as_a_finished_answer() -> None:
     class FailsMidStream:
         """Streams some text, then the connection drops (not retried)."""
@@ -389,11 +379,6 @@ async def test_bug_a_reply_cut_short_replays_as_a_finished_answer() -> None:
     assert result.reason == "model_error"  # as recorded (a divergence error would do too)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replayed usage is zero, so a turn the recording's RunLimits.max_tokens stopped "
-    "runs on and is refused as a divergence",
-)
 async def test_bug_a_turn_stopped_by_its_token_limit_diverges_on_replay() -> None:
     store = MemoryStore()
     limits = RunLimits(max_tokens=1000)
@@ -417,11 +402,6 @@ async def test_bug_a_turn_stopped_by_its_token_limit_diverges_on_replay() -> Non
     assert (first.reason, second.reason, second.text) == ("max_tokens", "final", "Done.")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an answer the token limit cut is replayed with stop_reason end_turn: a "
-    "max_tokens turn replays as final (the stop reason is not in the transcript)",
-)
 async def test_bug_a_reply_cut_by_the_token_limit_replays_as_final() -> None:
     store = MemoryStore()
     recorder = ScriptedModel([ScriptedModel.reply("It was the best of", stop_reason="max_tokens")])
