@@ -148,6 +148,16 @@ def test_a_bad_tasks_file_is_one_line_naming_the_file_and_line(
     assert not (tmp_path / "home" / "batch" / "tasks").exists()  # nothing started
 
 
+def test_a_tasks_file_without_tasks_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    result = tak(tmp_path / "home", "batch", str(empty))
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"tak batch: {empty}: no tasks (a task is a JSON object a line: docs/batch.md)\n",
+    )
+
+
 def test_bad_flags_and_runs_are_one_line(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", THREE[2:])
     home = tmp_path / "home"

@@ -264,6 +264,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     given = _command_of(args)
     tasks = load_tasks(args.tasks)  # UsageError: "FILE:LINE: $.path: ..."
+    if not tasks:
+        raise UsageError(f"{args.tasks}: no tasks (a task is a JSON object a line: docs/batch.md)")
     ensure_home(args.home)
     run_id = _default_run_id(args)
     if args.store is not None:
