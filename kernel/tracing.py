@@ -212,16 +212,14 @@ def span(
 
     Left by an exception, the span gets the error (unless ``set_error`` was
     called already): ``cancelled`` for ``trio.Cancelled``, else the
-    exception's class name. It is ended when the block is left, whatever
+    exception's class name. It starts when the block is entered (a child of
+    the span current then) and is ended when the block is left, whatever
     way. A no-op without OpenTelemetry.
     """
     tracer = _tracer()
     if tracer is None:
         return _NO_SPAN_BLOCK
-    started = _start(tracer, name, attributes, kind)
-    if not isinstance(started, _Span):
-        return _NO_SPAN_BLOCK
-    return _Block(started)
+    return _Block(tracer, name, attributes, kind)
 
 
 def start_span(
@@ -335,13 +333,22 @@ class _Span(Span):
 class _Block:
     """``span``'s block: the span is current inside, failed by an exception, ended after."""
 
-    __slots__ = ("_span", "_token")
+    __slots__ = ("_attributes", "_kind", "_name", "_span", "_token", "_tracer")
 
-    def __init__(self, span: _Span) -> None:
-        self._span = span
+    def __init__(
+        self, tracer: Any, name: str, attributes: Mapping[str, Any] | None, kind: SpanKind
+    ) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._attributes = attributes
+        self._kind = kind
+        self._span: _Span | None = None
 
     def __enter__(self) -> Span:
-        span = self._span
+        span = _start(self._tracer, self._name, self._attributes, self._kind)
+        if not isinstance(span, _Span):  # could not be started: the block runs untraced
+            return span
+        self._span = span
         self._token = span._api.attach(span._api.in_context(span._span))
         return span
 
@@ -351,7 +358,9 @@ class _Block:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        span = self._span
+        span, self._span = self._span, None
+        if span is None:
+            return
         try:
             if exc is not None and not span._failed:
                 # Not str(exc): an exception's message can quote anything.

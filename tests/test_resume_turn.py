@@ -9,7 +9,7 @@ finished.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -18,9 +18,10 @@ import trio
 from kernel import tool
 from kernel.agent import INTERRUPTED, Agent, AgentEvent, RunLimits, TurnFinished
 from kernel.errors import UsageError
-from kernel.messages import Message
+from kernel.history import HistoryCache
+from kernel.messages import Message, Observation
 from kernel.models import ModelRequest, ModelResponse, ScriptedModel
-from kernel.session import Session
+from kernel.session import Session, message_entry, message_from_entry
 from kernel.store import MemoryStore, SessionKey
 
 reply = ScriptedModel.reply
@@ -299,3 +300,119 @@ async def test_bad_settings_are_refused_before_anything_is_recorded(
     with pytest.raises(UsageError):
         await Agent(ScriptedModel([]), TOOLS).resume_turn(session, tools=["nope.*"])
     assert [e["type"] for e in await session.entries()] == ["user", "assistant"]
+
+
+async def test_two_turns_on_one_session_run_one_after_the_other(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # Two Session objects for one key, sharing a cache, as a Kernel's k.session() makes them.
+    store = MemoryStore()
+    cache = HistoryCache()
+    first, second = Session(store, KEY, cache=cache), Session(store, KEY, cache=cache)
+    released = trio.Event()
+
+    @tool
+    async def wait_a_while() -> str:
+        """Wait until released."""
+        RUNS.all_hanging.set()
+        await released.wait()
+        return "waited"
+
+    models = [
+        ScriptedModel([reply(calls=[("wait_a_while", {})]), "first done"]),
+        ScriptedModel(["second done"]),
+    ]
+    results: list[TurnFinished] = []
+
+    async def turn(model: ScriptedModel, session: Session, prompt: str) -> None:
+        results.append(await Agent(model, [wait_a_while]).run_turn(session, prompt))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(turn, models[0], first, "one")
+        await RUNS.all_hanging.wait()
+        nursery.start_soon(turn, models[1], second, "two")
+        await trio.sleep(5)
+        assert len(models[1].requests) == 0  # waits for the turn before it
+        released.set()
+
+    assert [r.text for r in results] == ["first done", "second done"]
+    messages = await first.messages()
+    assert [(m.role, m.text) for m in messages if m.role != "tool"] == [
+        ("user", "one"),
+        ("assistant", ""),
+        ("assistant", "first done"),
+        ("user", "two"),
+        ("assistant", "second done"),
+    ]
+    # The second turn saw the whole first one.
+    assert [m.role for m in models[1].requests[0].messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
+
+
+async def test_a_resume_refuses_while_a_turn_of_the_session_runs(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    session = new_session()
+    async with trio.open_nursery() as nursery:
+        running = Agent(ScriptedModel([reply(calls=[("hang", {})])]), TOOLS)
+        nursery.start_soon(running.run_turn, session, "go")
+        await RUNS.all_hanging.wait()
+        with pytest.raises(UsageError, match="a turn of this session is running in this process"):
+            await Agent(ScriptedModel([]), TOOLS).resume_turn(session)
+        nursery.cancel_scope.cancel()
+    assert RUNS.count == {"hang": 1}
+
+
+class AnswersAfterTheFirstRead(MemoryStore):
+    """A store in which another process records the calls' real results right after
+    the resume first read the transcript."""
+
+    def __init__(self, results: dict[str, Any]) -> None:
+        super().__init__()
+        self.results: dict[str, Any] | None = results
+
+    def iter_entries(self, key: SessionKey, *, start: int = 0) -> AsyncIterator[dict[str, Any]]:
+        return self._then_answer(super().iter_entries(key, start=start))
+
+    async def _then_answer(
+        self, entries: AsyncIterator[dict[str, Any]]
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for entry in entries:
+            yield entry
+        if self.results is not None:
+            results, self.results = self.results, None
+            await self.append(KEY, [results])
+
+
+async def test_results_recorded_elsewhere_right_before_a_resume_writes_are_not_answered_twice(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    entries = await stop_when(
+        new_session(),
+        ScriptedModel([reply(calls=[("note", {"text": "a"}), ("hang", {})])]),
+        RUNS.all_hanging.wait,
+    )
+    assistant = message_from_entry(entries[1])
+    assert assistant is not None
+    real = Message(
+        "tool",
+        [
+            Observation.success(assistant.tool_calls[0], 0, "noted a"),
+            Observation.success(assistant.tool_calls[1], 1, "hung, then done"),
+        ],
+    )
+    results = message_entry(real, timestamp=entries[1]["timestamp"], answers=entries[1]["uuid"])
+    store = AnswersAfterTheFirstRead(results)
+    await MemoryStore.append(store, KEY, entries)
+    model = ScriptedModel([])
+    with pytest.raises(UsageError, match="answered meanwhile by another writer"):
+        await Agent(model, TOOLS).resume_turn(Session(store, KEY))
+    after = await store.load(KEY) or []
+    assert [e["type"] for e in after] == ["user", "assistant", "tool"]  # no second answer
+    assert after[2]["uuid"] == results["uuid"]
+    assert model.requests == []

@@ -1,5 +1,5 @@
 """Review of ``Agent.resume_turn`` and the OpenTelemetry spans: attacks that broke them
-(``xfail(strict=True)``, each saying the bug) and guarantees that held.
+(each was ``xfail(strict=True)`` until fixed) and guarantees that held.
 
 Crashed transcripts are what the store held while a real turn's calls ran
 (``crash_while_calls_run``), copied into a fresh store: what a SIGKILL leaves.
@@ -656,11 +656,6 @@ async def test_a_resume_and_a_turn_at_once_keep_their_spans_apart(
     assert named(finished, "execute_tool hang") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="batch: a task stopped after its earlier messages were appended, before its "
-    "prompt, resumes to the seeded assistant message as its 'final' answer; never asked",
-)
 async def test_a_batch_task_stopped_before_its_prompt_is_asked_it_on_resume(
     tmp_path: Path,
 ) -> None:

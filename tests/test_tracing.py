@@ -12,6 +12,7 @@ import sys
 import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -403,3 +404,61 @@ def test_the_global_tracer_provider_is_used_once_it_is_set() -> None:
         """
     )
     assert out.splitlines() == ["False", "True", "['chat test', 'invoke_agent tak']"]
+
+
+class RaisingProcessor(SimpleSpanProcessor):
+    """Exports like the SDK's, but raises at every start and end (a buggy processor)."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("on_start bug")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        super().on_end(span)
+        raise RuntimeError("on_end bug")
+
+
+async def test_a_processor_failing_at_every_span_fails_nothing_and_is_logged_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tracing._state, "warned", False)  # another test may have warned
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(RaisingProcessor(exporter))
+    tracing.use_tracer_provider(provider)
+    s = session()
+    try:
+        model = ScriptedModel([reply(calls=[("lookup", {"term": "a"}), ("explode", {})]), "done"])
+        result = await Agent(model, TOOLS).run_turn(s, "go")
+        with tracing.span("mine"):
+            pass
+    finally:
+        tracing.use_tracer_provider(None)
+        provider.shutdown()
+    assert (result.reason, result.text) == ("final", "done")
+    observations = (await s.messages())[2].observations
+    assert observations[0].content == "a: found" and observations[1].error is not None
+    warnings = [r for r in caplog.records if r.name == "kernel.tracing"]
+    assert len(warnings) == 1 and "on_start bug" in caplog.text
+
+
+async def test_names_and_strings_given_to_a_span_are_cut(spans: InMemorySpanExporter) -> None:
+    long = "y" * 5_000
+    with tracing.span(f"mine {long}", {"a": long, "b": ("short", long), "n": 3}) as s:
+        s.set_attribute("c", long)
+        s.set_error(long, long)
+    [span] = spans.get_finished_spans()
+    attributes = dict(span.attributes or {})
+    texts = [span.name, attributes["a"], *attributes["b"], attributes["c"]]
+    texts += [attributes["error.type"], span.status.description or ""]
+    assert all(len(t) <= tracing.MAX_TEXT for t in texts)
+    assert span.name.startswith("mine yyy") and attributes["b"][0] == "short"
+    assert attributes["n"] == 3
+
+
+async def test_a_span_starts_when_its_block_is_entered(spans: InMemorySpanExporter) -> None:
+    block = tracing.span("later")
+    with tracing.span("outer"):
+        with block:
+            pass
+    finished = spans.get_finished_spans()
+    assert parent_of(one(finished, "later"), finished) is one(finished, "outer")
