@@ -290,7 +290,10 @@ class Agent:
         ``settings`` are merged over the agent's for this turn; ``tools`` (names
         or ``fnmatch`` patterns such as ``fs.*``) selects the tools offered, and
         only their schemas are sent. A reply cut by the token limit ends the
-        turn with reason ``max_tokens``, its text kept and recorded.
+        turn with reason ``max_tokens``, its text kept and recorded (marked
+        ``stop_reason: "max_tokens"``, so that ``resume_turn`` says so too).
+        While another turn of the session runs in this process, this one
+        waits for it (``Session.hold_turn``).
 
         Raises:
             UsageError: a pattern in ``tools`` matches no tool, or
