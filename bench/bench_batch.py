@@ -27,9 +27,7 @@ from pathlib import Path
 import trio
 
 from kernel import ToolCall, open_kernel, run_tool_calls, tool
-from kernel.batch import BatchTask
-from kernel.batch._directory import open_run_dir
-from kernel.batch._run import run_batch
+from kernel.batch import BatchTask, open_run_dir, run_batch
 from kernel.kernel import Kernel
 from kernel.models import ModelRequest, ModelResponse, ScriptedModel
 

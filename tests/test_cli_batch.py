@@ -457,9 +457,9 @@ async def test_the_progress_line_has_an_eta_and_each_providers_load(autojump_clo
 
     import trio
 
-    from kernel.batch._run import BatchProgress
+    from kernel.batch import BatchProgress
     from kernel.cli._batch import ProgressView
-    from kernel.models._budget import ProviderLoad
+    from kernel.models import ProviderLoad
 
     def load(model: str | None, in_flight: int, waiting: int, paused: float = 0.0) -> Any:
         return ProviderLoad(

@@ -30,8 +30,7 @@ from .plugins import ensure_home, home_option, one_line_errors, tak_command
 from .run import model_settings, tool_patterns
 
 if TYPE_CHECKING:
-    from ..batch import BatchTask, Ledger, TaskLimits, TaskResult
-    from ..batch._run import BatchProgress
+    from ..batch import BatchProgress, BatchTask, Ledger, TaskLimits, TaskResult
     from ..kernel import Kernel
     from ..settings import ModelSettings
     from ..store import SessionStore
@@ -260,7 +259,7 @@ def _settings_of(ledger: Ledger) -> object:
 
 @one_line_errors("tak batch")
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..batch._directory import load_tasks
+    from ..batch import load_tasks
 
     given = _command_of(args)
     tasks = load_tasks(args.tasks)  # UsageError: "FILE:LINE: $.path: ..."
@@ -272,7 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         url = _store_url(args)
 
         def open_postgres(settings: dict[str, Any] | None) -> Any:
-            from ..batch._postgres import open_postgres_ledger
+            from ..batch import open_postgres_ledger
 
             return open_postgres_ledger(url, run_id, settings=settings)
 
@@ -287,7 +286,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
 
     def open_directory(settings: dict[str, Any] | None) -> Any:
-        from ..batch._directory import open_run_dir
+        from ..batch import open_run_dir
 
         _link_run(args.home, run_id, run_dir)
         return open_run_dir(run_dir, run_id=run_id, settings=settings)
@@ -301,7 +300,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     run_dir = _run_dir(args.home, args.run)
 
     def open_directory(settings: dict[str, Any] | None) -> Any:
-        from ..batch._directory import open_run_dir
+        from ..batch import open_run_dir
 
         return open_run_dir(run_dir, create=False)
 
@@ -318,7 +317,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     ensure_home(args.home)
 
     def open_postgres(settings: dict[str, Any] | None) -> Any:
-        from ..batch._postgres import open_postgres_ledger
+        from ..batch import open_postgres_ledger
 
         return open_postgres_ledger(url, args.run, create=False)
 
@@ -415,7 +414,7 @@ async def _run_with_progress(
     """``run_batch`` with a progress view, stopped cleanly by the first Ctrl-C."""
     import trio
 
-    from ..batch._run import run_batch
+    from ..batch import run_batch
 
     view = ProgressView(sys.stderr, kernel, every=args.progress_every)
     interrupted = False
@@ -762,8 +761,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _read_postgres_run(url: str, run_id: str) -> RunView:
     import trio
 
-    from ..batch import check_task_id
-    from ..batch._postgres import open_postgres_ledger
+    from ..batch import check_task_id, open_postgres_ledger
 
     check_task_id(run_id, "RUN")
 
@@ -811,7 +809,7 @@ def summary_text(
 ) -> str:
     """``BatchSummary.table``, how many tasks finished, and each that did not end
     ``final`` with its one-line error."""
-    from ..batch._summary import BatchSummary
+    from ..batch import BatchSummary
 
     finished = sum(r.finished for r in results)
     lines = [BatchSummary(run_id=run_id, results=tuple(results)).table().rstrip("\n"), ""]
