@@ -17,6 +17,8 @@ _EXPORTS: dict[str, str] = {
     "ToolCall": "messages",
     "Observation": "messages",
     "ToolError": "messages",
+    "ToolOutput": "messages",
+    "Attachment": "messages",
     "Message": "messages",
     "Text": "messages",
     "converter": "messages",
@@ -81,11 +83,13 @@ if TYPE_CHECKING:
     from .kernel import Kernel as Kernel
     from .kernel import open_kernel as open_kernel
     from .messages import ERROR_KINDS as ERROR_KINDS
+    from .messages import Attachment as Attachment
     from .messages import Message as Message
     from .messages import Observation as Observation
     from .messages import Text as Text
     from .messages import ToolCall as ToolCall
     from .messages import ToolError as ToolError
+    from .messages import ToolOutput as ToolOutput
     from .messages import converter as converter
     from .plugin import Permissions as Permissions
     from .plugin import Plugin as Plugin

@@ -32,7 +32,16 @@ import contextlib
 import json
 import json.scanner
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextvars import ContextVar
 from typing import Any, NamedTuple, TypeAlias, cast
 
 import attrs
@@ -40,9 +49,11 @@ import trio
 
 from .errors import UsageError
 from .messages import (
+    Attachment,
     Observation,
     ToolCall,
     ToolError,
+    ToolOutput,
     converter,
     json_problem,
     replace_lone_surrogates,
@@ -158,6 +169,46 @@ class BatchHandle:
         self._scopes = dict.fromkeys(ids)
         # ids asked for that are not in this batch are forgotten
         self._requested &= self._scopes.keys()
+
+
+class CallCanceller:
+    """Cancels single calls, by id, of the batches run in ``cancelling_calls(self)``.
+
+    For a caller that does not run the batches itself: a WebSocket request's
+    turn runs one batch per model step, and ``cancel(call_id)`` reaches the
+    batch running now. The batches of a call's own work (a ``delegate`` tool's
+    sub-agent) are not reached: their call ids are their own.
+    """
+
+    def __init__(self) -> None:
+        self._batch: BatchHandle | None = None
+
+    def cancel(self, call_id: str) -> bool:
+        """Cancel that call; ``False`` if the running batch has no such unfinished call."""
+        return self._batch is not None and self._batch.cancel(call_id)
+
+    @contextlib.contextmanager
+    def _running(self, handle: BatchHandle | None) -> Iterator[BatchHandle]:
+        self._batch = handle or BatchHandle()
+        token = _canceller.set(None)  # tasks the batch starts copy this: not theirs
+        try:
+            yield self._batch
+        finally:
+            _canceller.reset(token)
+            self._batch = None
+
+
+_canceller: ContextVar[CallCanceller | None] = ContextVar("tak_call_canceller", default=None)
+
+
+@contextlib.contextmanager
+def cancelling_calls(canceller: CallCanceller) -> Iterator[None]:
+    """Batches run in this block, and in tasks started from it, answer ``canceller.cancel``."""
+    token = _canceller.set(canceller)
+    try:
+        yield
+    finally:
+        _canceller.reset(token)
 
 
 class _Planned(NamedTuple):
@@ -368,7 +419,8 @@ def _json_type_name(value: Any) -> str:
 
 
 def render_result(result: Any) -> str:
-    """The text the model sees: a ``str`` as is, anything else as JSON.
+    """The text the model sees: a ``str`` as is, anything else as JSON (a
+    ``ToolOutput`` is not rendered: the executor makes its observation from it).
 
     Raises:
         TypeError, ValueError: the result cannot be turned into JSON.
@@ -625,8 +677,12 @@ class _Batch:
     def _success(self, p: _Planned, result: Any, started_at: float) -> Observation:
         elapsed = self.now() - started_at
         tool = p.tool
+        attachments: tuple[Attachment, ...] = ()
         if type(result) is str:
             content = result  # as render_result gives it, one call sooner: the common case
+        elif isinstance(result, ToolOutput):
+            # Text and media: an attachment past its caps becomes a line of the text.
+            content, attachments = result.for_observation()
         else:
             try:
                 content = render_result(result)
@@ -646,7 +702,9 @@ class _Batch:
         if max_output is not None and len(content) * 4 > max_output:
             content = truncate_output(content, max_output)
         # Valid by construction (no error): made without running the validator.
-        return Observation.success(p.call, p.slot, content, duration_s=elapsed)
+        return Observation.success(
+            p.call, p.slot, content, duration_s=elapsed, attachments=attachments
+        )
 
     def cancel_unfinished(self) -> None:
         now = self.now()
@@ -711,13 +769,20 @@ async def run_tool_calls(
             and ``CallFinished`` events in completion order. On cancellation
             every unfinished call's ``cancelled`` observation is delivered here
             before ``trio.Cancelled`` propagates.
-        handle: a ``BatchHandle`` to cancel single calls by id.
+        handle: a ``BatchHandle`` to cancel single calls by id (inside
+            ``cancelling_calls``, the ``CallCanceller``'s, when not given).
 
     Raises:
         trio.Cancelled: the batch was cancelled from outside (every slot still
             got an observation through ``on_event``).
         KeyboardInterrupt, SystemExit: raised by a tool; never swallowed.
     """
+    canceller = _canceller.get()
+    if canceller is not None:
+        with canceller._running(handle) as handle:
+            return await run_tool_calls(
+                calls, tools, limits=limits, on_event=on_event, handle=handle
+            )
     registry = _tool_lookup(tools)
     slots, planned, n_sync, any_exclusive, any_own_timeout = _check(calls, registry)
     if handle is not None:

@@ -594,6 +594,9 @@ def _after_latest_compaction(entries: Sequence[Mapping[str, Any]]) -> int:
     return 0
 
 
+_ATTACHMENT_TOKENS = 1600
+
+
 def _prompt_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
     """How big the next prompt is: the provider's own count from the latest response.
 
@@ -608,9 +611,13 @@ def _prompt_tokens(entries: Sequence[Mapping[str, Any]]) -> int:
             if counted > 0:  # zero: the model reported nothing (a scripted one, say)
                 return counted
             break
+    history = history_from_entries(entries)
     characters = sum(
         len(part.text) if isinstance(part, Text) else len(str(part))
-        for message in history_from_entries(entries)
+        for message in history
         for part in message.parts
     )
-    return characters // 4
+    # A provider bills an image by its pixels, not its bytes (about 1,600 tokens
+    # for a screenshot: kernel.models ATTACHMENT_TOKENS); its repr is short.
+    attachments = sum(len(o.attachments) for message in history for o in message.observations)
+    return characters // 4 + attachments * _ATTACHMENT_TOKENS

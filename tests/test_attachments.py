@@ -237,7 +237,6 @@ def test_a_message_entry_keeps_attachments_and_omits_none() -> None:
 # -- the executor ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="needs executor diff")
 async def test_a_tool_returning_tool_output_gets_an_observation_with_attachments() -> None:
     big = Attachment.of_bytes("image", "image/png", bytes(MAX_ATTACHMENT_BYTES + 1))
 

@@ -9,6 +9,7 @@ import kernel
 
 EXPECTED = {
     "ToolCall", "Observation", "ToolError", "Message", "Text", "converter", "ERROR_KINDS",
+    "ToolOutput", "Attachment",
     "Tool", "tool", "ToolRegistry", "ToolFailure",
     "run_tool_calls", "CallLimits", "BatchHandle", "CallStarted", "CallFinished", "CallEvent",
     "ordered_observations",

@@ -178,10 +178,17 @@ def mcp_server(kernel: Kernel, session: Session) -> Server[Any]:
     ) -> types.CallToolResult:
         call = ToolCall(f"mcp_{uuid.uuid4().hex[:16]}", params.name, params.arguments or {})
         [observation] = await kernel.call_tools(session, [call])
-        return types.CallToolResult(
-            content=[types.TextContent(text=observation.content)],
-            is_error=observation.is_error,
-        )
+        content: list[types.ContentBlock] = [types.TextContent(text=observation.content)]
+        for number, a in enumerate(observation.attachments, 1):
+            if a.kind == "image":
+                content.append(types.ImageContent(data=a.data, mime_type=a.media_type))
+            elif a.kind == "audio":
+                content.append(types.AudioContent(data=a.data, mime_type=a.media_type))
+            else:
+                uri = a.uri or f"tak://attachment/{number}"
+                blob = types.BlobResourceContents(uri=uri, blob=a.data, mime_type=a.media_type)
+                content.append(types.EmbeddedResource(type="resource", resource=blob))
+        return types.CallToolResult(content=content, is_error=observation.is_error)
 
     return Server(
         "tak",

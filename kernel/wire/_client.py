@@ -272,15 +272,16 @@ class Client:
         )
         return await self.call(request, RunResult, on_event)
 
-    async def cancel(self, target: str) -> bool:
-        """Cancel the running request ``target``; whether it was running.
+    async def cancel(self, target: str, *, call: str | None = None) -> bool:
+        """Cancel the running request ``target``, or only its call ``call``; whether it was
+        running.
 
         Raises:
             RequestFailed: the server refused the request.
             ConnectionLost: the connection ended before the reply.
         """
         result = await self.call(
-            Cancel(id=self.new_id("cancel"), target=target), CancelResult, None
+            Cancel(id=self.new_id("cancel"), target=target, call=call), CancelResult, None
         )
         return result.found
 

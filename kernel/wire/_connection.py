@@ -31,6 +31,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from .. import __version__
 from ..errors import KernelError, UsageError
+from ..executor import CallCanceller, cancelling_calls
 from ..kernel import Kernel
 from ._admission import Slot
 from ._codec import decode_request, encode_numbered
@@ -77,6 +78,8 @@ class Connection:
         self._sending_since: float | None = None
         self._seq = 0
         self._inflight: dict[str, trio.CancelScope] = {}
+        # What cancels one call of each running request (cancel with a call id).
+        self._calls: dict[str, CallCanceller] = {}
         self._work: trio.Nursery | None = None
         self._writer_scope = trio.CancelScope()
         self._close_code: int | None = None
@@ -211,10 +214,7 @@ class Connection:
         elif not self._authenticated or isinstance(request, Hello):
             self._hello(request)
         elif isinstance(request, Cancel):
-            scope = self._inflight.get(request.target)
-            if scope is not None:
-                scope.cancel()
-            self._push(Reply.ok(request.id, CancelResult(found=scope is not None)))
+            self._push(Reply.ok(request.id, CancelResult(found=self._cancel(request))))
         elif len(self._inflight) >= self._limits.max_inflight:
             self._error(
                 "too_many_inflight",
@@ -225,10 +225,21 @@ class Connection:
         else:
             # Registered before the task starts, so the next frame sees it (duplicates, cancel).
             scope = self._inflight[request.id] = trio.CancelScope()
+            self._calls[request.id] = CallCanceller()
             assert self._work is not None
             self._work.start_soon(
                 self._serve_request, request, scope, name=f"{self._label} {request.id}"
             )
+
+    def _cancel(self, request: Cancel) -> bool:
+        """Cancel the request ``target``, or one call of it; whether it was found running."""
+        if request.call is not None:
+            calls = self._calls.get(request.target)
+            return calls is not None and calls.cancel(request.call)
+        scope = self._inflight.get(request.target)
+        if scope is not None:
+            scope.cancel()
+        return scope is not None
 
     def _check_frame(self, message: str | bytes) -> Request:
         if isinstance(message, bytes):
@@ -339,10 +350,11 @@ class Connection:
         """
         reply: Reply | None = None
         try:
-            with scope:
+            with scope, cancelling_calls(self._calls[request.id]):
                 reply = await self._answer(request)
         finally:
             del self._inflight[request.id]
+            del self._calls[request.id]
             self._last_activity = trio.current_time()
             if reply is None:
                 reply = Reply(re=request.id, status="cancelled")

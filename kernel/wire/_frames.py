@@ -138,10 +138,16 @@ def settings_object(settings: ModelSettings) -> dict[str, Any]:
 
 @attrs.frozen(kw_only=True)
 class Cancel:
-    """Cancel the in-flight request whose id is ``target``."""
+    """Cancel the in-flight request whose id is ``target``; with ``call``, only that call of it.
+
+    A cancelled call gets a ``cancelled`` observation and its batch goes on; the
+    request replies as it would have. ``call`` is left out of the frame when not
+    given, so a plain ``cancel`` is unchanged on the wire.
+    """
 
     id: str
     target: str
+    call: str | None = None
     v: int = PROTOCOL_VERSION
 
 

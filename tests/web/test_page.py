@@ -150,10 +150,6 @@ def test_the_cancel_button_of_the_turn_cancels_it(page: Page, server: Server) ->
     assert page.locator("#run").is_enabled()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the protocol cancels whole requests only: needs cancel {target, call} (docs/web.md)",
-)
 def test_a_call_is_cancelled_from_its_button_and_the_batch_goes_on(
     page: Page, server: Server, tmp_path: Path
 ) -> None:
