@@ -279,7 +279,9 @@ class Kernel:
         returns it without a model request). The arguments are ``run_turn``'s.
 
         Raises:
-            UsageError: the session has no message to resume; as for ``run_turn``.
+            UsageError: the session has no message to resume; a turn of it runs in this
+                process, or another resume answered its interrupted calls first; as for
+                ``run_turn``.
         """
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)

@@ -311,7 +311,7 @@ class _Runner:
                             await self.ledger.finish(self.worker, cancelled)
                     raise
                 if result.reason != "final":
-                    span.set_error(result.reason, result.error or "")
+                    span.set_error(result.reason)
                 span.set_attribute("tak.batch.reason", result.reason)
         finally:
             self.running.discard(task.id)
