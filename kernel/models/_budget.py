@@ -616,14 +616,6 @@ class ModelBudget:
 
     # --- looking -------------------------------------------------------------------
 
-    def paused_for(self, provider: str) -> float:
-        """Seconds left of ``provider``'s pause (0 when it is not paused)."""
-        self._check_run("paused_for")
-        state = self._states.get(provider)
-        if state is None:
-            return 0.0
-        return max(state.paused_until - trio.current_time(), 0.0)
-
     def snapshot(self) -> list[ProviderLoad]:
         """The load now: per provider (``model=None``), then each of its models, by name.
 

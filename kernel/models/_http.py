@@ -238,12 +238,10 @@ class HTTPModel:
             return _NO_GRANT
         tokens = _estimate(request, content)
         started = trio.current_time()
-        # Waiting out a pause is part of retrying (a refusal asked for it), not queueing.
-        paused = self.budget.paused_for(self.provider)
         try:
             return await self.budget.acquire(self.provider, self.model, tokens)
         finally:
-            queued.seconds += max(trio.current_time() - started - paused, 0.0)
+            queued.seconds += trio.current_time() - started
 
     async def _send(
         self,

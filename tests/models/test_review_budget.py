@@ -283,30 +283,6 @@ async def test_fixed_a_request_over_the_minute_holds_nobody_and_waits_a_minute_a
     assert admitted == [("small", 0.0), ("small", 2.0), ("small", 3.0), ("big", 61.0)]
 
 
-async def test_fixed_waiting_out_a_pause_counts_toward_max_total(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    # A 429 asks for 50 s; the retry sleeps its max_delay (20 s), then waits
-    # out the rest of the pause in the budget. That wait is the retry's, not
-    # queueing behind others: max_total=60 gives up after 2 attempts, not 4.
-    def handler(request: httpx.Request) -> httpx.Response:
-        return refusal(429, **{"retry-after": "50"})
-
-    budget = ModelBudget()
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        model = OpenAIModel(
-            "m",
-            client=client,
-            api_key="k",
-            retry=RetryPolicy(max_attempts=100, max_delay=20, max_total=60),
-            budget=budget,
-        )
-        with pytest.raises(ProviderError) as caught:
-            await model.complete(REQUEST)
-    assert caught.value.attempts == 2
-    assert trio.current_time() == 50
-
-
 def test_fixed_snapshot_outside_a_trio_run_says_so() -> None:
     with pytest.raises(UsageError, match=r"snapshot\(\) needs a running Trio run"):
         ModelBudget().snapshot()
