@@ -38,9 +38,10 @@ Its guarantees:
 4. **First come, first served.** Waiters of a provider are served in order;
    one held back by a provider-wide limit (a pause, the provider's
    connections, requests or tokens) holds back everyone behind it, so a big
-   request is never starved by small ones slipping past. One held back only
-   by its own model's limit lets later waiters for other models go (within a
-   model, the order is still kept).
+   request is never starved by small ones slipping past (one over the
+   minute's tokens aside: see 1). One held back only by its own model's
+   limit lets later waiters for other models go (within a model, the order
+   is still kept).
 5. **Cancellation leaves nothing behind.** A waiter cancelled before its grant
    reserves nothing; one cancelled as its grant arrives gives it back
    (connection, request and tokens), as if it had never asked.
@@ -48,7 +49,8 @@ Its guarantees:
 Everything runs on the caller's tasks: there is no background task. The
 first waiter of a provider sleeps until the next time something frees up (a
 pause ends, a minute-window entry expires) and looks again; a released grant
-wakes the waiters at once.
+wakes the waiters at once. Looking goes over each model's first waiter, not
+over every waiter: thousands queued behind a held model cost nothing.
 
 ``snapshot()`` shows the load: a ``ProviderLoad`` row per provider and per
 model seen.
@@ -62,6 +64,7 @@ with a ``UsageError``.
 from __future__ import annotations
 
 import collections
+import heapq
 import math
 from collections.abc import Mapping
 from types import TracebackType
@@ -241,9 +244,10 @@ class _Gate:
 
 
 class _Waiter:
-    __slots__ = ("admitted", "event", "model", "scope", "since", "tokens")
+    __slots__ = ("admitted", "event", "model", "scope", "seq", "since", "tokens")
 
-    def __init__(self, model: str, tokens: int, since: float) -> None:
+    def __init__(self, seq: int, model: str, tokens: int, since: float) -> None:
+        self.seq = seq  # the order of arrival, over the provider's models
         self.model = model
         self.tokens = tokens
         self.since = since
@@ -259,12 +263,22 @@ class _Provider:
         self.name = name
         self.gate = _Gate(limits)
         self.models: dict[str, _Gate] = {}
-        self.waiting: collections.deque[_Waiter] = collections.deque()
+        # Each model's waiters, in order; the provider's order is their seq.
+        self.queues: dict[str, collections.deque[_Waiter]] = {}
+        self.arrivals = 0
         self.paused_until = -_INF
         self.refusals = 0  # in a row, without Retry-After
         self.refused_at = -_INF  # when the row last grew
         self.row_ends = -_INF  # a minute after its pause: no refusal since, a new row
         self.wake_at = _INF
+
+    def first(self) -> _Waiter | None:
+        """The waiter that came first (it keeps the wake-up timer)."""
+        heads = [queue[0] for queue in self.queues.values() if queue]
+        return min(heads, key=lambda waiter: waiter.seq) if heads else None
+
+    def waiting(self) -> int:
+        return sum(len(queue) for queue in self.queues.values())
 
 
 class Grant:
@@ -461,8 +475,9 @@ class ModelBudget:
         self._check_run("acquire")
         state = self._provider(provider)
         self._model(state, model)  # _pump finds it there
-        waiter = _Waiter(model, max(int(tokens), 0), trio.current_time())
-        state.waiting.append(waiter)
+        state.arrivals += 1
+        waiter = _Waiter(state.arrivals, model, max(int(tokens), 0), trio.current_time())
+        state.queues[model].append(waiter)
         try:
             self._pump(state)
             if waiter.admitted is None:
@@ -482,7 +497,7 @@ class ModelBudget:
         while waiter.admitted is None:
             with trio.CancelScope() as scope:
                 waiter.scope = scope
-                if state.waiting and state.waiting[0] is waiter:
+                if state.first() is waiter:
                     scope.deadline = state.wake_at
                 await waiter.event.wait()
             waiter.scope = None
@@ -492,7 +507,7 @@ class ModelBudget:
 
     def _leave(self, state: _Provider, waiter: _Waiter) -> None:
         try:
-            state.waiting.remove(waiter)
+            state.queues[waiter.model].remove(waiter)
         except ValueError:
             return
         self._pump(state)
@@ -509,7 +524,7 @@ class ModelBudget:
             ) from None
         if run is self._run:
             return
-        busy = any(s.gate.in_flight or s.waiting for s in self._states.values())
+        busy = any(s.gate.in_flight or s.waiting() for s in self._states.values())
         if busy and self._run is not None:
             raise UsageError(
                 "ModelBudget: used by two Trio runs at once; one budget serves one run at a time"
@@ -528,6 +543,7 @@ class ModelBudget:
         if gate is None:
             limits = self.models.get(f"{state.name}:{model}", NO_LIMITS)
             gate = state.models[model] = _Gate(limits)
+            state.queues[model] = collections.deque()
         return gate
 
     def _refused(
@@ -559,15 +575,19 @@ class ModelBudget:
         provider = state.gate
         provider.expire(now)
         wake_at = _INF
-        admitted = 0
         if now < state.paused_until:
             wake_at = state.paused_until
         else:
-            held: set[str] = set()  # models held back by their own limits
-            for waiter in state.waiting:  # admitted ones are taken out after
-                if waiter.model in held:
-                    continue
-                gate = state.models[waiter.model]
+            # The models' first waiters, merged in order of arrival: a waiter
+            # behind its model's held first one is never looked at.
+            heads = [(q[0].seq, 0, model) for model, q in state.queues.items() if q]
+            heapq.heapify(heads)
+            aside: set[str] = set()  # models with a waiter admitted past one left in place
+            while heads:
+                _, index, model = heapq.heappop(heads)
+                queue = state.queues[model]
+                waiter = queue[index]
+                gate = state.models[model]
                 gate.expire(now)
                 if not provider.fits(waiter.tokens):
                     if not _oversize(provider, waiter):
@@ -577,29 +597,30 @@ class ModelBudget:
                         # Over the whole minute's tokens: it waits for an empty
                         # window (a minute at most), in nobody's way.
                         wake_at = min(wake_at, provider.next_change(), waiter.since + WINDOW)
+                        _push(heads, queue, index + 1, model)
                         continue
                 if not gate.fits(waiter.tokens):
                     if not _oversize(gate, waiter):
-                        held.add(waiter.model)
                         wake_at = min(wake_at, gate.next_change())
-                        continue
+                        continue  # the model's order is kept: its later waiters wait
                     if now < waiter.since + WINDOW:
                         wake_at = min(wake_at, gate.next_change(), waiter.since + WINDOW)
+                        _push(heads, queue, index + 1, model)
                         continue
                 self._admit(state, gate, waiter, now)
-                admitted += 1
-        if admitted:
-            waiting = state.waiting
-            while waiting and waiting[0].admitted is not None:
-                waiting.popleft()
-                admitted -= 1
-            if admitted:
-                state.waiting = collections.deque(w for w in waiting if w.admitted is None)
+                if index == 0:
+                    queue.popleft()
+                    _push(heads, queue, 0, model)
+                else:
+                    aside.add(model)
+                    _push(heads, queue, index + 1, model)
+            for model in aside:
+                queue = state.queues[model]
+                state.queues[model] = collections.deque(w for w in queue if w.admitted is None)
         state.wake_at = wake_at
-        if state.waiting:
-            first = state.waiting[0]
-            if first.scope is not None:
-                first.scope.deadline = wake_at
+        first = state.first()
+        if first is not None and first.scope is not None:
+            first.scope.deadline = wake_at
 
     def _admit(self, state: _Provider, gate: _Gate, waiter: _Waiter, now: float) -> None:
         """Grant ``waiter`` its leave (the caller takes it out of the queue)."""
@@ -628,15 +649,21 @@ class ModelBudget:
         for name in sorted(self._states):
             state = self._states[name]
             state.gate.expire(now)
-            waiting = collections.Counter(w.model for w in state.waiting)
-            rows.append(
-                _row(name, None, state.gate, len(state.waiting), max(state.paused_until - now, 0))
-            )
+            paused = max(state.paused_until - now, 0)
+            rows.append(_row(name, None, state.gate, state.waiting(), paused))
             for model in sorted(state.models):
                 gate = state.models[model]
                 gate.expire(now)
-                rows.append(_row(name, model, gate, waiting[model], 0.0))
+                rows.append(_row(name, model, gate, len(state.queues[model]), 0.0))
         return rows
+
+
+def _push(
+    heads: list[tuple[int, int, str]], queue: collections.deque[_Waiter], index: int, model: str
+) -> None:
+    """Put ``model``'s waiter at ``index`` (if any) among the heads to look at."""
+    if index < len(queue):
+        heapq.heappush(heads, (queue[index].seq, index, model))
 
 
 def _oversize(gate: _Gate, waiter: _Waiter) -> bool:
