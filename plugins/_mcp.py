@@ -544,10 +544,12 @@ class McpServer:
                     if k not in config.env
                 }
             )
-        if launch.workspace is not None and config.workspace == "write":
+        tak = launch.workspace / ".tak" if launch.workspace is not None else None
+        if tak is not None and config.workspace == "write" and not tak.is_symlink():
             # The launcher makes .tak/ read-only for a writer (plugins load from it):
-            # it must be there, as the plugin host makes it.
-            (launch.workspace / ".tak" / "tmp").mkdir(parents=True, exist_ok=True)
+            # it must be there, as the plugin host makes it. (A symbolic link planted
+            # in its place is left for the launcher to refuse.)
+            (tak / "tmp").mkdir(parents=True, exist_ok=True)
         command = resolve_program(config.command, path=env.get("PATH"), cwd=config.cwd)
         return ExecPolicy(
             argv=(command, *config.args),
