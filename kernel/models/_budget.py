@@ -384,7 +384,7 @@ class ModelBudget:
     maps ``provider:model`` to a model's own (held besides its provider's);
     ``default`` is for a provider not in ``providers`` (no limits unless
     given). ``backoff`` and ``max_pause`` shape the provider-wide pause after a
-    refusal. One budget serves one Trio run.
+    refusal. One budget serves one Trio run at a time (see the module docstring).
 
     Raises:
         UsageError: a key of the wrong shape, a bad limit or a bad number of seconds.
@@ -420,6 +420,10 @@ class ModelBudget:
             requests_per_minute = 500
             [budget."openai:gpt-4.1-mini"]
             tokens_per_minute = 200000
+
+        A provider is one ``resolve_model`` knows (``openai``, ``anthropic``,
+        ``gemini``): a misspelt one would never apply. (``ModelBudget(providers=)``
+        takes any name, for adapters of one's own.)
 
         Raises:
             UsageError: one line naming the table and key that is wrong.
