@@ -65,7 +65,8 @@ class RetryPolicy:
         """Seconds to wait before retry number ``retry`` (1 for the first)."""
         if retry_after is not None and not math.isnan(retry_after):
             return min(max(retry_after, 0.0), self.max_delay)
-        backoff = min(self.max_delay, self.base_delay * 2.0 ** (retry - 1))
+        # The exponent capped: a policy of thousands of attempts must not overflow.
+        backoff = min(self.max_delay, self.base_delay * 2.0 ** min(retry - 1, 64))
         return backoff * (1 - self.jitter * random.random())
 
     async def run(

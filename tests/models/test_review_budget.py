@@ -283,6 +283,12 @@ async def test_fixed_a_request_over_the_minute_holds_nobody_and_waits_a_minute_a
     assert admitted == [("small", 0.0), ("small", 2.0), ("small", 3.0), ("big", 61.0)]
 
 
+def test_fixed_the_retry_delay_neither_overflows_nor_takes_nan() -> None:
+    policy = RetryPolicy(max_attempts=10_000, base_delay=0.5, max_delay=20, jitter=0)
+    assert policy.delay(5000) == 20  # 2.0 ** 4999 raised OverflowError
+    assert policy.delay(3, math.nan) == 2.0  # a nan Retry-After: as if none was sent
+
+
 def test_fixed_snapshot_outside_a_trio_run_says_so() -> None:
     with pytest.raises(UsageError, match=r"snapshot\(\) needs a running Trio run"):
         ModelBudget().snapshot()
