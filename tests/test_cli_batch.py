@@ -16,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -497,3 +498,62 @@ async def test_the_progress_line_has_an_eta_and_each_providers_load(autojump_clo
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[-1] == view.line()
     assert all(line.startswith("r: 10/100 done") for line in lines)
+
+
+def test_ctrl_c_on_postgresql_prints_the_worker_that_finishes_the_run(
+    tmp_path: Path,
+    db_url: str,  # noqa: F811
+) -> None:
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "slow.jsonl", SLOW)
+    command = ["batch", str(tasks), "--store", db_url, "--run-id", "pgslow", "--concurrency", "2"]
+    proc = subprocess.Popen(
+        tak_argv(home, *command, "--progress-every", "0.1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: list[str] = []  # stderr, read as it comes (the lines wait for no one)
+    reader = threading.Thread(target=lambda: seen.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    try:
+        wait_for(
+            lambda: any("pgslow: 2/6 done, 2 running" in line for line in seen),
+            "t1, t2 done and t3, t4 running",
+            proc,
+        )
+
+        def recorded(task: str) -> bool:
+            # the sleep call is in the shared store: the worker answers it, never reruns it
+            shown = subprocess.run(
+                tak_argv(home, "sessions", "show", task, "--project", "batch.pgslow"),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "TAK_STORE_URL": db_url},
+            )
+            return "-> sleep(" in shown.stdout
+
+        wait_for(lambda: recorded("t3") and recorded("t4"), "the sleep calls recorded", proc)
+        proc.send_signal(signal.SIGINT)
+        stdout = proc.stdout.read() if proc.stdout else ""
+        proc.wait(timeout=60)
+        reader.join(timeout=60)
+    finally:
+        proc.kill()
+    stderr = "".join(seen)
+    assert proc.returncode == 130, stderr
+    assert "finished    2 of 6 tasks" in stdout
+    hint = stderr.splitlines()[-1]
+    prefix = "tak batch: interrupted; to finish the run: "
+    assert hint.startswith(prefix), stderr
+    worker = shlex.split(hint.removeprefix(prefix))
+    assert worker[-6:] == ["batch", "worker", "--run", "pgslow", "--store", db_url]
+    finished = subprocess.run(worker, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert "finished    6 of 6 tasks" in finished.stdout
+    shown = json.loads(tak(home, "batch", "show", "pgslow", "--store", db_url, "--json").stdout)
+    assert shown["reasons"] == {"final": 6}
+    assert {r["id"]: r["attempt"] for r in shown["results"]} == {
+        "t1": 1, "t2": 1, "t3": 2, "t4": 2, "t5": 1, "t6": 1,
+    }  # fmt: skip
