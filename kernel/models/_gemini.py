@@ -16,6 +16,7 @@ from ..messages import Message, Observation
 from ..settings import check_tool_choice
 from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
+from ._budget import ModelBudget
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
 from ._http import HTTPModel, load_json, refuse_settings
 from ._prices import Price
@@ -174,6 +175,7 @@ class GeminiModel(HTTPModel):
         base_url: str | None = None,
         retry: RetryPolicy | None = None,
         prices: Mapping[str, Price] | None = None,
+        budget: ModelBudget | None = None,
     ) -> None:
         super().__init__(
             model.removeprefix("models/"),
@@ -182,6 +184,7 @@ class GeminiModel(HTTPModel):
             base_url=base_url,
             retry=retry,
             prices=prices,
+            budget=budget,
         )
         self._signatures: OrderedDict[str, str] = OrderedDict()
 

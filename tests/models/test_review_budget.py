@@ -188,9 +188,6 @@ def test_bug_from_table_accepts_a_provider_that_does_not_exist() -> None:
         ModelBudget.from_table({"opnai": {"max_connections": 50}})
 
 
-@pytest.mark.xfail(
-    strict=True, reason="GeminiModel(budget=) is a TypeError; OpenAI and Anthropic take budget="
-)
 async def test_bug_gemini_model_does_not_take_budget() -> None:
     from kernel.models import GeminiModel
 
