@@ -28,6 +28,23 @@ It keeps the four guarantees of ``kernel.batch._ledger`` this way:
 4. A result is committed before ``finish`` returns (the server's fsync
    makes it durable).
 
+And one of its own:
+
+5. A worker outlives a short database restart: its store is made with
+   ``retry_lost_connections`` (the store's guarantee 9), so a call whose
+   connection was lost (the server restarting, the network dropping it) is
+   made again, after each of the store's ``RETRY_DELAYS`` (about 9 s in
+   all), each retry logged; then it fails with the last one-line
+   ``StoreError``, saying it gave up. Only a lost connection is retried: a
+   statement timeout or an error the server answered would come again.
+   Every call is safe to make again: ``add_tasks`` skips what is stored,
+   ``renew`` only extends, and ``finish`` made again first looks whether its
+   first try committed before its reply was lost (the stored result is this
+   one, but for the database's ``finished_at``): then it returns True and
+   writes nothing, so a result is never lost nor recorded twice. A ``claim`` whose reply was
+   lost after it committed leaves its tasks leased to this worker until the
+   lease lapses: they are then claimed again, as their next attempt.
+
 Connections, threads and cancellation are the ``PostgresStore``'s (the
 ledger drives one; see kernel/store/_postgres.py): psycopg's sync API in
 threads, a statement timeout on every session, a cancelled call cancels its
@@ -46,8 +63,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
-from kernel.errors import StoreError, UsageError
+from kernel.errors import UsageError
 from kernel.store import PostgresStore
+from kernel.store._postgres import migrate_schema
 
 from ._directory import _structure  # the records' boundary: "WHERE: $.path: reason"
 from ._ledger import Claim, LedgerCounts
@@ -59,7 +77,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 R = TypeVar("R")
 
-# pg_advisory_xact_lock key of the ledger's schema migrations ("tak" + 2).
+# pg_advisory_xact_lock key of the ledger's schema migrations ("tak" + 2;
+# the store's is "tak" + 1).
 _MIGRATION_LOCK = 0x74616B02
 
 #: How long a claim lasts unless renewed, for a run made without ``lease_seconds``.
@@ -228,13 +247,23 @@ class PostgresLedger:
             UsageError: ``PostgreSQL host:port/db: run R, task T: $.path: reason``.
         """
         kind = "task" if cls is BatchTask else "result of task"
-        where = f"{self._store._where}: run {self._run_id!r}, {kind} {task_id!r}"
+        where = f"{self._store.where}: run {self._run_id!r}, {kind} {task_id!r}"
         record: R = _structure(json.loads(text), cls, where)
         return record
 
-    async def _run(self, fn: Callable[[Connection[Any]], T]) -> T:
-        # The store's thread, pool and cancellation machinery (its guarantee 6).
-        return await self._store._run(fn)
+    async def _run(
+        self,
+        fn: Callable[[Connection[Any]], T],
+        *,
+        again: Callable[[Connection[Any]], T] | None = None,
+    ) -> T:
+        """``fn`` in the store's thread (its pool, cancellation and errors), made
+        again (``again`` instead, if given) while its connection is lost (guarantee 5).
+
+        Raises:
+            StoreError: a database error, or the connection lost on every try.
+        """
+        return await self._store.run_in_thread(fn, again=again or fn)
 
     async def add_tasks(self, tasks: Sequence[BatchTask]) -> None:
         """See ``Ledger.add_tasks`` (guarantee 1).
@@ -290,7 +319,10 @@ class PostgresLedger:
         # finished_at is set to the database clock's in the transaction; the rest
         # is checked here, so a bad result fails before any round trip.
         _json_text(converter.unstructure(result), f"result of task {result.id!r}")
-        return await self._run(lambda conn: _finish(conn, self._run_id, worker, result))
+        return await self._run(
+            lambda conn: _finish(conn, self._run_id, worker, result, again=False),
+            again=lambda conn: _finish(conn, self._run_id, worker, result, again=True),
+        )
 
     async def results(self) -> list[TaskResult]:
         """See ``Ledger.results``."""
@@ -348,10 +380,10 @@ async def open_postgres_ledger(
         raise UsageError(f"lease_seconds: expected a positive number, got {lease_seconds!r}")
     new_lease = DEFAULT_LEASE_S if lease_seconds is None else float(lease_seconds)
     settings_text = _json_text(dict(settings or {}), "settings")
-    store = PostgresStore(url, max_connections=_MAX_CONNECTIONS)
+    store = PostgresStore(url, max_connections=_MAX_CONNECTIONS, retry_lost_connections=True)
     async with store:
-        where = store._where  # "PostgreSQL host:port/db", as the store's errors say
-        row = await store._run(
+        where = store.where  # "PostgreSQL host:port/db", as the store's errors say
+        row = await store.run_in_thread(
             lambda conn: _open_run(conn, where, run_id, settings_text, new_lease, create=create)
         )
         created, stored_settings, run_lease = row
@@ -376,7 +408,14 @@ def _check_worker(worker: object) -> None:
 def _open_run(
     conn: Connection[Any], where: str, run_id: str, settings: str, lease: float, *, create: bool
 ) -> tuple[float, dict[str, Any], float]:
-    _migrate(conn, where)
+    migrate_schema(
+        conn,
+        where,
+        _MIGRATIONS,
+        table="tak_batch_schema_version",
+        lock=_MIGRATION_LOCK,
+        what="batch ledger schema",
+    )
     if create:
         conn.execute(
             "INSERT INTO tak_batch_runs (run_id, settings, lease_seconds)"
@@ -432,8 +471,18 @@ def _add_tasks(conn: Connection[Any], run_id: str, encoded: dict[str, str]) -> N
         )
 
 
-def _finish(conn: Connection[Any], run_id: str, worker: str, result: TaskResult) -> bool:
+def _finish(
+    conn: Connection[Any], run_id: str, worker: str, result: TaskResult, *, again: bool
+) -> bool:
     with conn.transaction():
+        if again:  # the first try may have committed before its reply was lost
+            stored = conn.execute(
+                "SELECT result::text FROM tak_batch_tasks"
+                " WHERE run_id = %s AND task_id = %s FOR UPDATE",
+                (run_id, result.id),
+            ).fetchone()
+            if stored is not None and stored[0] is not None and _same_result(stored[0], result):
+                return True
         row = conn.execute("SELECT extract(epoch FROM now())::float8").fetchone()
         assert row is not None
         stamped = attrs.evolve(result, finished_at=float(row[0]))
@@ -456,32 +505,15 @@ def _finish(conn: Connection[Any], run_id: str, worker: str, result: TaskResult)
         return True
 
 
-def _migrate(conn: Connection[Any], where: str) -> None:
-    """Bring the ledger's schema up to date, under an advisory lock.
-
-    Raises:
-        StoreError: the database has a ledger schema newer than this code knows.
-    """
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS tak_batch_schema_version ("
-            " version integer PRIMARY KEY,"
-            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
-        row = conn.execute(
-            "SELECT coalesce(max(version), 0) FROM tak_batch_schema_version"
-        ).fetchone()
-        current = int(row[0]) if row is not None else 0
-        if current > len(_MIGRATIONS):
-            raise StoreError(
-                f"{where}: batch ledger schema version {current} is newer than this tak knows "
-                f"({len(_MIGRATIONS)}): upgrade tak"
-            )
-        for version in range(current + 1, len(_MIGRATIONS) + 1):
-            for statement in _MIGRATIONS[version - 1]:
-                conn.execute(statement)
-            conn.execute("INSERT INTO tak_batch_schema_version (version) VALUES (%s)", (version,))
+def _same_result(stored: str, result: TaskResult) -> bool:
+    """Whether ``stored`` is ``result`` but for ``finished_at`` (the database's)."""
+    ours = json.loads(_json_text(converter.unstructure(result), f"result of task {result.id!r}"))
+    theirs = json.loads(stored)
+    if not isinstance(theirs, dict):
+        return False
+    ours.pop("finished_at", None)
+    theirs.pop("finished_at", None)
+    return bool(ours == theirs)
 
 
 __all__ = ["DEFAULT_LEASE_S", "PostgresLedger", "open_postgres_ledger"]

@@ -37,6 +37,19 @@ Guarantees (each test in tests/store/test_postgres.py names the one it checks):
 8. The schema is versioned in the database (``tak_schema_version``); new
    versions are applied under an advisory lock, so processes starting
    together do not race, and a database newer than this code is refused.
+   (``migrate_schema`` does the same for tables of other code beside the
+   store's: the batch ledger's.)
+9. Made with ``retry_lost_connections=True``, the store outlives a short
+   server restart: a call whose connection was lost (the server restarting,
+   the network dropping it) is made again, after each of ``RETRY_DELAYS``
+   (about 9 s in all), each retry logged; then it fails with the last
+   one-line StoreError, saying it gave up. Only calls that are safe to make
+   twice are: reads, and appends whose entries all have a uuid (guarantee 3:
+   a second try stores nothing twice, whether the first committed or not).
+   Only a lost connection is retried: a statement timeout, an error the
+   server answered, no connection within ``connect_timeout_s`` fail at
+   once. Without it, a lost connection is a StoreError at once (the pool
+   drops the connection, so the next call may work).
 
 Entries are stored as PostgreSQL ``json`` (the exact text ``FileStore``
 writes), not ``jsonb``: ``jsonb`` refuses strings with ``\\u0000``, turns
@@ -47,6 +60,7 @@ back deep-equal to what was appended.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
@@ -70,6 +84,13 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 T = TypeVar("T")
+
+logger = logging.getLogger("tak.store")
+
+#: Seconds waited before each retry of a call whose connection was lost
+#: (guarantee 9): enough for ``pg_ctl restart``, and for the pool to drop the
+#: idle connections the restart broke, which calls meet one a try.
+RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0)
 
 # Rows per page of iter_entries: each page is one query in one thread hop.
 _PAGE = 500
@@ -249,6 +270,8 @@ class PostgresStore(ClosableStore):
         connect_timeout_s: longest an operation waits for a connection (the
             server down or unreachable) before it fails with StoreError.
         clock: for tests, the store clock (epoch ms) instead of the database's.
+        retry_lost_connections: wait out a server restart (guarantee 9)
+            instead of failing at once.
 
     Raises:
         UsageError: ``url`` is not a PostgreSQL URL, or psycopg is not installed.
@@ -262,6 +285,7 @@ class PostgresStore(ClosableStore):
         statement_timeout_s: float = 60.0,
         connect_timeout_s: float = 10.0,
         clock: Callable[[], int] | None = None,
+        retry_lost_connections: bool = False,
     ) -> None:
         self._conninfo = parse_url(url)
         if isinstance(max_connections, bool) or not isinstance(max_connections, int):
@@ -280,6 +304,7 @@ class PostgresStore(ClosableStore):
         self._timeout_ms = max(1, round(statement_timeout_s * 1000))
         self._connect_timeout_s = float(connect_timeout_s)
         self._clock = clock
+        self._retry_delays = RETRY_DELAYS if retry_lost_connections else ()
         self._limiter = trio.CapacityLimiter(max_connections)
         self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
         self._pool: ConnectionPool[Any] | None = None
@@ -326,7 +351,7 @@ class PostgresStore(ClosableStore):
             with psycopg.connect(
                 self._url, autocommit=True, connect_timeout=self._libpq_connect_timeout()
             ) as conn:
-                _migrate(conn, self._where)
+                migrate_schema(conn, self._where)
         except psycopg.Error as exc:
             raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
         timeout_ms = self._timeout_ms
@@ -381,8 +406,49 @@ class PostgresStore(ClosableStore):
                 continue
             return conn
 
-    async def _run(self, fn: Callable[[Connection[Any]], T]) -> T:
+    @property
+    def where(self) -> str:
+        """The server, as this store's errors name it: ``PostgreSQL host:port/db``."""
+        return self._where
+
+    async def run_in_thread(
+        self,
+        fn: Callable[[Connection[Any]], T],
+        *,
+        again: Callable[[Connection[Any]], T] | None = None,
+    ) -> T:
         """Run ``fn`` with a pooled connection in a thread (see guarantee 6).
+
+        For code that keeps tables of its own beside the store's (the batch
+        ledger): the store's pool, its limit on threads, its cancellation and
+        its one-line errors. ``fn`` runs in autocommit mode: a transaction is
+        ``with conn.transaction():``. ``again``: what to run when ``fn`` lost
+        its connection, made again while it does (guarantee 9; ``fn`` itself
+        when it is safe to run twice); ``None``: ``fn`` is not made again.
+
+        Raises:
+            StoreError: a database error (connection lost, statement timeout...).
+        """
+        delays = self._retry_delays if again is not None else ()
+        call = fn
+        for delay in delays:
+            try:
+                return await self._run_once(call)
+            except StoreError as exc:
+                if not _connection_lost(exc):
+                    raise
+                logger.warning("%s; trying again in %g s", exc, delay)
+            await trio.sleep(delay)
+            call = again or fn
+        try:
+            return await self._run_once(call)
+        except StoreError as exc:
+            if delays and _connection_lost(exc):  # down for longer than a restart
+                raise StoreError(f"{exc} (gave up after {len(delays) + 1} tries)") from exc
+            raise
+
+    async def _run_once(self, fn: Callable[[Connection[Any]], T]) -> T:
+        """``fn`` in a thread, once (see guarantee 6).
 
         Raises:
             StoreError: a database error (connection lost, statement timeout...).
@@ -397,7 +463,7 @@ class PostgresStore(ClosableStore):
             box: list[outcome.Outcome[T]] = []
 
             def work() -> T:
-                conn = self._getconn(pool, running)  # _Skipped: _run raises its own Cancelled
+                conn = self._getconn(pool, running)  # _Skipped: raises its own Cancelled
                 try:
                     with conn:  # as pool.connection(): ends a transaction left open
                         with running.lock:
@@ -437,6 +503,16 @@ class PostgresStore(ClosableStore):
             except psycopg.Error as exc:
                 raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
 
+    _run = _run_once  # the name tests/store used before run_in_thread was public
+
+    async def _select(self, query: str, params: Sequence[object]) -> list[Any]:
+        """The rows of a read, made again while its connection is lost (guarantee 9)."""
+
+        def read(conn: Connection[Any]) -> list[Any]:
+            return conn.execute(query, params).fetchall()
+
+        return await self.run_in_thread(read, again=read)
+
     # -- the protocol ----------------------------------------------------------
 
     async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
@@ -451,7 +527,13 @@ class PostgresStore(ClosableStore):
         async with self._locks.hold(key.name):
             self._check_open()
             clock_ms = self._clock() if self._clock is not None else None
-            await self._run(lambda conn: _append(conn, key, batch, clock_ms))
+
+            def append(conn: Connection[Any]) -> None:
+                _append(conn, key, batch, clock_ms)
+
+            # With a uuid each, a second try stores only what the first did not.
+            twice_safe = all(uuid is not None for _, uuid, _ in batch)
+            await self.run_in_thread(append, again=append if twice_safe else None)
 
     async def load(self, key: SessionKey) -> list[dict[str, Any]] | None:
         """See ``SessionStore.load``."""
@@ -472,10 +554,7 @@ class PostgresStore(ClosableStore):
         params = (key.project, key.session_id, _subpath(key))
         seq = start
         while True:
-            page = (*params, seq, _PAGE)
-            rows: list[tuple[int, str]] = await self._run(
-                lambda conn, page=page: conn.execute(_SELECT_ENTRIES, page).fetchall()  # type: ignore[misc]
-            )
+            rows: list[tuple[int, str]] = await self._select(_SELECT_ENTRIES, (*params, seq, _PAGE))
             for _, text in rows:
                 yield json.loads(text)
             if len(rows) < _PAGE:
@@ -485,24 +564,20 @@ class PostgresStore(ClosableStore):
     async def list_sessions(self, project: str) -> list[SessionInfo]:
         """See ``SessionStore.list_sessions``."""
         check_name("project", project)
-        rows: list[tuple[str, int]] = await self._run(
-            lambda conn: conn.execute(
-                "SELECT session_id, mtime_ms FROM tak_sessions"
-                " WHERE project = %s AND subpath = '' ORDER BY session_id",
-                (project,),
-            ).fetchall()
+        rows: list[tuple[str, int]] = await self._select(
+            "SELECT session_id, mtime_ms FROM tak_sessions"
+            " WHERE project = %s AND subpath = '' ORDER BY session_id",
+            (project,),
         )
         return [SessionInfo(sid, mtime) for sid, mtime in rows]
 
     async def list_session_summaries(self, project: str) -> list[SessionSummary]:
         """See ``SessionStore.list_session_summaries``."""
         check_name("project", project)
-        rows: list[tuple[str, int, object]] = await self._run(
-            lambda conn: conn.execute(
-                "SELECT session_id, mtime_ms, summary FROM tak_sessions"
-                " WHERE project = %s AND subpath = '' ORDER BY session_id",
-                (project,),
-            ).fetchall()
+        rows: list[tuple[str, int, object]] = await self._select(
+            "SELECT session_id, mtime_ms, summary FROM tak_sessions"
+            " WHERE project = %s AND subpath = '' ORDER BY session_id",
+            (project,),
         )
         return [
             SessionSummary(sid, mtime, _summary_data(summary) or SummaryData())
@@ -510,18 +585,20 @@ class PostgresStore(ClosableStore):
         ]
 
     async def delete(self, key: SessionKey) -> bool:
-        """See ``SessionStore.delete``: one transaction, after appends in flight commit."""
-        return await self._run(lambda conn: _delete(conn, key))
+        """See ``SessionStore.delete``: one transaction, after appends in flight commit.
+
+        Not made again when its connection is lost: a first try that committed
+        would make the second say there was nothing to delete.
+        """
+        return await self.run_in_thread(lambda conn: _delete(conn, key))
 
     async def list_subkeys(self, key: SessionKey) -> list[str]:
         """See ``SessionStore.list_subkeys``."""
         prefix = "" if key.subpath is None else key.subpath + "/"
-        rows: list[tuple[str]] = await self._run(
-            lambda conn: conn.execute(
-                "SELECT subpath FROM tak_sessions WHERE project = %s AND session_id = %s"
-                " AND subpath <> '' AND starts_with(subpath, %s) ORDER BY subpath",
-                (key.project, key.session_id, prefix),
-            ).fetchall()
+        rows: list[tuple[str]] = await self._select(
+            "SELECT subpath FROM tak_sessions WHERE project = %s AND session_id = %s"
+            " AND subpath <> '' AND starts_with(subpath, %s) ORDER BY subpath",
+            (key.project, key.session_id, prefix),
         )
         return [sub for (sub,) in rows]
 
@@ -609,30 +686,75 @@ def _delete(conn: Connection[Any], key: SessionKey) -> bool:
         return bool(rows)
 
 
-def _migrate(conn: Connection[Any], where: str) -> None:
-    """Bring the schema up to date (see guarantee 8).
+def migrate_schema(
+    conn: Connection[Any],
+    where: str,
+    migrations: Sequence[Sequence[str]] = _MIGRATIONS,
+    *,
+    table: str = "tak_schema_version",
+    lock: int = _MIGRATION_LOCK,
+    what: str = "schema",
+) -> None:
+    """Bring a schema up to date (see guarantee 8): the store's by default.
+
+    ``migrations[n - 1]`` is version ``n``'s statements, applied in one
+    transaction with its number recorded in ``table``, under
+    ``pg_advisory_xact_lock(lock)``: processes starting together do not race.
+    ``conn`` is in autocommit mode. Tables of other code beside the store's
+    (the batch ledger's) use a ``table``, ``lock`` and ``what`` of their own.
 
     Raises:
-        StoreError: the database has a schema newer than this code knows.
+        StoreError: ``WHERE: WHAT version N is newer than this tak knows (M): upgrade tak``.
     """
+    from psycopg import sql
+
+    versions = sql.Identifier(table)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS tak_schema_version ("
-            " version integer PRIMARY KEY,"
-            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} ("
+                " version integer PRIMARY KEY,"
+                " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            ).format(versions)
         )
-        row = conn.execute("SELECT coalesce(max(version), 0) FROM tak_schema_version").fetchone()
+        row = conn.execute(
+            sql.SQL("SELECT coalesce(max(version), 0) FROM {}").format(versions)
+        ).fetchone()
         current = int(row[0]) if row is not None else 0
-        if current > len(_MIGRATIONS):
+        if current > len(migrations):
             raise StoreError(
-                f"{where}: schema version {current} is newer than this tak knows "
-                f"({len(_MIGRATIONS)}): upgrade tak"
+                f"{where}: {what} version {current} is newer than this tak knows "
+                f"({len(migrations)}): upgrade tak"
             )
-        for version in range(current + 1, len(_MIGRATIONS) + 1):
-            for statement in _MIGRATIONS[version - 1]:
+        for version in range(current + 1, len(migrations) + 1):
+            for statement in migrations[version - 1]:
                 conn.execute(statement)
-            conn.execute("INSERT INTO tak_schema_version (version) VALUES (%s)", (version,))
+            conn.execute(
+                sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(versions), (version,)
+            )
+
+
+def _connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` (a ``StoreError`` of ``run_in_thread``) is the connection to
+    the server lost: the server restarted or went away, or the network dropped it.
+
+    The pool drops such a connection, so the call may work when made again. A
+    statement timeout, a constraint broken, a server that answered with an
+    error are not lost connections: the same call would fail the same way.
+    """
+    import psycopg
+
+    cause = error.__cause__
+    if not isinstance(cause, psycopg.OperationalError) or isinstance(
+        cause, psycopg.errors.QueryCanceled
+    ):
+        return False
+    state = cause.sqlstate
+    # None: libpq's own error (the socket closed, the server not answering);
+    # class 08: connection exception; 57P01-57P03: the server shutting down or
+    # starting up.
+    return state is None or state.startswith("08") or state in {"57P01", "57P02", "57P03"}
 
 
 # -- urls --------------------------------------------------------------------

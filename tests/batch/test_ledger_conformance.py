@@ -1,13 +1,13 @@
 """The Ledger conformance suite against each ledger, and what only PostgresLedger does.
 
-PostgreSQL is the real server tests/store starts (tests/store/pg_server.py).
+PostgreSQL is the real server tests/store starts (tests/store/pg_server.py); a
+restart under a ledger is in tests/batch/test_pg_restart.py.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ from kernel.batch._directory import open_run_dir
 from kernel.batch._postgres import open_postgres_ledger
 from kernel.errors import StoreError, UsageError
 from tests.batch.ledger_conformance import RUN, LedgerConformance, OpenLedger, result, task
-from tests.store import pg_server
 from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 
@@ -184,55 +183,6 @@ async def test_every_accepted_result_is_kept_as_history(db_url: str) -> None:  #
         await ledger.finish("c", result("t001", text="late", attempt=3))  # refused: not kept
     rows = psql(db_url, "SELECT worker, result::text FROM tak_batch_results ORDER BY seq")
     assert [(w, json.loads(r)["reason"]) for w, r in rows] == [("a", "cancelled"), ("b", "final")]
-
-
-async def test_a_database_restart_mid_run_is_a_clear_error_then_work_goes_on() -> None:
-    """The server restarting under a worker: its next call fails with a one-line
-    StoreError naming the server (the connection was lost), the ones after reconnect."""
-    if (reason := pg_server.unavailable_reason()) is not None:
-        pytest.skip(reason)
-    with pg_server.running_server() as server, trio.fail_after(60):
-        url = server.url()
-        async with open_postgres_ledger(url, RUN) as ledger:
-            await ledger.add_tasks([task(1), task(2)])
-            assert len(await ledger.claim("w", 1)) == 1
-            bins = pg_server.bin_dir()
-            assert bins is not None
-            await trio.to_thread.run_sync(
-                lambda: subprocess.run(
-                    pg_server._as_server_user(
-                        [
-                            str(bins / "pg_ctl"),
-                            "-D",
-                            str(server.directory / "data"),
-                            "-m",
-                            "fast",
-                            "-l",  # else the new server writes to our pipe, held open
-                            str(server.directory / "server.log"),
-                            "-w",
-                            "restart",
-                        ]
-                    ),
-                    check=True,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-            errors = []
-            for _ in range(8):  # the pool's idle connections were all lost
-                try:
-                    claims = await ledger.claim("w", 1)
-                    break
-                except StoreError as exc:
-                    errors.append(str(exc))
-            else:
-                pytest.fail(f"no reconnect: {errors}")
-            assert errors
-            for error in errors:
-                assert error.startswith(f"PostgreSQL 127.0.0.1:{server.port}/postgres: ")
-                assert "\n" not in error
-            assert [c.task.id for c in claims] == ["t002"]
-            assert await ledger.finish("w", result("t001")) is True
 
 
 async def test_a_claim_skips_rows_another_claim_holds(db_url: str) -> None:  # noqa: F811
