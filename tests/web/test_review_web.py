@@ -1,0 +1,699 @@
+"""Review of issue 17 (the page on the WebSocket's port): hostile clients and hostile data.
+
+What a hostile client or page (DESIGN §11) can send to ``kernel.wire._http``
+before any token: odd targets, smuggled bodies and pipelined requests, slow
+and flooding heads, ``Host`` and ``Origin`` tricks; and what hostile data (a
+prompt-injected model, tool output, a session file, a broken server) can do
+to the page in a real Chromium. Tests marked ``xfail(strict=True)`` are bugs
+found by the review: each fails today and passes once the bug is fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+from kernel import Kernel
+from kernel.wire import ServerLimits
+from tests.server.wsclient import TOKEN, connect, open_test_kernel, running_server
+
+from .conftest import Server
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+#: Short deadlines for the attacks that wait them out (the default is 5 s).
+FAST = ServerLimits(handshake_timeout=0.6, close_grace=0.3, max_unauthenticated=16)
+#: How long a browser-side wait may take before the test fails (ms): generous, never reached.
+WAIT_MS = 15_000
+
+
+@pytest.fixture
+async def test_kernel(tmp_path: Path) -> AsyncIterator[Kernel]:
+    async with open_test_kernel(tmp_path / "home") as k:
+        yield k
+
+
+@pytest.fixture
+async def url(test_kernel: Kernel) -> AsyncIterator[str]:
+    async with running_server(test_kernel) as u:
+        yield u
+
+
+def port_of(url: str) -> int:
+    return int(url.split("/")[2].rpartition(":")[2])
+
+
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send ``request`` on a fresh connection; everything received until the server closes."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    received = b""
+    async with stream:
+        try:
+            await stream.send_all(request)
+        except trio.BrokenResourceError:
+            pass  # answered and closed before taking it all: read what came
+        with trio.fail_after(10):
+            try:
+                while chunk := await stream.receive_some():
+                    received += chunk
+            except trio.BrokenResourceError:
+                pass  # reset after the answer: what came before it still counts
+    return received
+
+
+def status_of(received: bytes) -> int | None:
+    """The status of the first response in ``received``; ``None`` when nothing came."""
+    if not received.startswith(b"HTTP/1.1 "):
+        return None
+    return int(received.split(b" ", 2)[1])
+
+
+def body_of(received: bytes) -> bytes:
+    return received.partition(b"\r\n\r\n")[2]
+
+
+def get(port: int, target: str, *, host: str | None = None, extra: str = "") -> bytes:
+    host = f"127.0.0.1:{port}" if host is None else host
+    return f"GET {target} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode("latin-1")
+
+
+UPGRADE = (
+    "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
+
+
+async def client_gets_in(url: str) -> None:
+    """The real client: connects with the token and has a request answered."""
+    with trio.fail_after(5):
+        async with connect(url) as client:
+            _, reply = await client.request({"type": "tools", "id": "t"})
+    assert reply["status"] == "ok"
+
+
+async def closed_by_server(stream: trio.SocketStream) -> None:
+    """Read until the server closes (EOF or reset); the caller bounds the time."""
+    try:
+        while await stream.receive_some(4096):
+            pass
+    except trio.BrokenResourceError:
+        pass
+
+
+# --- bugs: the request target and the Host header --------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a target urlsplit cannot read ('//[') raises in _respond: no answer, a traceback",
+)
+async def test_a_target_urlsplit_refuses_gets_400_not_an_internal_error(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = port_of(url)
+    for target in [f"//[/?token={TOKEN}", "http://[x/app.js", "//[::1/app.js"]:
+        received = await raw_exchange(port, get(port, target))
+        assert status_of(received) == 400, (target, received[:80])
+    assert "internal error" not in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a handshake whose target urlsplit cannot read raises in Gate.accept: no answer",
+)
+async def test_a_websocket_handshake_with_such_a_target_gets_400_not_an_internal_error(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = port_of(url)
+    received = await raw_exchange(port, get(port, "//[/", extra=UPGRADE))
+    assert status_of(received) == 400, received[:80]
+    assert "internal error" not in caplog.text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Origin: http://[::1 raises in Gate._origin_allowed (urlsplit): no answer, a traceback",
+)
+async def test_an_origin_urlsplit_refuses_gets_403_not_an_internal_error(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = port_of(url)
+    for origin in ["http://[::1", "http://[evil.example]", "http://[::1]x:1"]:
+        for target, more in [("/app.js", ""), (f"/?token={TOKEN}", UPGRADE)]:
+            received = await raw_exchange(
+                port, get(port, target, extra=f"Origin: {origin}\r\n" + more)
+            )
+            assert status_of(received) in (400, 403), (origin, target, received[:80])
+    assert "internal error" not in caplog.text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Host: evil.example@127.0.0.1:PORT (userinfo, not a Host) is read as 127.0.0.1",
+)
+async def test_a_host_header_with_userinfo_is_refused(url: str) -> None:
+    port = port_of(url)
+    received = await raw_exchange(port, get(port, "/app.js", host=f"evil.example@127.0.0.1:{port}"))
+    assert status_of(received) in (400, 403), received[:80]
+    received = await raw_exchange(
+        port, get(port, "/", host=f"evil.example@127.0.0.1:{port}", extra=UPGRADE)
+    )
+    assert status_of(received) in (400, 403), received[:80]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an absolute-form target's authority (evil.example) is ignored: only Host is checked",
+)
+async def test_an_absolute_form_target_for_another_host_is_refused(url: str) -> None:
+    # RFC 9112 §3.2.2: with an absolute-form target the server uses its authority, not Host.
+    port = port_of(url)
+    received = await raw_exchange(port, get(port, f"http://evil.example/?token={TOKEN}"))
+    assert status_of(received) in (400, 403), received[:80]
+    assert b"<html" not in received
+
+
+# --- what held: targets ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/../pyproject.toml",
+        "/%2e%2e/pyproject.toml",
+        "/%2E%2E%2Fpyproject.toml",
+        "/..%2fkernel/wire/_http.py",
+        "/app.js/../../pyproject.toml",
+        "/style.css/../app.js",
+        "//app.js",
+        "///etc/passwd",
+        "/./app.js",
+        "/APP.JS",
+        "/app.js/",
+        "/%61pp.js",
+        "/..\\..\\pyproject.toml",
+        "/app.js%00.html",
+        "/web/app.js",
+        "/kernel/web/app.js",
+        "/__init__.py",
+        "/index.html",
+        "*",
+    ],
+)
+async def test_no_target_but_the_pages_own_files_is_served(url: str, target: str) -> None:
+    port = port_of(url)
+    received = await raw_exchange(port, get(port, target))
+    assert status_of(received) in (400, 404), (target, received[:120])
+    assert b"[project]" not in received and b"import" not in body_of(received)
+
+
+async def test_a_nul_or_a_space_in_the_target_is_a_bad_request(url: str) -> None:
+    port = port_of(url)
+    for request in [
+        f"GET /app.js\x00 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode(),
+        f"GET /app .js HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode(),
+        f"GET /?token={TOKEN}\x00 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode(),
+    ]:
+        received = await raw_exchange(port, request)
+        assert status_of(received) == 400, request
+
+
+async def test_a_very_long_target_is_refused_without_reading_it_all(url: str) -> None:
+    port = port_of(url)
+    received = await raw_exchange(port, get(port, "/" + "a" * 40_000))
+    assert status_of(received) in (414, 431), received[:80]
+
+
+async def test_a_query_string_on_an_asset_is_ignored(url: str) -> None:
+    port = port_of(url)
+    received = await raw_exchange(port, get(port, "/app.js?v=1&token=wrong#x"))
+    assert status_of(received) == 200
+
+
+async def test_the_token_in_the_query_must_match_exactly(url: str) -> None:
+    port = port_of(url)
+    for query in [
+        f"?token={TOKEN[:-1]}",
+        f"?token={TOKEN}x",
+        f"?token={TOKEN.upper()}",
+        f"?token=%20{TOKEN}",
+        f"?TOKEN={TOKEN}",
+        f"?token[]={TOKEN}",
+        "?token=",
+        f"?x=1;token={TOKEN}",
+    ]:
+        received = await raw_exchange(port, get(port, f"/{query}"))
+        assert status_of(received) == 401, query
+        assert b"<html" not in received
+    received = await raw_exchange(port, get(port, f"/?x=1&token={TOKEN}&y=2"))
+    assert status_of(received) == 200
+
+
+# --- what held: smuggling ----------------------------------------------------------------
+
+
+async def test_a_pipelined_request_after_a_get_is_not_answered(url: str) -> None:
+    port = port_of(url)
+    request = get(port, "/app.js") + get(port, f"/?token={TOKEN}") + get(port, "/style.css")
+    received = await raw_exchange(port, request)
+    assert status_of(received) == 200
+    assert received.count(b"HTTP/1.1 ") == 1
+    assert b"<html" not in received
+
+
+async def test_folded_or_conflicting_framing_headers_smuggle_nothing(url: str) -> None:
+    port = port_of(url)
+    smuggled = (
+        f"GET /app.js HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n GET /?token={TOKEN} HTTP/1.1\r\n\r\n"
+    ).encode()
+    received = await raw_exchange(port, smuggled)
+    assert b"<html" not in received
+    both = (
+        f"GET /app.js HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 5\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ).encode()
+    received = await raw_exchange(port, both)
+    # h11 reads the chunked body (RFC 9112 §6.3); the connection closes after the answer.
+    assert received.count(b"HTTP/1.1 ") == 1
+    received = await raw_exchange(port, get(port, "/app.js", extra="Content-Length: 1, 2\r\n"))
+    assert status_of(received) == 400
+
+
+@pytest.mark.parametrize("extra", ["Content-Length: 300000\r\n", "Transfer-Encoding: chunked\r\n"])
+async def test_a_get_with_a_body_is_answered_once_and_the_body_is_not_a_request(
+    url: str, extra: str
+) -> None:
+    port = port_of(url)
+    inner = get(port, f"/?token={TOKEN}")
+    body = inner + b"x" * (300000 - len(inner))
+    if "chunked" in extra:
+        body = f"{len(inner):x}\r\n".encode() + inner + b"\r\n0\r\n\r\n"
+    received = await raw_exchange(port, get(port, "/app.js", extra=extra) + body)
+    assert status_of(received) == 200
+    assert received.count(b"HTTP/1.1 ") == 1
+    assert b"<html" not in received
+
+
+async def test_http_1_0_needs_a_host_too(url: str) -> None:
+    port = port_of(url)
+    received = await raw_exchange(port, f"GET /?token={TOKEN} HTTP/1.0\r\n\r\n".encode())
+    assert status_of(received) == 400
+    assert b"<html" not in received
+    request = f"GET /app.js HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    assert status_of(await raw_exchange(port, request)) == 200
+
+
+async def test_many_small_headers_are_refused_like_one_big_one(url: str) -> None:
+    port = port_of(url)
+    bomb = "".join(f"X-{i}: {i}\r\n" for i in range(3000))
+    received = await raw_exchange(port, get(port, "/app.js", extra=bomb))
+    assert status_of(received) == 431
+
+
+# --- what held: Host and Origin ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example:{port}",
+        "evil.example",
+        "127.0.0.1.evil.example:{port}",
+        "localhost.evil.example:{port}",
+        "localhost.:{port}",
+        "0.0.0.0:{port}",
+        "127.1:{port}",
+        "0x7f000001:{port}",
+        "2130706433:{port}",
+        "192.168.1.1:{port}",
+        "127.0.0.1:{port} evil.example",
+        "127.0.0.1:99999",
+        "",
+    ],
+)
+async def test_dns_rebinding_hosts_are_refused_for_the_page_and_its_files(
+    url: str, host: str
+) -> None:
+    port = port_of(url)
+    for target in [f"/?token={TOKEN}", "/app.js"]:
+        received = await raw_exchange(port, get(port, target, host=host.format(port=port)))
+        assert status_of(received) in (400, 403), (host, target, received[:80])
+        assert b"<html" not in received and b"import" not in body_of(received)
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "null",
+        "http://evil.example",
+        "http://127.0.0.1:{other}",
+        "http://localhost:{port}",  # not the host dialled (Host: 127.0.0.1:PORT)
+        "http://127.0.0.1.evil.example:{port}",
+        "file://",
+        "chrome-extension://abcdef",
+        "",
+    ],
+)
+async def test_foreign_origins_are_refused_for_the_page_and_the_websocket(
+    url: str, origin: str
+) -> None:
+    port = port_of(url)
+    extra = f"Origin: {origin.format(port=port, other=port + 1)}\r\n"
+    for target, more in [(f"/?token={TOKEN}", ""), ("/app.js", ""), (f"/?token={TOKEN}", UPGRADE)]:
+        received = await raw_exchange(port, get(port, target, extra=extra + more))
+        assert status_of(received) == 403, (origin, target, received[:80])
+
+
+async def test_refusals_never_log_the_token_or_the_target(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = port_of(url)
+    secret = "s3cr3t-4b1d"
+    for request in [
+        get(port, f"/?token={secret}"),
+        get(port, f"/?token={secret}", host="evil.example"),
+        get(port, f"/{secret}.js"),
+        get(port, f"/?token={secret}", extra="Origin: http://evil.example\r\n"),
+        get(port, f"/?token={secret}", extra=f"X-Big: {'a' * 20_000}\r\n"),
+        f"NONSENSE /?token={secret}\r\n\r\n".encode(),
+        get(port, f"/?token={secret}", extra=UPGRADE),
+        get(port, f"/?token={TOKEN}"),
+    ]:
+        await raw_exchange(port, request)
+    assert "refused" in caplog.text
+    assert secret not in caplog.text and TOKEN not in caplog.text
+
+
+# --- what held: slow and flooding clients ------------------------------------------------
+
+
+async def test_a_page_request_one_byte_at_a_time_is_cut_at_the_handshake_deadline(
+    test_kernel: Kernel,
+) -> None:
+    async with running_server(test_kernel, limits=FAST) as url:
+        port = port_of(url)
+        request = get(port, f"/?token={TOKEN}")
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        sent = 0
+        async with stream:
+            with trio.fail_after(FAST.handshake_timeout + 5):
+                try:
+                    for byte in request[:-1]:  # never the last byte
+                        await stream.send_all(bytes([byte]))
+                        sent += 1
+                        with trio.move_on_after(0.05):
+                            if not await stream.receive_some(4096):
+                                break
+                except trio.BrokenResourceError:
+                    pass
+        assert sent < len(request) - 1, "the server waited for the whole slow head"
+
+
+async def test_slow_page_requests_hold_unauthenticated_places_and_the_client_gets_in(
+    test_kernel: Kernel,
+) -> None:
+    """Half-sent page heads are dropped oldest first like half-sent handshakes."""
+    limits = ServerLimits(handshake_timeout=60, close_grace=0.3, max_unauthenticated=4)
+    async with running_server(test_kernel, limits=limits) as url:
+        port = port_of(url)
+        streams = []
+        try:
+            for _ in range(12):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                await stream.send_all(get(port, f"/?token={TOKEN}")[:-2])  # no blank line
+                streams.append(stream)
+                await trio.sleep(0.01)  # accepted in this order
+            # Long before the 60 s deadline: the oldest 8 are dropped to keep 4.
+            with trio.fail_after(10):
+                async with trio.open_nursery() as nursery:
+                    for s in streams[:8]:
+                        nursery.start_soon(closed_by_server, s)
+            await client_gets_in(url)
+        finally:
+            for s in streams:
+                await trio.aclose_forcefully(s)
+
+
+async def test_a_flood_of_page_requests_leaves_no_descriptor_behind(test_kernel: Kernel) -> None:
+    async with running_server(test_kernel, limits=FAST) as url:
+        port = port_of(url)
+        await client_gets_in(url)
+        before = len(os.listdir("/proc/self/fd"))
+        statuses: list[int | None] = []
+
+        async def one(i: int) -> None:
+            target = [f"/?token={TOKEN}", "/app.js", "/nothing", f"/?token=x{i}"][i % 4]
+            statuses.append(status_of(await raw_exchange(port, get(port, target))))
+
+        with trio.fail_after(60):
+            for start in range(0, 400, 40):
+                async with trio.open_nursery() as nursery:
+                    for i in range(start, start + 40):
+                        nursery.start_soon(one, i)
+        assert sorted(set(statuses), key=str) == [200, 401, 404]
+        await client_gets_in(url)
+        # Each answer was followed by the server's close (the EOF each exchange read).
+        assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+async def test_page_requests_that_never_read_their_answer_are_cut_at_the_deadline(
+    test_kernel: Kernel,
+) -> None:
+    async with running_server(test_kernel, limits=FAST) as url:
+        port = port_of(url)
+        streams = []
+        try:
+            for i in range(100):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                target = f"/?token={TOKEN}" if i % 2 else "/app.js"
+                # keep-alive and a pipeline of many: nothing is read on this side
+                await stream.send_all(get(port, target, extra="Connection: keep-alive\r\n") * 50)
+                streams.append(stream)
+            await client_gets_in(url)
+            with trio.fail_after(FAST.handshake_timeout + 5):
+                async with trio.open_nursery() as nursery:
+                    for s in streams:
+                        nursery.start_soon(closed_by_server, s)
+        finally:
+            for s in streams:
+                await trio.aclose_forcefully(s)
+
+
+# --- the page in a browser: hostile data ------------------------------------------------
+
+#: Markup and URLs that must arrive as text; each would set window.__pwned if it ran.
+XSS = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+LINK = "javascript:window.__pwned=3"
+BIDI = "safe\u202etxt.exe"
+
+
+def _open(page: Page, server: Server) -> None:
+    response = page.goto(server.page_url)
+    assert response is not None and response.status == 200
+    page.locator("#connection[data-state=open]").wait_for(timeout=WAIT_MS)
+
+
+def _no_markup_ran(page: Page) -> None:
+    assert page.evaluate("window.__pwned") is None
+    found = page.evaluate(
+        """() => [...document.querySelectorAll(
+            '#transcript img, #transcript script, #transcript a, #transcript iframe,'
+            + '#sessions img, #sessions script, #sessions a, #tools img, #tools script,'
+            + '#notice img, #notice script')].map(e => e.outerHTML)"""
+    )
+    assert found == []
+
+
+def _entry(kind: str, uuid: str, **fields: object) -> str:
+    return json.dumps(
+        {"type": kind, "uuid": uuid, "timestamp": "2026-01-02T03:04:05.000Z", **fields}
+    )
+
+
+def test_hostile_tool_names_arguments_output_and_model_text_stay_text(
+    page: Page, server: Server
+) -> None:
+    _open(page, server)
+    prompt = "\n".join(
+        [
+            "/call <img/src=x/onerror=window.__pwned=4> {}",
+            '/call echo {"text": ' + json.dumps(XSS + LINK + BIDI + "x" * 100_000) + "}",
+            "/call add " + json.dumps({XSS: LINK}),
+            f"/call divide not-json {XSS}",
+        ]
+    )
+    page.fill("#session-id", "hostile")
+    page.fill("#prompt", prompt)
+    page.press("#prompt", "Enter")
+    turn = page.locator(".turn[data-state=final]")
+    turn.wait_for(timeout=WAIT_MS)
+    text = turn.inner_text()
+    assert "<img/src=x/onerror=window.__pwned=4>" in text  # the unknown tool's name, as text
+    assert "<script>window.__pwned=2</script>" in page.locator(".turn tr.call").nth(1).inner_text()
+    _no_markup_ran(page)
+    # The same entries, persisted and drawn again from history; a hostile title too.
+    sessions = server.home / "data" / "sessions" / "default"
+    recorded = (sessions / "hostile" / "transcript.jsonl").read_text()
+    (sessions / "hostile-copy").mkdir()
+    (sessions / "hostile-copy" / "transcript.jsonl").write_text(
+        recorded
+        + _entry("title", "t-hostile", title=XSS + LINK)
+        + "\n"
+        + _entry(
+            "compaction",
+            "c-hostile",
+            summary=XSS,
+            through="t-hostile",
+            usage={"input_tokens": 1, "output_tokens": 1},
+            model=XSS,
+        )
+        + "\n"
+    )
+    _open(page, server)
+    item = page.locator("li.session[data-session=hostile-copy]")
+    item.wait_for(timeout=WAIT_MS)
+    assert item.locator(".session-title").inner_text() == XSS + LINK
+    item.locator("button").click()
+    page.locator("#transcript[data-session=hostile-copy]").wait_for(timeout=WAIT_MS)
+    assert page.locator("#transcript .tool-call").count() == 4
+    assert "<script>window.__pwned=2</script>" in page.locator("#transcript").inner_text()
+    _no_markup_ran(page)
+
+
+def _own_page(browser: Browser) -> tuple[Any, Page, list[str]]:
+    """A context and page of our own, collecting page errors (the fixture fails on them)."""
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return context, page, errors
+
+
+def test_the_content_security_policy_blocks_injected_inline_script(
+    browser: Browser, server: Server
+) -> None:
+    context, page, _ = _own_page(browser)
+    try:
+        _open(page, server)
+        blocked = page.evaluate(
+            """() => new Promise((resolve) => {
+                const seen = [];
+                document.addEventListener('securitypolicyviolation',
+                    (e) => seen.push(e.violatedDirective));
+                const s = document.createElement('script');
+                s.textContent = 'window.__pwned = 5';
+                document.body.append(s);
+                const d = document.createElement('div');
+                d.innerHTML = '<img src="data:," onerror="window.__pwned = 6">';
+                document.body.append(d);
+                const a = document.createElement('a');
+                a.href = 'javascript:window.__pwned = 7';
+                document.body.append(a);
+                a.click();
+                setTimeout(() => resolve(seen), 300);
+            })"""
+        )
+        assert page.evaluate("window.__pwned") is None
+        assert any(d.startswith("script-src") for d in blocked), blocked
+    finally:
+        context.close()
+
+
+def test_the_token_leaves_no_trace_in_the_page_its_requests_or_the_servers_log(
+    browser: Browser, server: Server
+) -> None:
+    context, page, _ = _own_page(browser)
+    sent: list[dict[str, str]] = []
+    page.on("request", lambda request: sent.append(request.headers))
+    try:
+        _open(page, server)
+        page.fill("#session-id", "trace")
+        page.fill("#prompt", "hello")
+        page.press("#prompt", "Enter")
+        page.locator(".turn[data-state=final]").wait_for(timeout=WAIT_MS)
+        assert server.token not in page.url
+        assert server.token not in page.content()
+        assert server.token not in page.evaluate("document.documentElement.outerHTML")
+        assert page.evaluate("document.cookie") == ""
+        assert page.evaluate("localStorage.length + sessionStorage.length") == 0
+        assert len(sent) >= 5  # the page, its modules and style sheet
+        for headers in sent[1:]:
+            assert not headers.get("referer"), headers
+            assert all(server.token not in value for value in headers.values())
+        # Back to the page's entry in history: no token there either.
+        page.goto("about:blank")
+        page.go_back()
+        assert server.token not in page.url
+    finally:
+        context.close()
+    assert server.token not in (server.home / "serve.log").read_text()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="wire.js: a frame that is JSON null, or an error frame without 'error', throws",
+)
+def test_malformed_frames_from_the_server_do_not_throw_in_the_page(
+    browser: Browser, server: Server
+) -> None:
+    from playwright.sync_api import WebSocketRoute
+
+    context, page, errors = _own_page(browser)
+
+    def fake_server(ws: WebSocketRoute) -> None:
+        def on_message(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "hello":
+                ws.send("null")
+                ws.send("[1, 2]")
+                ws.send(json.dumps({"type": "error", "re": frame["id"]}))
+                ws.close()
+
+        ws.on_message(on_message)
+
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.locator("#connection[data-state=retrying]").wait_for(timeout=WAIT_MS)
+        assert errors == []
+    finally:
+        context.close()
+
+
+#: Unicode's explicit direction controls: each reorders the text after it when shown raw.
+BIDI_CONTROLS = "/[\\u202a-\\u202e\\u2066-\\u2069]/"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bidi controls in a call's name or arguments are drawn raw: the row reads reordered",
+)
+def test_bidi_controls_in_a_calls_name_and_arguments_are_shown_not_obeyed(
+    page: Page, server: Server
+) -> None:
+    # A prompt-injected model can make `rm -rf ~/work` read as something harmless in the
+    # row the operator watches ("Trojan Source"); the row should show the control itself.
+    _open(page, server)
+    page.fill("#session-id", "bidi")
+    page.fill(
+        "#prompt",
+        '/call echo {"text": "keep \u202e~/krow/ fr- mr"}\n/call ech\u202eo {}',
+    )
+    page.press("#prompt", "Enter")
+    page.locator(".turn[data-state=final]").wait_for(timeout=WAIT_MS)
+    shown = page.evaluate(
+        f"""() => [...document.querySelectorAll('.turn tr.call')]
+            .map(row => row.querySelector('.call-name').textContent
+                 + ' ' + row.querySelector('.call-args').textContent)
+            .filter(text => {BIDI_CONTROLS}.test(text))"""
+    )
+    assert shown == []
