@@ -249,6 +249,10 @@ async def test_the_token_in_the_query_must_match_exactly(url: str) -> None:
         f"?token[]={TOKEN}",
         "?token=",
         f"?x=1;token={TOKEN}",
+        "?token=%ff%fe",
+        "?token=%",
+        f"?token={TOKEN}%00",
+        "?token=" + "a" * 8000,
     ]:
         received = await raw_exchange(port, get(port, f"/{query}"))
         assert status_of(received) == 401, query
@@ -539,6 +543,14 @@ def test_hostile_tool_names_arguments_output_and_model_text_stay_text(
     assert "<img/src=x/onerror=window.__pwned=4>" in text  # the unknown tool's name, as text
     assert "<script>window.__pwned=2</script>" in page.locator(".turn tr.call").nth(1).inner_text()
     _no_markup_ran(page)
+    # An error message that quotes what it refuses.
+    page.click(".run-settings summary")
+    page.fill("#model", XSS)
+    page.fill("#prompt", "hello")
+    page.press("#prompt", "Enter")
+    page.locator(".turn[data-state=failed]", has_text="$.model").wait_for(timeout=WAIT_MS)
+    page.fill("#model", "")
+    _no_markup_ran(page)
     # The same entries, persisted and drawn again from history; a hostile title too.
     sessions = server.home / "data" / "sessions" / "default"
     recorded = (sessions / "hostile" / "transcript.jsonl").read_text()
@@ -697,3 +709,83 @@ def test_bidi_controls_in_a_calls_name_and_arguments_are_shown_not_obeyed(
             .filter(text => {BIDI_CONTROLS}.test(text))"""
     )
     assert shown == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="wire.js resets its backoff on every good hello: a server that then drops it at once "
+    "is reconnected to every 250 ms, forever",
+)
+def test_a_server_that_drops_the_page_after_hello_is_not_hammered(
+    browser: Browser, server: Server
+) -> None:
+    """E.g. a request that hits a bug closes the connection with 1011, again after each hello."""
+    from playwright.sync_api import WebSocketRoute
+
+    context, page, _ = _own_page(browser)
+    hellos: list[str] = []
+
+    def fake_server(ws: WebSocketRoute) -> None:
+        def on_message(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "hello":
+                hellos.append(frame["id"])
+                result = {"model": "scripted:demo", "protocol": 1}
+                ws.send(
+                    json.dumps(
+                        {"type": "reply", "re": frame["id"], "status": "ok", "result": result}
+                    )
+                )
+            else:
+                ws.close(code=1011, reason="internal error")
+
+        ws.on_message(on_message)
+
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
+        page.add_init_script(
+            """new MutationObserver(() => {
+                const badge = document.getElementById('connection');
+                if (badge && badge.dataset.state === 'retrying')
+                    (window.__retries ??= []).push(badge.textContent);
+            }).observe(document, {subtree: true, childList: true, characterData: true,
+                                   attributes: true})"""
+        )
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.wait_for_function("() => (window.__retries ?? []).length >= 4", timeout=WAIT_MS)
+        retries = page.evaluate("window.__retries")
+        assert len(hellos) >= 4  # each reconnection was accepted, then dropped
+        # A backoff: the fourth pause is longer than the first.
+        assert retries[3] != retries[0], retries
+    finally:
+        context.close()
+
+
+def test_a_server_that_keeps_refusing_the_socket_is_retried_with_a_growing_pause(
+    browser: Browser, server: Server
+) -> None:
+
+    context, page, _ = _own_page(browser)
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", lambda ws: ws.close())
+        page.add_init_script(
+            """new MutationObserver(() => {
+                const badge = document.getElementById('connection');
+                if (badge && badge.dataset.state === 'retrying'
+                        && (window.__retries ?? []).at(-1) !== badge.textContent)
+                    (window.__retries ??= []).push(badge.textContent);
+            }).observe(document, {subtree: true, childList: true, characterData: true,
+                                   attributes: true})"""
+        )
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.wait_for_function("() => (window.__retries ?? []).length >= 4", timeout=WAIT_MS)
+        assert page.evaluate("window.__retries")[:4] == [
+            "reconnecting in 0.3 s…",
+            "reconnecting in 0.5 s…",
+            "reconnecting in 1.0 s…",
+            "reconnecting in 2.0 s…",
+        ]
+    finally:
+        context.close()
