@@ -67,9 +67,10 @@ from kernel.errors import UsageError
 from kernel.store import PostgresStore
 from kernel.store._postgres import migrate_schema
 
-from ._directory import _structure  # the records' boundary: "WHERE: $.path: reason"
+# The records' boundary, both ways: "WHERE: $.path: reason", and "WHAT cannot be stored".
+from ._directory import _encode, _structure
 from ._ledger import Claim, LedgerCounts
-from ._records import BatchTask, TaskResult, check_task_id, converter
+from ._records import BatchTask, TaskResult, check_task_id
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -180,19 +181,15 @@ FROM tak_batch_tasks WHERE run_id = %s
 """
 
 
-def _json_text(value: object, where: str) -> str:
-    """``value`` as JSON text PostgreSQL stores as sent.
+def _json_text(record: object, what: str) -> str:
+    """``record`` as the JSON text the directory ledger writes, which PostgreSQL
+    stores as sent.
 
     Raises:
-        UsageError: naming ``where``, when it is not JSON (NaN, other objects)
-            or not UTF-8 text (a lone surrogate).
+        UsageError: ``WHAT cannot be stored: reason`` (NaN, a lone surrogate, an
+            object that is not data).
     """
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        text.encode()
-    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
-        raise UsageError(f"{where}: not storable as JSON: {str(exc).splitlines()[0]}") from None
-    return text
+    return _encode(record, what)[:-1].decode()
 
 
 class PostgresLedger:
@@ -276,7 +273,7 @@ class PostgresLedger:
         for i, task in enumerate(tasks):
             if not isinstance(task, BatchTask):
                 raise UsageError(f"tasks[{i}]: expected a BatchTask, got {type(task).__name__}")
-            text = _json_text(converter.unstructure(task), f"task {task.id!r}")
+            text = _json_text(task, f"task {task.id!r}")
             known = encoded.setdefault(task.id, text)
             if known != text and json.loads(known) != json.loads(text):
                 raise UsageError(f"tasks[{i}]: task {task.id!r} is given twice, differently")
@@ -318,7 +315,7 @@ class PostgresLedger:
             raise UsageError(f"finish: expected a TaskResult, got {type(result).__name__}")
         # finished_at is set to the database clock's in the transaction; the rest
         # is checked here, so a bad result fails before any round trip.
-        _json_text(converter.unstructure(result), f"result of task {result.id!r}")
+        _json_text(result, f"the result of task {result.id!r}")
         return await self._run(
             lambda conn: _finish(conn, self._run_id, worker, result, again=False),
             again=lambda conn: _finish(conn, self._run_id, worker, result, again=True),
@@ -490,7 +487,7 @@ def _finish(
             "run": run_id,
             "task": result.id,
             "worker": worker,
-            "result": _json_text(converter.unstructure(stamped), f"result of task {result.id!r}"),
+            "result": _json_text(stamped, f"the result of task {result.id!r}"),
         }
         done = conn.execute(_FINISH if result.finished else _CANCEL, params).fetchone()
         if done is None:
@@ -507,7 +504,7 @@ def _finish(
 
 def _same_result(stored: str, result: TaskResult) -> bool:
     """Whether ``stored`` is ``result`` but for ``finished_at`` (the database's)."""
-    ours = json.loads(_json_text(converter.unstructure(result), f"result of task {result.id!r}"))
+    ours = json.loads(_json_text(result, f"the result of task {result.id!r}"))
     theirs = json.loads(stored)
     if not isinstance(theirs, dict):
         return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -19,6 +18,7 @@ from kernel.batch._directory import open_run_dir
 from kernel.batch._postgres import open_postgres_ledger
 from kernel.errors import StoreError, UsageError
 from tests.batch.ledger_conformance import RUN, LedgerConformance, OpenLedger, result, task
+from tests.batch.test_many_hosts import psql
 from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 
@@ -38,14 +38,6 @@ class TestDirectoryLedger(LedgerConformance):
     @pytest.fixture
     async def peer(self, ledger: Ledger) -> Ledger:
         return ledger  # a second process is refused: workers share the one handle
-
-
-def psql(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        cur = conn.execute(sql, params or None)  # type: ignore[arg-type]
-        return cur.fetchall() if cur.description else []
 
 
 async def test_workers_starting_together_make_the_tables_once(db_url: str) -> None:  # noqa: F811

@@ -14,11 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,6 +30,7 @@ from kernel.errors import StoreError
 from kernel.store import PostgresStore, SessionKey
 from kernel.store._postgres import RETRY_DELAYS
 from tests.batch.ledger_conformance import RUN, result, task
+from tests.batch.test_many_hosts import COMMAND, psql, wait_for, workers  # noqa: F401
 from tests.store import pg_server
 
 T = TypeVar("T")
@@ -77,12 +75,6 @@ def restart(server: pg_server.PgServer) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-def psql(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        cur = conn.execute(sql, params or None)  # type: ignore[arg-type]
-        return cur.fetchall() if cur.description else []
 
 
 def retries_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -245,27 +237,6 @@ async def test_only_a_lost_connection_is_made_again(cause: BaseException | None)
 # -- a worker process --------------------------------------------------------------
 
 TASKS = 12
-# A shell command that takes a little time, with a trace of its start and its end.
-COMMAND = "echo start >> runs.log; sleep 0.3; echo end >> runs.log"
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def worker_processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """The worker processes a test starts; any still running at the end are killed."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 async def make_run(url: str) -> None:
@@ -286,7 +257,7 @@ def test_a_worker_process_outlives_a_database_restart(
     tmp_path: Path,
     server: pg_server.PgServer,
     url: str,
-    worker_processes: list[subprocess.Popen[bytes]],
+    workers: list[subprocess.Popen[bytes]],  # noqa: F811
 ) -> None:
     """``tak batch worker`` with its database restarted mid-run: it goes on, and
     exits 0 with every task finished once, each command run once."""
@@ -295,7 +266,7 @@ def test_a_worker_process_outlives_a_database_restart(
     tak = [sys.executable, "-m", "kernel.cli", "--home", str(home)]
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
-        worker_processes.append(
+        workers.append(
             subprocess.Popen(
                 [*tak, "batch", "worker", "--run", RUN, "--store", url],
                 stdout=log,
@@ -303,7 +274,7 @@ def test_a_worker_process_outlives_a_database_restart(
                 start_new_session=True,  # its group: sandbox workers and shells
             )
         )
-    (worker,) = worker_processes
+    (worker,) = workers
 
     def finished() -> int:
         ((n,),) = psql(url, "SELECT count(*) FROM tak_batch_tasks WHERE finished")
