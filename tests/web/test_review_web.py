@@ -286,6 +286,27 @@ async def test_the_token_in_the_query_must_match_exactly(url: str) -> None:
     assert status_of(received) == 200
 
 
+async def test_the_pages_token_is_compared_in_constant_time(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hmac
+
+    from kernel.wire import _handshake
+
+    compared: list[tuple[bytes, bytes]] = []
+    original = hmac.compare_digest
+
+    def compare_digest(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return original(a, b)
+
+    monkeypatch.setattr(_handshake.hmac, "compare_digest", compare_digest)
+    port = port_of(url)
+    assert status_of(await raw_exchange(port, get(port, "/?token=guess-1"))) == 401
+    assert status_of(await raw_exchange(port, get(port, f"/?token={TOKEN}"))) == 200
+    assert compared == [(b"guess-1", TOKEN.encode()), (TOKEN.encode(), TOKEN.encode())]
+
+
 # --- what held: smuggling ----------------------------------------------------------------
 
 
