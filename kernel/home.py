@@ -426,6 +426,9 @@ class Config:
         mcp: ``[mcp]``: the MCP servers whose tools the kernel offers.
         plugins: ``[plugins.<name>]``: each plugin's own settings (what its
             tools see as ``context().config``), checked by the plugin.
+        budget: ``[budget]``: the model budget every session of a kernel shares,
+            checked by ``kernel.models.ModelBudget.from_table`` when the kernel
+            opens (docs/models.md).
     """
 
     sandbox: SandboxConfig = SandboxConfig()
@@ -434,6 +437,7 @@ class Config:
     model: ModelConfig = ModelConfig()
     mcp: McpConfig = McpConfig()
     plugins: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    budget: dict[str, Any] = attrs.field(factory=dict)
 
     @classmethod
     def from_toml(

@@ -31,7 +31,7 @@ import logging
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -400,15 +400,31 @@ def _prepare_dirs(
 
 @contextlib.asynccontextmanager
 async def _open_mcp(
-    config: Config, registry: ToolRegistry, home: TakHome
+    config: Config,
+    registry: ToolRegistry,
+    home: TakHome,
+    workspace: Path,
+    vouched: Collection[str],
 ) -> AsyncIterator[McpServers | None]:
-    """The configured MCP servers (``None`` when there are none: ``mcp`` is not imported)."""
+    """The configured MCP servers (``None`` when there are none: ``mcp`` is not imported).
+
+    Stdio servers run confined in ``workspace``; those of tak.toml only once approved
+    (``tak mcp trust``), those named in code (``vouched``) without.
+    """
     if not config.mcp.servers:
         yield None
         return
     from plugins import open_mcp_servers
 
-    async with open_mcp_servers(config.mcp.servers, registry, log_dir=home.data / "mcp") as servers:
+    async with open_mcp_servers(
+        config.mcp.servers,
+        registry,
+        log_dir=home.data / "mcp",
+        workspace=workspace,
+        home=home,
+        vouched=vouched,
+        allow_unsandboxed=config.sandbox.allow_unsandboxed,
+    ) as servers:
         yield servers
 
 
@@ -461,10 +477,13 @@ async def open_kernel(
             ``tak.toml``, else all); a run's own ``tools=`` replaces it.
         mcp_servers: MCP servers by name, whose tools join the kernel's as
             ``NAME.tool``; they replace the same names of ``[mcp.servers]`` in
-            ``tak.toml`` (docs/mcp.md).
+            ``tak.toml`` (docs/mcp.md). Named here, a stdio server needs no
+            approval (``tak mcp trust``); it still runs confined.
         budget: connections, requests and tokens per minute per provider and
             model, shared by every session and model of the kernel (a model
-            string's; a ``Model`` object passed in is used as it is).
+            string's; a ``Model`` object passed in is used as it is); default:
+            ``[budget]`` of ``tak.toml``, else no limits (a provider's
+            ``Retry-After`` is still shared).
 
     Raises:
         UsageError: a bad model string, a missing API key, a workspace that is
@@ -484,6 +503,13 @@ async def open_kernel(
         servers = {**config.mcp.servers, **mcp_servers}
         config = attrs.evolve(config, mcp=attrs.evolve(config.mcp, servers=servers))
     model_settings = merge(config.model.settings, settings)
+    # Always a budget: even without limits, a provider's Retry-After pauses every
+    # session of the kernel, not only the one that was refused.
+    the_budget = (
+        budget
+        if budget is not None
+        else ModelBudget.from_table(config.budget, where=f"{tak_home.config_file}: [budget]")
+    )
     # The store and the plugin host take tak.toml as the mapping it parses to.
     toml = config.to_toml()
     owned_store = store is None
@@ -502,11 +528,11 @@ async def open_kernel(
                 home=tak_home,
             ) as host,
             open_http_client() as client,
-            _open_mcp(config, host.tools, tak_home) as mcp,
+            _open_mcp(config, host.tools, tak_home, work, list(mcp_servers or ())) as mcp,
         ):
             registry = host.tools
             the_model = (
-                resolve_model(model, client=client, fallbacks=fallbacks, budget=budget)
+                resolve_model(model, client=client, fallbacks=fallbacks, budget=the_budget)
                 if isinstance(model, str)
                 else model
             )
@@ -537,7 +563,7 @@ async def open_kernel(
                             allowed_tools if allowed_tools is not None else config.model.tools
                         ),
                         mcp=mcp,
-                        budget=budget,
+                        budget=the_budget,
                     )
                     # Background work (compaction) is optional: don't hold the exit for it.
                     nursery.cancel_scope.cancel()

@@ -20,6 +20,8 @@ host and discovery load on first use:
 - ``scaffold_plugin``, ``package_name``: a new plugin project (``tak plugins new``).
 - ``open_mcp_servers``, ``McpServers``, ``McpServerInfo``: MCP servers as a tool
   source (docs/mcp.md; the ``mcp`` package loads only when a server starts).
+- ``trust_mcp_server``, ``mcp_approval``, ``McpTrustStore``, ``TrustedMcpServer``,
+  ``MCP_TRUST_FILE``: approvals of stdio MCP servers (``tak mcp trust``).
 
 See docs/plugins.md.
 """
@@ -61,6 +63,11 @@ _EXPORTS: dict[str, str] = {
     "open_mcp_servers": "_mcp",
     "McpServers": "_mcp",
     "McpServerInfo": "_mcp",
+    "trust_mcp_server": "_mcp",
+    "mcp_approval": "_mcp",
+    "McpTrustStore": "_trust",
+    "TrustedMcpServer": "_trust",
+    "MCP_TRUST_FILE": "_trust",
 }
 
 __all__ = list(_EXPORTS)
@@ -86,12 +93,17 @@ if TYPE_CHECKING:
     from ._loading import load_plugin as load_plugin
     from ._mcp import McpServerInfo as McpServerInfo
     from ._mcp import McpServers as McpServers
+    from ._mcp import mcp_approval as mcp_approval
     from ._mcp import open_mcp_servers as open_mcp_servers
+    from ._mcp import trust_mcp_server as trust_mcp_server
     from ._remote import policy_for as policy_for
     from ._remote import remote_tools as remote_tools
     from ._scaffold import package_name as package_name
     from ._scaffold import scaffold_plugin as scaffold_plugin
+    from ._trust import MCP_TRUST_FILE as MCP_TRUST_FILE
     from ._trust import TRUST_FILE as TRUST_FILE
+    from ._trust import McpTrustStore as McpTrustStore
+    from ._trust import TrustedMcpServer as TrustedMcpServer
     from ._trust import TrustedPlugin as TrustedPlugin
     from ._trust import TrustError as TrustError
     from ._trust import TrustStore as TrustStore

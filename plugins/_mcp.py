@@ -34,8 +34,6 @@ never by ``import plugins``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import functools
 import hashlib
@@ -57,6 +55,7 @@ import trio
 
 from kernel.errors import KernelError, SandboxError, UsageError
 from kernel.home import McpServerConfig, TakHome
+from kernel.messages import Attachment, AttachmentKind, ToolOutput
 from kernel.tools import RunContext, Tool, ToolFailure, ToolRegistry
 from sandbox.exec import (
     ExecPolicy,
@@ -145,18 +144,32 @@ def kernel_tool_name(server: str, remote: str) -> str:
     return f"{name}-{digest}"
 
 
-def observation_text(result: CallToolResult) -> str:
-    """What the model reads of an MCP result: text as is, other content as a
-    one-line placeholder, structured content as JSON after the text (unless a
-    text part already says the same).
+def observation_output(result: CallToolResult) -> str | ToolOutput:
+    """What the model gets of an MCP result: text as is; images, audio and
+    binary resources as attachments (``ToolOutput``; the text alone when there
+    are none); a resource link as a one-line placeholder; structured content
+    as JSON after the text (unless a text part already says the same).
+
+    Media that is not base64, or whose media type is none, becomes a line of
+    text saying so: the call succeeded, and the model should know what it missed.
 
     Raises:
-        ToolFailure: ``isError``: kind ``exception``, with the server's text.
+        ToolFailure: ``isError``: kind ``exception``, with the server's text
+            (and a placeholder line for each attachment: a failure is text only).
     """
     from mcp import types
 
     parts: list[str] = []
     values: list[Any] = []  # each text part, as JSON when it is JSON
+    attachments: list[Attachment] = []
+
+    def attach(kind: AttachmentKind, media_type: str, data: str, uri: str | None) -> None:
+        try:
+            attachments.append(Attachment(kind, media_type, data, uri=uri))
+        except ValueError as exc:  # FieldRefused: not base64, or not a media type
+            where = f"{uri}, " if uri else ""
+            parts.append(f"[{kind}: {where}{media_type}, not kept: {exc}]")
+
     for item in result.content:
         if isinstance(item, types.TextContent):
             parts.append(item.text)
@@ -164,9 +177,10 @@ def observation_text(result: CallToolResult) -> str:
                 values.append(json.loads(item.text))
             except ValueError:
                 values.append(item.text)
-        elif isinstance(item, types.ImageContent | types.AudioContent):
-            size = _decoded_size(item.data)
-            parts.append(f"[{item.type}: {item.mime_type}, {size} bytes]")
+        elif isinstance(item, types.ImageContent):
+            attach("image", item.mime_type, item.data, None)
+        elif isinstance(item, types.AudioContent):
+            attach("audio", item.mime_type, item.data, None)
         elif isinstance(item, types.ResourceLink):
             mime = f", {item.mime_type}" if item.mime_type else ""
             parts.append(f"[resource link: {item.uri}{mime}]")
@@ -175,18 +189,18 @@ def observation_text(result: CallToolResult) -> str:
             if isinstance(resource, types.TextResourceContents):
                 parts.append(f"[resource: {resource.uri}]\n{resource.text}")
             else:
-                size = _decoded_size(resource.blob)
                 mime = resource.mime_type or "application/octet-stream"
-                parts.append(f"[resource: {resource.uri}, {mime}, {size} bytes]")
+                attach("resource", mime, resource.blob, str(resource.uri))
         else:  # a content type of a later protocol version
             parts.append(f"[{getattr(item, 'type', 'unknown')} content]")  # type: ignore[unreachable]
     structured = result.structured_content
     if structured is not None and not _said(structured, values):
         parts.append(json.dumps(structured, ensure_ascii=False))
-    text = "\n".join(parts)
     if result.is_error:
+        text = "\n".join(parts + [f"[{a.describe()}]" for a in attachments])
         raise ToolFailure("exception", text or "the MCP server reported an error", type="McpError")
-    return text
+    text = "\n".join(parts)
+    return ToolOutput(text, attachments) if attachments else text
 
 
 def _said(structured: Any, values: list[Any]) -> bool:
@@ -199,13 +213,6 @@ def _said(structured: Any, values: list[Any]) -> bool:
         value = structured["result"]
         return value in values or value == values
     return False
-
-
-def _decoded_size(data: str) -> int:
-    try:
-        return len(base64.b64decode(data, validate=False))
-    except (binascii.Error, ValueError):
-        return len(data)
 
 
 @attrs.frozen
@@ -731,8 +738,8 @@ class McpServer:
             runner=McpRunner(self, name),
         )
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> str:
-        """Call the tool the kernel knows as ``name``; its result as text.
+    async def call(self, name: str, arguments: dict[str, Any]) -> str | ToolOutput:
+        """Call the tool the kernel knows as ``name``; its result as ``observation_output`` gives it.
 
         Raises:
             ToolFailure: ``crashed`` (no server, or its connection closed during
@@ -754,7 +761,7 @@ class McpServer:
             raise
         except Exception as exc:
             raise self._call_failure(exc, remote, session) from None
-        return observation_text(result)
+        return observation_output(result)
 
     def _call_failure(self, exc: Exception, what: str, session: ClientSession) -> ToolFailure:
         import anyio

@@ -54,7 +54,7 @@ def test_every_section_is_read_into_its_record(tmp_path: Path) -> None:
         ({"sandbox": "on"}, '$.sandbox: expected a table, got "on"'),
         (
             {"sandox": {}},
-            "$: unknown setting 'sandox' (known: sandbox, store, workspace, model, mcp, plugins)",
+            "$: unknown setting 'sandox' (known: sandbox, store, workspace, model, mcp, plugins, budget)",
         ),
         (
             {"sandbox": {"allow": True}},

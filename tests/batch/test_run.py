@@ -619,5 +619,7 @@ async def test_the_kernels_model_budget_is_the_one_given(tmp_path: Path) -> None
     budget = ModelBudget()
     async with open_kernel(home=tmp_path / "home", plugins=[], budget=budget) as k:
         assert k.budget is budget
+    # Without one given: tak.toml's [budget], else one without limits, so that a
+    # provider's Retry-After still pauses every session of the kernel.
     async with open_kernel(home=tmp_path / "home", plugins=[]) as k:
-        assert k.budget is None
+        assert k.budget is not None and k.budget.providers == {}

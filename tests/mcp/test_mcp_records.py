@@ -9,8 +9,9 @@ from mcp import types
 
 from kernel.errors import UsageError
 from kernel.home import Config, McpServerConfig
+from kernel.messages import Attachment, ToolOutput
 from kernel.tools import ToolFailure
-from plugins._mcp import kernel_tool_name, observation_text
+from plugins._mcp import kernel_tool_name, observation_output
 
 FILE = "/h/tak.toml"
 
@@ -117,7 +118,7 @@ def result(*content: Any, structured: Any = None, is_error: bool = False) -> typ
     )
 
 
-def test_results_as_text() -> None:
+def test_results_as_text_and_attachments() -> None:
     text = types.TextContent(type="text", text="found 2")
     image = types.ImageContent(type="image", data="aGVsbG8=", mime_type="image/png")
     blob = types.EmbeddedResource(
@@ -128,19 +129,43 @@ def test_results_as_text() -> None:
         type="resource", resource=types.TextResourceContents(uri="file:///a.txt", text="hello")
     )
     link = types.ResourceLink(type="resource_link", name="a", uri="file:///b", mime_type="text/csv")
-    assert observation_text(result(text, image, blob, doc, link, structured={"n": 2})) == (
-        "found 2\n[image: image/png, 5 bytes]\n"
-        "[resource: file:///a.bin, application/octet-stream, 3 bytes]\n"
-        "[resource: file:///a.txt]\nhello\n[resource link: file:///b, text/csv]\n"
-        '{"n": 2}'
+    assert observation_output(result(text, image, blob, doc, link, structured={"n": 2})) == (
+        ToolOutput(
+            "found 2\n[resource: file:///a.txt]\nhello\n[resource link: file:///b, text/csv]\n"
+            '{"n": 2}',
+            [
+                Attachment("image", "image/png", "aGVsbG8="),
+                Attachment("resource", "application/octet-stream", "AAAA", uri="file:///a.bin"),
+            ],
+        )
     )
     # Structured content a text part already says is not said twice.
-    assert observation_text(result(text, structured={"result": "found 2"})) == "found 2"
+    assert observation_output(result(text, structured={"result": "found 2"})) == "found 2"
     said = types.TextContent(type="text", text='{"n": 2}')
-    assert observation_text(result(said, structured={"n": 2})) == '{"n": 2}'
+    assert observation_output(result(said, structured={"n": 2})) == '{"n": 2}'
+
+
+def test_media_that_is_not_base64_is_a_line_of_text() -> None:
+    bad = types.ImageContent(type="image", data="not base64!", mime_type="image/png")
+    audio = types.AudioContent(type="audio", data="UklGRg==", mime_type="audio/wav")
+    assert observation_output(result(bad, audio)) == ToolOutput(
+        "[image: image/png, not kept: data: not base64 (Only base64 data is allowed)]",
+        [Attachment("audio", "audio/wav", "UklGRg==")],
+    )
+
+
+def test_an_error_result_with_media_names_it_in_the_failure() -> None:
+    image = types.ImageContent(type="image", data="aGVsbG8=", mime_type="image/png")
+    with pytest.raises(ToolFailure) as caught:
+        observation_output(
+            result(types.TextContent(type="text", text="bad page"), image, is_error=True)
+        )
+    assert caught.value.message == "bad page\n[image: image/png, 5 bytes]"
 
 
 def test_is_error_is_an_exception_observation() -> None:
     with pytest.raises(ToolFailure) as caught:
-        observation_text(result(types.TextContent(type="text", text="no such page"), is_error=True))
+        observation_output(
+            result(types.TextContent(type="text", text="no such page"), is_error=True)
+        )
     assert (caught.value.kind, caught.value.message) == ("exception", "no such page")

@@ -202,11 +202,6 @@ async def test_bug_gemini_model_does_not_take_budget() -> None:
     assert model.budget is budget
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/models.md configures the kernel's budget with [budget] in tak.toml, "
-    "but tak.toml refuses it: unknown setting 'budget'",
-)
 async def test_bug_the_documented_budget_table_of_tak_toml_is_refused(
     tmp_path: pathlib.Path,
 ) -> None:
