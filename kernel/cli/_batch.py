@@ -353,7 +353,9 @@ def _drive(
             if shared is not None:
                 from ..store import PostgresStore
 
-                sessions = await stack.enter_async_context(PostgresStore(shared))
+                sessions = await stack.enter_async_context(
+                    PostgresStore(shared, retry_lost_connections=True)
+                )
             if given is not None:
                 # Checked before the run is made: a mistake is not kept as its settings.
                 kernel = await stack.enter_async_context(_open_kernel(args, given, sessions))

@@ -247,12 +247,6 @@ async def make_run(url: str) -> None:
         await ledger.add_tasks([BatchTask(id=f"t{i:02d}", prompt=prompt) for i in range(TASKS)])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kernel/cli/_batch.py opens the worker's sessions store without"
-    " retry_lost_connections=True: a task whose transcript append meets the restart"
-    " ends in error",
-)
 def test_a_worker_process_outlives_a_database_restart(
     tmp_path: Path,
     server: pg_server.PgServer,

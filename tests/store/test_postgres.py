@@ -145,7 +145,7 @@ async def test_cancel_stops_the_query_on_the_server(db_url: str) -> None:
     async with PostgresStore(db_url, max_connections=1) as store:
         await store.list_sessions("proj")  # connected
         with trio.move_on_after(0.3) as scope:
-            await store._run(lambda conn: conn.execute("SELECT pg_sleep(30)").fetchall())
+            await store.run_in_thread(lambda conn: conn.execute("SELECT pg_sleep(30)").fetchall())
         assert scope.cancelled_caught
         # The only connection is free again at once: the sleep ended on the server.
         with trio.fail_after(5):
@@ -215,7 +215,7 @@ async def test_statement_timeout_bounds_a_query(db_url: str) -> None:
     """6: a statement running longer than statement_timeout_s fails with StoreError."""
     async with PostgresStore(db_url, statement_timeout_s=0.2) as store:
         with trio.fail_after(10), pytest.raises(StoreError, match="statement timeout"):
-            await store._run(lambda conn: conn.execute("SELECT pg_sleep(5)").fetchall())
+            await store.run_in_thread(lambda conn: conn.execute("SELECT pg_sleep(5)").fetchall())
 
 
 # -- 8: schema versions ------------------------------------------------------

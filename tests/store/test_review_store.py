@@ -465,7 +465,7 @@ async def test_pg_cancelled_appends_store_all_or_nothing_and_free_the_connection
         for n, returned in outcomes.items():
             assert stored.get(n, 0) == (200 if returned else 0), (n, returned, stored.get(n))
         assert 0 < sum(outcomes.values()) < len(outcomes)  # both kinds happened
-        rows = await store._run(
+        rows = await store.run_in_thread(
             lambda c: c.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
             ).fetchall()
