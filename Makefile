@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stamp
 
-.PHONY: demo test stress redteam lint bench clean postgresql system-packages interop interop-tools
+.PHONY: demo batch-demo test stress redteam lint bench clean postgresql system-packages interop interop-tools
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ $(STAMP)-dev: pyproject.toml | $(BIN)/python
 # observation, results in declared order and a transcript on disk; no API key needed.
 demo: $(STAMP)-base
 	$(BIN)/python examples/research_agent.py
+
+# A batch eval, offline (docs/batch.md): 200 tasks, 50 at a time, failing tools, a
+# failing model and a hang; run it again and it has nothing to do.
+batch-demo: $(STAMP)-base
+	$(BIN)/python examples/batch_eval.py $(VENV)/batch-demo
 
 # The PostgresStore tests (and bench) start their own server from Debian's
 # binaries, and the browser tests (tests/web) drive Debian's chromium: install
