@@ -8,34 +8,36 @@ closed: ``GET /?token=TOKEN`` gives the page, ``GET /NAME.js`` and
 ``GET /NAME.css`` its files (package data in ``kernel/web/``), anything else
 404.
 
-The same checks as the WebSocket handshake (``Gate.check_host_and_origin``):
-a loopback ``Host`` unless remote clients are allowed, the server's own
-``Origin`` or an allowed one when a browser sends one. ``/`` also needs the
+The same checks as the WebSocket handshake (``Gate.check_host_and_origin``,
+``origin_form``): a loopback ``Host`` unless remote clients are allowed, the
+server's own ``Origin`` or an allowed one when a browser sends one, an
+origin-form target (``/path?query``). ``/`` also needs the
 token, compared as the handshake does (``Gate.token_matches``); without it the
 page is not served (401). The page's scripts and style sheet are the
 package's public code, the same for every server, and are served without it:
 a module script cannot carry the page's query string to what it imports, and
 the token must not go into a cookie.
 
-Every response has a Content Security Policy with no inline script, and
-``Referrer-Policy: no-referrer`` so that the URL with the token is never sent
-elsewhere; the token is never logged (a request's target is not either).
+Every response, a refusal of a head h11 could not read too, has the same
+security headers (``security_headers``): a Content Security Policy with no
+inline script, and ``Referrer-Policy: no-referrer`` so that the URL with the
+token is never sent elsewhere; the token is never logged (a request's target
+is not either).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from http import HTTPStatus
 from importlib import resources
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import attrs
 import h11
 import trio
 
-from ._handshake import Gate, Refused, host_url
+from ._handshake import Gate, Refused, origin_form, security_headers
 
 logger = logging.getLogger("tak.server")
 
@@ -49,8 +51,6 @@ _CONTENT_TYPES: Mapping[str, str] = {
 }
 #: How long a refused request's peer may go on sending before the connection is closed.
 _LINGER_S = 1.0
-#: What a CSP source may hold of a Host header (anything else is left out of the policy).
-_PLAIN_HOST = re.compile(r"^[A-Za-z0-9.\-:\[\]]+$")
 
 
 @attrs.frozen
@@ -63,10 +63,13 @@ class RequestHead:
     received: bytes
 
     def header(self, name: bytes) -> bytes | None:
-        for key, value in self.request.headers:
-            if key == name:
-                return bytes(value)
-        return None
+        """The first header called ``name`` (lower case)."""
+        values = self.headers(name)
+        return values[0] if values else None
+
+    def headers(self, name: bytes) -> list[bytes]:
+        """Every header called ``name`` (lower case), in order."""
+        return [bytes(value) for key, value in self.request.headers if key == name]
 
     @property
     def is_websocket(self) -> bool:
@@ -108,11 +111,16 @@ async def _refuse_bare(stream: trio.abc.Stream, label: str, status: int, why: st
     """Answer a request h11 could not read (so without it): the status, ``why``, closed."""
     logger.warning("%s refused (HTTP %d): %s", label, status, why)
     body = f"{why}\n".encode()
-    head = (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-        "Content-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        *security_headers(None),
+        (b"connection", b"close"),
+    ]
+    head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n".encode() + b"".join(
+        name + b": " + value + b"\r\n" for name, value in headers
+    )
+    head += b"\r\n"
     try:
         await stream.send_all(head + body)
         if isinstance(stream, trio.SocketStream):
@@ -183,14 +191,7 @@ async def answer_page_request(
     headers = [
         (b"content-type", content_type.encode()),
         (b"content-length", str(len(body)).encode()),
-        (
-            b"content-security-policy",
-            _policy(None if isinstance(checked, Refused) else checked).encode(),
-        ),
-        (b"x-content-type-options", b"nosniff"),
-        (b"referrer-policy", b"no-referrer"),
-        (b"x-frame-options", b"DENY"),
-        (b"cache-control", b"no-store"),
+        *security_headers(None if isinstance(checked, Refused) else checked),
         (b"connection", b"close"),
     ]
     parser = head.parser
@@ -215,7 +216,9 @@ def _respond(
         return checked.status, text, f"{checked.why}\n".encode()
     if head.request.method not in (b"GET", b"HEAD"):
         return 405, text, b"only GET\n"
-    target = urlsplit(head.request.target.decode("latin-1"))
+    target = origin_form(head.request.target.decode("latin-1"))
+    if isinstance(target, Refused):
+        return target.status, text, f"{target.why}\n".encode()
     found = pages.files.get(target.path)
     if found is None:
         if not pages.files:
@@ -234,23 +237,7 @@ def _respond(
 
 def _check_host_and_origin(head: RequestHead, gate: Gate) -> tuple[str, int] | Refused:
     host = head.header(b"host")
-    origin = head.header(b"origin")
     return gate.check_host_and_origin(
         host.decode("latin-1") if host is not None else None,
-        origin.decode("latin-1") if origin is not None else None,
-    )
-
-
-def _policy(host_port: tuple[str, int] | None) -> str:
-    """The Content Security Policy: this origin only, no inline script, no framing."""
-    connect = "'self'"
-    if host_port is not None:
-        ws = host_url("ws", *host_port)
-        if _PLAIN_HOST.match(ws.removeprefix("ws://")):
-            # 'self' covers ws: to the same host in recent browsers; older ones need it named.
-            connect += f" {ws}"
-    return (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        f"connect-src {connect}; object-src 'none'; base-uri 'none'; form-action 'none'; "
-        "frame-ancestors 'none'"
+        [origin.decode("latin-1") for origin in head.headers(b"origin")],
     )
