@@ -5,7 +5,7 @@
 // address bar (history.replaceState) and kept in this module's memory only —
 // no cookie, no storage. It reaches the server in `hello`.
 
-import { el, entryBlock, sessionItem, toolItem } from "./view.js";
+import { el, entryBlock, sessionItem, toolItem, visible } from "./view.js";
 import { LiveTurn } from "./turn.js";
 import { Wire } from "./wire.js";
 
@@ -29,8 +29,8 @@ function onConnection(status, detail) {
   badge.dataset.state = status;
   if (status === "open") {
     badge.textContent = "connected";
-    $("server-model").textContent = detail.model;
-    $("model").placeholder = detail.model;
+    $("server-model").textContent = visible(detail.model);
+    $("model").placeholder = visible(detail.model);
     refreshAll();
   } else if (status === "retrying") {
     badge.textContent = `reconnecting in ${(detail / 1000).toFixed(1)} s…`;
@@ -45,7 +45,7 @@ function onConnection(status, detail) {
 
 function showNotice(text) {
   const notice = $("notice");
-  notice.textContent = text;
+  notice.textContent = visible(text);
   notice.hidden = !text;
 }
 

@@ -3,7 +3,7 @@
 // row per call in declared order (the `index` of its events), so calls that
 // run at the same time are seen running at the same time.
 
-import { el, json, seconds } from "./view.js";
+import { el, json, seconds, visible } from "./view.js";
 
 export class LiveTurn {
   // onCancelCall(callId, row) asks the server to cancel that call alone.
@@ -49,7 +49,7 @@ export class LiveTurn {
       this.append(el("div", { class: "entry assistant" },
         el("div", { class: "who" }, `assistant · step ${step}`), this.text));
     }
-    this.text.append(document.createTextNode(text));
+    this.text.append(document.createTextNode(visible(text)));
   }
 
   append(node) {
@@ -126,7 +126,7 @@ export class LiveTurn {
     if (seen && seen.callId !== call.id) this.newBatch(); // a next step that streamed no text
     const row = this.row(index, call);
     row.callId = call.id;
-    row.name.textContent = call.name;
+    row.name.textContent = visible(call.name);
     row.args.replaceChildren(el("code", {}, JSON.stringify(call.arguments)));
     row.since = performance.now();
     this.tick();
@@ -135,7 +135,7 @@ export class LiveTurn {
   finished(index, observation) {
     const row = this.row(index, null);
     row.callId = row.callId ?? observation.call_id;
-    if (!row.name.textContent) row.name.textContent = observation.name;
+    if (!row.name.textContent) row.name.textContent = visible(observation.name);
     const error = observation.error;
     const status = observation.is_error ? (error ? error.kind : "error") : "ok";
     const state = !observation.is_error ? "ok" : status === "cancelled" ? "cancelled" : "error";
@@ -151,7 +151,7 @@ export class LiveTurn {
   }
 
   noteOnRow(row, text) {
-    row.note.textContent = text;
+    row.note.textContent = visible(text);
     if (!row.note.isConnected) row.status.append(row.note);
   }
 

@@ -1,5 +1,17 @@
-// Building the page's elements. Text from the server only ever goes in with
-// textContent (through `el`), never as HTML.
+// Building the page's elements. Text from the server only ever goes in as
+// text (through `el`, or `visible` for textContent), never as HTML.
+
+// Unicode's bidirectional controls: embeddings, overrides, isolates and marks. Shown
+// raw they reorder the text around them, so that a call the model makes can read as
+// another one ("Trojan Source"); they are shown as escapes instead.
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+// `value` as text to show: bidi controls written as `\u202e`. Everything from the
+// server (model text, tool names, arguments, output, titles) goes through here.
+export function visible(value) {
+  return String(value).replace(BIDI_CONTROLS,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
 
 export function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
@@ -8,11 +20,11 @@ export function el(tag, props = {}, ...children) {
     if (name === "class") node.className = value;
     else if (name === "dataset") Object.assign(node.dataset, value);
     else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value === true ? "" : String(value));
+    else node.setAttribute(name, value === true ? "" : visible(value));
   }
   for (const child of children.flat()) {
     if (child === null || child === undefined || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    node.append(child instanceof Node ? child : document.createTextNode(visible(child)));
   }
   return node;
 }

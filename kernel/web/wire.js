@@ -5,10 +5,18 @@
 // by `re`: events to the request's `onEvent`, the one `reply` (or the `error`
 // that refused it) settles its promise. When the connection drops, requests
 // still waiting fail with `lost`, and the connection is opened again after a
-// growing pause, by itself, until `hello` is refused.
+// growing pause, by itself, until `hello` is refused. The pause starts again
+// from the shortest only once a connection has stayed open a while: a server
+// that takes `hello` and then drops the page at once is not called every 250 ms.
+//
+// A frame is the server's, not to be trusted: one that is not a JSON object with
+// a string `type` is dropped, and a refusal's code and message are taken only
+// when they are strings.
 
 const PROTOCOL_VERSION = 1;
 const RETRY_MS = [250, 500, 1000, 2000, 4000];
+// How long a connection stays open before the next drop retries after the shortest pause.
+const STEADY_MS = 5000;
 
 export class RequestError extends Error {
   // status: "error" | "cancelled" | "refused" | "lost"; code: the protocol's error code.
@@ -31,6 +39,7 @@ export class Wire {
     this.pending = new Map(); // id -> {resolve, reject, onEvent}
     this.nextId = 1;
     this.attempt = 0;
+    this.steady = undefined; // the timer that resets `attempt` once a connection holds
     this.stopped = false;
     this.info = null;
   }
@@ -47,7 +56,9 @@ export class Wire {
 
   async greet(socket) {
     try {
-      this.info = await this.request({ type: "hello", token: this.token, client: "tak-web" });
+      const info = await this.request({ type: "hello", token: this.token, client: "tak-web" });
+      if (!isObject(info)) throw new RequestError("refused", "bad_reply", "hello: no result");
+      this.info = info;
     } catch (error) {
       if (error.code === "unauthorized") {
         // The server restarted with a new token: only the new URL can help.
@@ -58,13 +69,16 @@ export class Wire {
       }
       return;
     }
-    this.attempt = 0;
+    this.steady = setTimeout(() => {
+      if (socket === this.socket) this.attempt = 0;
+    }, STEADY_MS);
     this.onState("open", this.info);
   }
 
   closed(socket, event) {
     if (socket !== this.socket) return;
     this.socket = null;
+    clearTimeout(this.steady);
     for (const [id, waiter] of this.pending) {
       waiter.reject(new RequestError("lost", "lost",
         `connection lost (${event.code}${event.reason ? " " + event.reason : ""})`));
@@ -106,7 +120,8 @@ export class Wire {
     } catch {
       return;
     }
-    const waiter = frame.re === undefined ? undefined : this.pending.get(frame.re);
+    if (!isObject(frame) || typeof frame.type !== "string") return;
+    const waiter = typeof frame.re === "string" ? this.pending.get(frame.re) : undefined;
     if (frame.type === "event") {
       if (waiter && waiter.onEvent) waiter.onEvent(frame);
       return;
@@ -116,10 +131,21 @@ export class Wire {
     if (frame.type === "reply" && frame.status === "ok") {
       waiter.resolve(frame.result);
     } else if (frame.type === "reply") {
-      const error = frame.error ?? { code: frame.status, message: frame.status };
-      waiter.reject(new RequestError(frame.status, error.code, error.message));
+      const status = typeof frame.status === "string" ? frame.status : "error";
+      waiter.reject(problem(status, frame.error, status));
     } else {
-      waiter.reject(new RequestError("refused", frame.error.code, frame.error.message));
+      waiter.reject(problem("refused", frame.error, "refused"));
     }
   }
+}
+
+function isObject(value) {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+// The RequestError of a refusal or a failed reply; `error` is the frame's, whatever it holds.
+function problem(status, error, fallback) {
+  const field = (name) =>
+    isObject(error) && typeof error[name] === "string" ? error[name] : fallback;
+  return new RequestError(status, field("code"), field("message"));
 }

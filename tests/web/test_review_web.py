@@ -4,8 +4,11 @@ What a hostile client or page (DESIGN §11) can send to ``kernel.wire._http``
 before any token: odd targets, smuggled bodies and pipelined requests, slow
 and flooding heads, ``Host`` and ``Origin`` tricks; and what hostile data (a
 prompt-injected model, tool output, a session file, a broken server) can do
-to the page in a real Chromium. Tests marked ``xfail(strict=True)`` are bugs
-found by the review: each fails today and passes once the bug is fixed.
+to the page in a real Chromium. The bugs the review found (targets and
+origins that raised, userinfo in ``Host``, absolute-form targets, bare
+refusals without the security headers, malformed frames that threw, bidi
+controls drawn raw, a backoff reset by every good ``hello``) each have a test
+here that failed before its fix.
 """
 
 from __future__ import annotations
@@ -115,10 +118,6 @@ async def closed_by_server(stream: trio.SocketStream) -> None:
 # --- bugs: the request target and the Host header --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a target urlsplit cannot read ('//[') raises in _respond: no answer, a traceback",
-)
 async def test_a_target_urlsplit_refuses_gets_400_not_an_internal_error(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -130,10 +129,6 @@ async def test_a_target_urlsplit_refuses_gets_400_not_an_internal_error(
     assert "Traceback" not in caplog.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a handshake whose target urlsplit cannot read raises in Gate.accept: no answer",
-)
 async def test_a_websocket_handshake_with_such_a_target_gets_400_not_an_internal_error(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -143,10 +138,6 @@ async def test_a_websocket_handshake_with_such_a_target_gets_400_not_an_internal
     assert "internal error" not in caplog.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Origin: http://[::1 raises in Gate._origin_allowed (urlsplit): no answer, a traceback",
-)
 async def test_an_origin_urlsplit_refuses_gets_403_not_an_internal_error(
     url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -160,10 +151,6 @@ async def test_an_origin_urlsplit_refuses_gets_403_not_an_internal_error(
     assert "internal error" not in caplog.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Host: evil.example@127.0.0.1:PORT (userinfo, not a Host) is read as 127.0.0.1",
-)
 async def test_a_host_header_with_userinfo_is_refused(url: str) -> None:
     port = port_of(url)
     received = await raw_exchange(port, get(port, "/app.js", host=f"evil.example@127.0.0.1:{port}"))
@@ -174,10 +161,6 @@ async def test_a_host_header_with_userinfo_is_refused(url: str) -> None:
     assert status_of(received) in (400, 403), received[:80]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an absolute-form target's authority (evil.example) is ignored: only Host is checked",
-)
 async def test_an_absolute_form_target_for_another_host_is_refused(url: str) -> None:
     # RFC 9112 §3.2.2: with an absolute-form target the server uses its authority, not Host.
     port = port_of(url)
@@ -186,10 +169,6 @@ async def test_an_absolute_form_target_for_another_host_is_refused(url: str) -> 
     assert b"<html" not in received
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_refuse_bare's 400/431/501 lack the headers docs/web.md promises on every answer",
-)
 async def test_answers_to_requests_h11_cannot_read_have_the_security_headers_too(
     url: str,
 ) -> None:
@@ -202,6 +181,20 @@ async def test_answers_to_requests_h11_cannot_read_have_the_security_headers_too
         received = await raw_exchange(port, request)
         head = received.partition(b"\r\n\r\n")[0].lower()
         assert status_of(received) in (400, 431, 501)
+        assert b"\r\ncontent-security-policy: " in head, head
+        assert b"\r\nx-content-type-options: nosniff" in head, head
+
+
+async def test_refused_websocket_handshakes_have_the_security_headers_too(url: str) -> None:
+    port = port_of(url)
+    for request, status in [
+        (get(port, "/?token=wrong", extra=UPGRADE), 401),
+        (get(port, "/", host="evil.example", extra=UPGRADE), 403),
+        (get(port, "http://127.0.0.1/", extra=UPGRADE), 400),
+    ]:
+        received = await raw_exchange(port, request)
+        head = received.partition(b"\r\n\r\n")[0].lower()
+        assert status_of(received) == status, received[:80]
         assert b"\r\ncontent-security-policy: " in head, head
         assert b"\r\nx-content-type-options: nosniff" in head, head
 
@@ -420,6 +413,20 @@ async def test_foreign_origins_are_refused_for_the_page_and_the_websocket(
     for target, more in [(f"/?token={TOKEN}", ""), ("/app.js", ""), (f"/?token={TOKEN}", UPGRADE)]:
         received = await raw_exchange(port, get(port, target, extra=extra + more))
         assert status_of(received) == 403, (origin, target, received[:80])
+
+
+async def test_two_origin_headers_are_refused_for_the_page_and_the_websocket(url: str) -> None:
+    # One reader would take the first and another the last: refuse both orders.
+    port = port_of(url)
+    own, foreign = f"http://127.0.0.1:{port}", "http://evil.example"
+    for first, second in [(own, foreign), (foreign, own), (own, own)]:
+        extra = f"Origin: {first}\r\nOrigin: {second}\r\n"
+        for target, more in [(f"/?token={TOKEN}", ""), (f"/?token={TOKEN}", UPGRADE)]:
+            received = await raw_exchange(port, get(port, target, extra=extra + more))
+            assert status_of(received) == 400, (first, second, more, received[:80])
+            assert b"<html" not in received
+    received = await raw_exchange(port, get(port, f"/?token={TOKEN}", extra=f"Origin: {own}\r\n"))
+    assert status_of(received) == 200
 
 
 async def test_refusals_never_log_the_token_or_the_target(
@@ -761,10 +768,6 @@ def test_the_token_leaves_no_trace_in_the_page_its_requests_or_the_servers_log(
     assert server.token not in (server.home / "serve.log").read_text()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wire.js: a frame that is JSON null, or an error frame without 'error', throws",
-)
 def test_malformed_frames_from_the_server_do_not_throw_in_the_page(
     browser: Browser, server: Server
 ) -> None:
@@ -797,11 +800,7 @@ def test_malformed_frames_from_the_server_do_not_throw_in_the_page(
 BIDI_CONTROLS = "/[\\u202a-\\u202e\\u2066-\\u2069]/"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bidi controls in a call's name or arguments are drawn raw: the row reads reordered",
-)
-def test_bidi_controls_in_a_calls_name_and_arguments_are_shown_not_obeyed(
+def test_bidi_controls_in_a_calls_name_arguments_and_output_are_shown_not_obeyed(
     page: Page, server: Server
 ) -> None:
     # A prompt-injected model can make `rm -rf ~/work` read as something harmless in the
@@ -821,13 +820,17 @@ def test_bidi_controls_in_a_calls_name_and_arguments_are_shown_not_obeyed(
             .filter(text => {BIDI_CONTROLS}.test(text))"""
     )
     assert shown == []
+    assert "ech\\u202eo" in page.locator(".turn tr.call").nth(1).inner_text()
+    # Nowhere else either: the prompt, the output, the model's text; nor drawn from history.
+    raw = f"() => {BIDI_CONTROLS}.test(document.body.textContent)"
+    assert page.evaluate(raw) is False
+    _open(page, server)
+    page.locator("li.session[data-session=bidi] button").click()
+    page.locator("#transcript[data-session=bidi] .tool-call").first.wait_for(timeout=WAIT_MS)
+    assert "keep \\u202e~/krow/" in page.locator("#transcript").inner_text()
+    assert page.evaluate(raw) is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wire.js resets its backoff on every good hello: a server that then drops it at once "
-    "is reconnected to every 250 ms, forever",
-)
 def test_a_server_that_drops_the_page_after_hello_is_not_hammered(
     browser: Browser, server: Server
 ) -> None:
