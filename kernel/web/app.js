@@ -7,7 +7,7 @@
 
 import { el, entryBlock, sessionItem, toolItem, visible } from "./view.js";
 import { LiveTurn } from "./turn.js";
-import { Wire } from "./wire.js";
+import { Wire, isObject } from "./wire.js";
 
 const SESSION_NAME = /^[A-Za-z0-9._-]{1,128}$/;
 
@@ -49,6 +49,13 @@ function showNotice(text) {
   notice.hidden = !text;
 }
 
+// The records listed under `field` of a reply's result, each an object whose `key` is a
+// string; anything else a broken server sends is left out rather than thrown on.
+function records(result, field, key) {
+  const listed = isObject(result) && Array.isArray(result[field]) ? result[field] : [];
+  return listed.filter((item) => isObject(item) && typeof item[key] === "string");
+}
+
 async function refreshAll() {
   await Promise.all([refreshSessions(), refreshTools()]);
   if (state.session !== null && state.turn === null) await openSession(state.session);
@@ -62,7 +69,8 @@ async function refreshSessions() {
     showNotice(`sessions: ${error.message}`);
     return;
   }
-  state.sessions = [...result.sessions].sort((a, b) => b.mtime_ms - a.mtime_ms);
+  state.sessions = records(result, "sessions", "session_id")
+    .sort((a, b) => (b.mtime_ms ?? 0) - (a.mtime_ms ?? 0));
   drawSessions();
 }
 
@@ -81,8 +89,9 @@ async function refreshTools() {
     showNotice(`tools: ${error.message}`);
     return;
   }
-  $("tools-count").textContent = String(result.tools.length);
-  $("tools").replaceChildren(...result.tools.map(toolItem));
+  const tools = records(result, "tools", "name");
+  $("tools-count").textContent = String(tools.length);
+  $("tools").replaceChildren(...tools.map(toolItem));
 }
 
 async function openSession(sessionId) {
@@ -99,7 +108,7 @@ async function openSession(sessionId) {
     return;
   }
   if (state.session !== sessionId) return; // another was opened meanwhile
-  transcript.replaceChildren(...result.entries.map(entryBlock));
+  transcript.replaceChildren(...records(result, "entries", "type").map(entryBlock));
   transcript.dataset.session = sessionId;
   scrollDown();
 }

@@ -4,6 +4,7 @@
 // run at the same time are seen running at the same time.
 
 import { el, json, seconds, visible } from "./view.js";
+import { isObject } from "./wire.js";
 
 export class LiveTurn {
   // onCancelCall(callId, row) asks the server to cancel that call alone.
@@ -22,16 +23,17 @@ export class LiveTurn {
     );
   }
 
+  // An event without the fields its kind needs (from a broken server) is dropped.
   event(frame) {
     switch (frame.kind) {
       case "model_delta":
         this.delta(frame.step, frame.text);
         break;
       case "call_started":
-        this.started(frame.index, frame.call);
+        if (isObject(frame.call)) this.started(frame.index, frame.call);
         break;
       case "call_finished":
-        this.finished(frame.index, frame.observation);
+        if (isObject(frame.observation)) this.finished(frame.index, frame.observation);
         break;
       case "turn_finished":
         this.end(frame.reason, frame.error);

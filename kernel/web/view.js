@@ -1,6 +1,8 @@
 // Building the page's elements. Text from the server only ever goes in as
 // text (through `el`, or `visible` for textContent), never as HTML.
 
+import { isObject } from "./wire.js";
+
 // Unicode's bidirectional controls: embeddings, overrides, isolates and marks. Shown
 // raw they reorder the text around them, so that a call the model makes can read as
 // another one ("Trojan Source"); they are shown as escapes instead.
@@ -71,7 +73,8 @@ export function sessionItem(summary, selected, onOpen) {
 // --- transcript ----------------------------------------------------------------------
 
 function partsOf(entry) {
-  return entry.message && Array.isArray(entry.message.parts) ? entry.message.parts : [];
+  const parts = entry.message && Array.isArray(entry.message.parts) ? entry.message.parts : [];
+  return parts.filter(isObject);
 }
 
 function textParts(entry) {
@@ -150,7 +153,7 @@ export function toolItem(spec) {
       "details",
       {},
       el("summary", {}, el("code", {}, spec.name), " ",
-        el("span", { class: "tool-description" }, (spec.description ?? "").split("\n")[0])),
+        el("span", { class: "tool-description" }, String(spec.description ?? "").split("\n")[0])),
       limits.length ? el("div", { class: "tool-limits" }, limits.join(" · ")) : null,
       el("pre", { class: "schema" }, json(spec.parameters)),
     ),

@@ -139,7 +139,9 @@ export class Wire {
   }
 }
 
-function isObject(value) {
+// Whether `value` is a JSON object (not null, not an array): what a frame, a result or
+// a record from the server must be before its fields are read.
+export function isObject(value) {
   return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 

@@ -796,6 +796,60 @@ def test_malformed_frames_from_the_server_do_not_throw_in_the_page(
         context.close()
 
 
+def test_malformed_replies_and_events_do_not_throw_in_the_page(
+    browser: Browser, server: Server
+) -> None:
+    """Replies without their result and events without their fields, from a broken server."""
+    from playwright.sync_api import WebSocketRoute
+
+    context, page, errors = _own_page(browser)
+
+    def fake_server(ws: WebSocketRoute) -> None:
+        def reply(frame: dict[str, Any], result: object) -> None:
+            ws.send(
+                json.dumps({"type": "reply", "re": frame["id"], "status": "ok", "result": result})
+            )
+
+        def on_message(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "hello":
+                reply(frame, {"model": None, "protocol": 1})
+            elif frame.get("type") == "sessions":
+                reply(frame, {"sessions": [None, 3, {"session_id": 7, "data": None}]})
+            elif frame.get("type") == "tools":
+                reply(frame, None)
+            elif frame.get("type") == "history":
+                reply(frame, {"entries": [None, {"type": "assistant", "message": 3}]})
+            elif frame.get("type") == "run":
+                for event in [
+                    {"kind": "model_delta", "step": 1, "text": None},
+                    {"kind": "call_started", "index": 0},
+                    {"kind": "call_started", "index": 1, "call": {"id": None, "name": 5}},
+                    {"kind": "call_finished", "index": 0, "observation": None},
+                    {"kind": "call_finished", "index": 1, "observation": {"error": 3}},
+                    {"kind": "turn_finished", "reason": None, "error": "x"},
+                    None,
+                ]:
+                    ws.send(json.dumps({"type": "event", "re": frame["id"], **(event or {})}))
+                reply(frame, None)
+
+        ws.on_message(on_message)
+
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.locator("#connection[data-state=open]").wait_for(timeout=WAIT_MS)
+        page.fill("#session-id", "broken")
+        page.fill("#prompt", "hello")
+        page.press("#prompt", "Enter")
+        page.locator("body[data-running=no] .turn").wait_for(timeout=WAIT_MS)
+        page.wait_for_timeout(300)  # what the last frames set off
+        assert errors == []
+    finally:
+        context.close()
+
+
 #: Unicode's explicit direction controls: each reorders the text after it when shown raw.
 BIDI_CONTROLS = "/[\\u202a-\\u202e\\u2066-\\u2069]/"
 
