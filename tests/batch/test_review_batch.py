@@ -1,0 +1,421 @@
+"""Review of issue 16's batch runs: attacks as a hostile task file, a careless
+second caller, a killed process and a full disk would make them.
+
+Each xfail names a bug found (strict: it fails today and passes once fixed);
+the unmarked tests are guarantees that held, kept as coverage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from kernel import open_kernel
+from kernel.batch._directory import RESULTS, open_run_dir
+from kernel.batch._records import BatchTask, TaskLimits, TaskResult
+from kernel.batch._run import TaskOutcome, run_batch
+from kernel.errors import UsageError
+from kernel.kernel import Kernel
+from kernel.messages import Message
+from kernel.models import ModelRequest, ScriptedModel, Usage
+
+RUN = "review-run"
+
+
+def task_of(request: ModelRequest) -> str:
+    first = next(m for m in request.messages if m.role == "user")
+    return first.text.split()[-1]
+
+
+def observations(message: Message) -> list[str]:
+    return [
+        o.content if o.error is None else f"ERROR {o.error.message}" for o in message.observations
+    ]
+
+
+# -- a hostile task file -------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="add_tasks stores a task line over MAX_LINE_BYTES (16 MiB) that reopening "
+    "the run then refuses: the run can never be resumed",
+)
+async def test_a_task_the_run_accepted_can_be_reopened(tmp_path: Path) -> None:
+    big = BatchTask(id="big", prompt="x" * (16 * 1024 * 1024 + 1))
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        try:
+            await ledger.add_tasks([big])
+        except UsageError:
+            return  # refused up front, saying so: as good as a fix
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        assert (await ledger.counts()).total == 1
+
+
+async def test_tasks_tools_never_reach_another_tasks_files(tmp_path: Path) -> None:
+    """The built-in shell and python workers and the in-process fs tools of one task
+    reach neither another task's workspace (by .., by absolute path, by a link or a
+    hard link made from inside) nor the run's own files (tasks.jsonl holds every
+    task's expected answer)."""
+    run = tmp_path / RUN
+    both = trio.Event()
+    arrived = 0
+
+    async def script(request: ModelRequest) -> Any:
+        nonlocal arrived
+        me = task_of(request)
+        other = "b" if me == "a" else "a"
+        step = sum(m.role == "assistant" for m in request.messages)
+        if step == 0:
+            arrived += 1
+            if arrived == 2:
+                both.set()
+            await both.wait()  # both workspaces exist and both tasks run
+            peek = (
+                f"cat ../{other}/secret.txt; cat {run}/workspaces/{other}/secret.txt; "
+                f"cat {run}/tasks.jsonl; ls {run}; ln ../{other}/secret.txt hard; "
+                f"ln -s ../{other}/secret.txt soft; echo mine=$(cat secret.txt)"
+            )
+            code = (
+                "for p in ['../OTHER/secret.txt', 'RUN/tasks.jsonl', 'RUN/workspaces/OTHER']:\n"
+                "    try:\n"
+                "        print(open(p).read())\n"
+                "    except OSError as e:\n"
+                "        print('denied', e.errno)\n"
+            )
+            code = code.replace("OTHER", other).replace("RUN", str(run))
+            return ScriptedModel.reply(
+                calls=[
+                    ("run_command", {"command": peek}),
+                    ("run_python", {"code": code}),
+                ]
+            )
+        if step == 1:
+            paths = [f"../{other}/secret.txt", f"{run}/tasks.jsonl", "soft", "hard"]
+            return ScriptedModel.reply(
+                calls=[("read_file", {"path": p}) for p in paths]
+                + [("list_dir", {"path": ".."}), ("grep", {"pattern": "SECRET", "path": ".."})]
+            )
+        seen = [o for m in request.messages if m.role == "tool" for o in observations(m)]
+        return json.dumps(seen)
+
+    work = [
+        BatchTask(id=i, prompt=f"task {i}", files={"secret.txt": f"SECRET-{i}"}, expected=i)
+        for i in ("a", "b")
+    ]
+    (tmp_path / "kws").mkdir()
+    async with open_kernel(
+        home=tmp_path / "home", model=ScriptedModel(script), workspace=tmp_path / "kws"
+    ) as k:
+        try:
+            await k.check_run(tools=["run_command", "run_python"])
+        except UsageError:
+            pytest.skip("the shell and python built-ins did not load here")
+        if any("unconfined" in p.isolation for p in k.plugins.plugins):
+            pytest.skip("plugin workers are not confined on this machine")
+        async with open_run_dir(run) as ledger:
+            summary = await run_batch(
+                k,
+                work,
+                ledger=ledger,
+                max_concurrency=2,
+                tools=["run_command", "run_python", "read_file", "list_dir", "grep"],
+            )
+    for result in summary.results:
+        assert result.reason == "final", result
+        other = "b" if result.id == "a" else "a"
+        seen = json.loads(result.text)
+        assert f"mine=SECRET-{result.id}" in seen[0]
+        assert all(f"SECRET-{other}" not in s and '"expected"' not in s for s in seen), seen
+        assert seen[2:] == [s for s in seen[2:] if s.startswith("ERROR")], seen[2:]
+        workspace = run / "workspaces" / result.id
+        assert not (workspace / "hard").exists()  # a link may be made; read through, refused
+
+
+# -- a scorer that never returns ------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="abandoned sync-scorer threads keep trio's default thread limiter, which "
+    "seeding and the shielded results.jsonl append share: 40 hung scorers hang the run "
+    "forever, past every wall time and even a cancel",
+)
+async def test_sync_scorers_that_never_return_do_not_hang_the_run(
+    tmp_path: Path, thread_clock: trio.testing.MockClock
+) -> None:
+    release = threading.Event()
+    hung = int(trio.to_thread.current_default_thread_limiter().total_tokens)
+
+    def scorer(task: BatchTask, outcome: TaskOutcome) -> float:
+        if task.id.startswith("hang"):
+            release.wait()  # a scorer stuck in a C call, a lock, a socket
+        return 1.0
+
+    work = [BatchTask(id=f"hang{i:02d}", prompt="p") for i in range(hung)]
+    work.append(BatchTask(id="good", prompt="p"))
+    stuck = False
+
+    async def watchdog() -> None:
+        nonlocal stuck
+        await trio.sleep(3600)  # virtual: 360 wall times
+        stuck = True
+        release.set()  # let the threads go, so the run (and this test) ends
+
+    try:
+        async with open_kernel(
+            home=tmp_path / "home", model=ScriptedModel(lambda r: "ok"), plugins=[]
+        ) as k:
+            async with open_run_dir(tmp_path / RUN) as ledger, trio.open_nursery() as nursery:
+                nursery.start_soon(watchdog)
+                summary = await run_batch(
+                    k,
+                    work,
+                    ledger=ledger,
+                    max_concurrency=hung + 1,
+                    scorer=scorer,
+                    limits=TaskLimits(wall_time=10),
+                )
+                nursery.cancel_scope.cancel()
+    finally:
+        release.set()
+    assert not stuck, "the run went on an hour past its tasks' 10 s wall time"
+    results = {r.id: r for r in summary.results}
+    assert (results["good"].reason, results["good"].score) == ("final", 1.0)
+    assert {r.reason for r in summary.results if r.id != "good"} == {"wall_time"}
+
+
+# -- a process killed between its transcript and its result ------------------------
+
+
+def answering_with_usage(calls: list[str]) -> ScriptedModel:
+    def script(request: ModelRequest) -> Any:
+        calls.append(task_of(request))
+        return ScriptedModel.reply("the answer", usage=Usage(input_tokens=100, output_tokens=7))
+
+    return ScriptedModel(script)
+
+
+async def test_a_task_answered_before_a_kill_is_not_asked_again(tmp_path: Path) -> None:
+    """SIGKILL after the final answer reached the transcript but before results.jsonl
+    (the same state: the result line never written): the resume asks no model."""
+    calls: list[str] = []
+    async with open_kernel(
+        home=tmp_path / "home", model=answering_with_usage(calls), plugins=[]
+    ) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            await run_batch(k, [BatchTask(id="t1", prompt="task t1")], ledger=ledger)
+        (tmp_path / RUN / RESULTS).write_bytes(b"")  # killed before the line was written
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            summary = await run_batch(k, None, ledger=ledger)
+    assert calls == ["t1"]
+    (result,) = summary.results
+    assert (result.reason, result.text, result.attempt) == ("final", "the answer", 2)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a task whose final answer was recorded before a kill is resumed as steps=0 "
+    "with no tokens or cost: its results.jsonl line undercounts what the task used",
+)
+async def test_a_task_answered_before_a_kill_keeps_its_usage(tmp_path: Path) -> None:
+    calls: list[str] = []
+    async with open_kernel(
+        home=tmp_path / "home", model=answering_with_usage(calls), plugins=[]
+    ) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            first = await run_batch(k, [BatchTask(id="t1", prompt="task t1")], ledger=ledger)
+        (tmp_path / RUN / RESULTS).write_bytes(b"")
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            again = await run_batch(k, None, ledger=ledger)
+    before, after = first.results[0], again.results[0]
+    assert (before.input_tokens, before.output_tokens, before.steps) == (100, 7, 1)
+    assert (after.input_tokens, after.output_tokens, after.steps) == (100, 7, 1)
+
+
+# -- a careless second caller ---------------------------------------------------
+
+
+async def test_two_runs_on_one_ledger_in_one_process_run_each_task_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Two run_batch on the same DirectoryLedger at once: every task runs once, in
+    one of them or the other."""
+    summaries = await two_runs_on_one_ledger(tmp_path)
+    assert {r.worker for r in summaries[1].results} == {"w1", "w2"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DirectoryLedger counts a result finished before its line is written: "
+    "another run_batch on the ledger sees the run done then and returns a summary "
+    "without that task",
+)
+async def test_counts_never_run_ahead_of_results(tmp_path: Path) -> None:
+    """What another run_batch on the same ledger reads while a result is being
+    written: counts() must not say finished what results() does not hold yet.
+    (Seen end to end: of two run_batch sharing a ledger, the one that ends first
+    often returns 11 results of 12.)"""
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        await ledger.add_tasks([BatchTask(id="t1", prompt="p")])
+        await ledger.claim("w2", 1)
+        writing = getattr(getattr(ledger, "_results_file", None), "_lock", None)
+        if not isinstance(writing, trio.Lock):
+            pytest.skip("the ledger's writes are no longer behind a trio.Lock")
+        async with trio.open_nursery() as nursery:
+            async with writing:  # the line is on its way to the disk (a slow fsync)
+                nursery.start_soon(ledger.finish, "w2", TaskResult(id="t1", reason="final"))
+                await trio.testing.wait_all_tasks_blocked()
+                counts, results = await ledger.counts(), await ledger.results()
+    assert counts.finished == len(results), (counts, results)
+
+
+async def two_runs_on_one_ledger(tmp_path: Path) -> list[Any]:
+    asked: list[str] = []
+
+    async def script(request: ModelRequest) -> Any:
+        asked.append(task_of(request))
+        await trio.sleep(1)
+        return "done"
+
+    work = [BatchTask(id=f"t{i:02d}", prompt=f"task t{i:02d}") for i in range(12)]
+    summaries: list[Any] = []
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+
+            async def one(worker: str) -> None:
+                summaries.append(
+                    await run_batch(k, work, ledger=ledger, max_concurrency=2, worker=worker)
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, "w1")
+                nursery.start_soon(one, "w2")
+    assert sorted(asked) == [t.id for t in work]
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        assert [r.reason for r in await ledger.results()] == ["final"] * 12
+    return summaries
+
+
+# -- a full disk -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def small_disk(where: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs at ``where`` (root only), unmounted after."""
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+
+
+@attrs.frozen
+class FullDisk:
+    run: Path
+    go: Callable[[], Awaitable[None]]  # run_batch over the four tasks
+    kernel: Kernel
+    work: list[BatchTask]
+    disk: Path
+
+
+@contextlib.asynccontextmanager
+async def four_tasks_finishing_on_a_full_disk(tmp_path: Path) -> AsyncIterator[FullDisk]:
+    """Four tasks claimed on a 1 MiB disk that fills up while they run: every result
+    append fails with ENOSPC."""
+    with small_disk(tmp_path / "disk") as disk:
+        run = disk / RUN
+        arrived = 0
+        together = trio.Event()
+
+        async def script(request: ModelRequest) -> Any:
+            nonlocal arrived
+            arrived += 1
+            if arrived == 4:
+                await trio.to_thread.run_sync(fill, disk)
+                together.set()
+            await together.wait()
+            return "done"
+
+        async with open_kernel(
+            home=tmp_path / "home", model=ScriptedModel(script), plugins=[]
+        ) as k:
+            work = [BatchTask(id=f"t{i}", prompt=f"task t{i}") for i in range(4)]
+
+            async def go() -> None:
+                async with open_run_dir(run) as ledger:
+                    await run_batch(
+                        k,
+                        work,
+                        ledger=ledger,
+                        max_concurrency=4,
+                        workspace_root=tmp_path / "workspaces",
+                    )
+
+            yield FullDisk(run, go, k, work, disk)
+
+
+async def test_a_full_disk_loses_no_result_and_tears_no_line(tmp_path: Path) -> None:
+    """ENOSPC while appending results: the run stops with the error; results.jsonl
+    holds whole lines only; once there is room, the resume finishes every task
+    from its transcript (no model asked again)."""
+    async with four_tasks_finishing_on_a_full_disk(tmp_path) as full:
+        run, k = full.run, full.kernel
+        with pytest.raises(BaseException) as caught:
+            await full.go()
+        leaves = [caught.value]
+        while isinstance(leaves[0], BaseExceptionGroup):
+            leaves = [leaf for group in leaves for leaf in group.exceptions]  # type: ignore[attr-defined]
+        assert all(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in leaves), leaves
+        data = (run / RESULTS).read_bytes()
+        assert data == b"" or data.endswith(b"\n")
+        for line in data.splitlines():
+            assert json.loads(line)["reason"] == "cancelled"  # never a torn or a lost one
+        (full.disk / "filler").unlink()
+        k.agent.model = ScriptedModel(lambda r: pytest.fail("a finished turn asked again"))
+        async with open_run_dir(run) as ledger:
+            summary = await run_batch(
+                k, None, ledger=ledger, workspace_root=tmp_path / "workspaces"
+            )
+    assert [(r.id, r.reason, r.text) for r in summary.results] == [
+        (t.id, "final", "done") for t in full.work
+    ]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ENOSPC hitting several tasks' result appends at once ends run_batch with "
+    "nested ExceptionGroups of OSErrors and Cancelled, not one error a caller can catch",
+)
+async def test_a_full_disk_is_one_error(tmp_path: Path) -> None:
+    async with four_tasks_finishing_on_a_full_disk(tmp_path) as full:
+        with pytest.raises(OSError, match="No space left on device"):
+            await full.go()
