@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -419,3 +420,68 @@ async def test_a_full_disk_is_one_error(tmp_path: Path) -> None:
     async with four_tasks_finishing_on_a_full_disk(tmp_path) as full:
         with pytest.raises(OSError, match="No space left on device"):
             await full.go()
+
+
+# -- a hostile or careless seed ----------------------------------------------------
+
+
+async def test_odd_seeds_neither_hang_nor_leak(tmp_path: Path) -> None:
+    """A seed given as a link to a directory is copied; in it, a FIFO (whose open
+    would block a reader forever) and a link to a directory outside are left out;
+    a hard link to a file outside is copied as the data it is, not as a link."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    real = tmp_path / "real-seed"
+    real.mkdir()
+    (real / "question.txt").write_text("seeded")
+    os.mkfifo(real / "pipe")
+    os.symlink(outside, real / "out")
+    os.link(outside / "secret.txt", real / "hard.txt")
+    seed = tmp_path / "seed-link"
+    os.symlink(real, seed)
+
+    def script(request: ModelRequest) -> Any:
+        return "done"
+
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            summary = await run_batch(
+                k, [BatchTask(id="t1", prompt="p", workspace=str(seed))], ledger=ledger
+            )
+    (result,) = summary.results
+    assert result.reason == "final", result
+    workspace = tmp_path / RUN / "workspaces" / "t1"
+    assert (workspace / "question.txt").read_text() == "seeded"
+    assert not (workspace / "pipe").exists() and not (workspace / "out").exists()
+    assert (workspace / "hard.txt").read_text() == "secret"
+    assert os.stat(workspace / "hard.txt").st_nlink == 1  # a copy: editing it leaves the seed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a relative task workspace is resolved against the cwd of whoever runs or "
+    "resumes, not the task file: from another directory the task ends 'error' for good",
+)
+def test_a_relative_seed_is_the_task_files(tmp_path: Path) -> None:
+    here = tmp_path / "evals"
+    (here / "seeds" / "s1").mkdir(parents=True)
+    (here / "seeds" / "s1" / "question.txt").write_text("seeded")
+    (here / "tasks.jsonl").write_text(
+        json.dumps({"id": "t1", "prompt": "hello", "workspace": "seeds/s1"}) + "\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    tak = [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home"), "batch"]
+    done = subprocess.run(
+        [*tak, str(here / "tasks.jsonl"), "--model", "scripted:echo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=elsewhere,
+        check=False,
+    )
+    line = json.loads((out / RESULTS).read_text().splitlines()[0])
+    assert (line["reason"], line["error"]) == ("final", None), done.stdout + done.stderr
+    assert (out / "workspaces" / "t1" / "question.txt").read_text() == "seeded"
