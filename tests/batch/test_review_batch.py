@@ -600,3 +600,28 @@ async def test_plugin_calls_that_ignore_signals_end_at_the_wall_time(tmp_path: P
     assert [(r.id, r.reason) for r in summary.results] == [("py", "wall_time"), ("sh", "wall_time")]
     left = await trio.run_process(["pgrep", "-f", marker], capture_stdout=True, check=False)
     assert left.stdout == b"", f"processes left behind: {left.stdout!r}"
+
+
+# -- a careless user ------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sessions are keyed by the run id, which defaults to the directory's name: "
+    "a new run in another (or a re-made) directory of the same name resumes the old "
+    "run's transcripts and returns their answers without asking the model",
+)
+async def test_a_new_run_never_takes_an_old_runs_answers(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def script(request: ModelRequest) -> Any:
+        question = request.messages[0].text
+        asked.append(question)
+        return f"answer to {question}"
+
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        for project, question in (("project-a", "what is 2+2?"), ("project-b", "what is 3+3?")):
+            async with open_run_dir(tmp_path / project / "out") as ledger:
+                summary = await run_batch(k, [BatchTask(id="t1", prompt=question)], ledger=ledger)
+    assert asked == ["what is 2+2?", "what is 3+3?"]
+    assert summary.results[0].text == "answer to what is 3+3?"
