@@ -1,0 +1,486 @@
+"""A second engineer's attack on `tak batch` (kernel/cli/batch.py, kernel/cli/_batch.py).
+
+Real `tak` subprocesses with a temporary home and the scripted model, as
+tests/test_cli_batch.py runs them. A test marked ``xfail(strict=True)`` is a bug
+found: it fails today and passes once fixed. The unmarked ones are attacks that held.
+
+Runs for ``ls`` and ``show`` are written by hand where no task needs to run: a
+run's directory is its ``manifest.json``, ``tasks.jsonl`` and ``results.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel.batch import TaskResult, converter
+
+
+def tak_argv(home: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "kernel.cli", "--home", str(home), "--plugin", "demo", *args]
+
+
+def tak(
+    home: Path, *args: str, cwd: Path | None = None, timeout: float = 120, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        tak_argv(home, *args), capture_output=True, text=True, timeout=timeout, cwd=cwd, **kwargs
+    )
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"/call {name} {json.dumps(arguments)}"
+
+
+def write_tasks(path: Path, tasks: Sequence[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
+
+
+def results(run_dir: Path) -> list[TaskResult]:
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    return [converter.structure(json.loads(line), TaskResult) for line in lines]
+
+
+def one_line(result: subprocess.CompletedProcess[str], prefix: str) -> bool:
+    return result.stderr.startswith(prefix) and result.stderr.count("\n") == 1
+
+
+def hand_made_run(root: Path, run_id: str, task_ids: Sequence[str], *, done: int) -> Path:
+    """A finished-looking run directory under ``root`` (what the ledger writes)."""
+    run = root / run_id
+    run.mkdir(parents=True)
+    settings: dict[str, Any] = {"model": "scripted:demo", "fallbacks": [], "system": None,
+                                "plugins": [], "tools": None, "settings": None, "limits": {},
+                                "concurrency": 10}  # fmt: skip
+    manifest = {"run_id": run_id, "created": time.time(), "settings": settings}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    write_tasks(run / "tasks.jsonl", [{"id": t, "prompt": "hi"} for t in task_ids])
+    lines = [
+        json.dumps(converter.unstructure(TaskResult(id=t, reason="final", text="x" * 40)))
+        for t in task_ids[:done]
+    ]
+    (run / "results.jsonl").write_text("".join(line + "\n" for line in lines))
+    return run
+
+
+def wait_for(predicate: Callable[[], bool], what: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"tak exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def in_its_call(home: Path, run_id: str, task_id: str) -> Callable[[], bool]:
+    """Whether the task's transcript has the model's tool call (the tool is running)."""
+    path = home / "data" / "sessions" / f"batch.{run_id}" / task_id / "transcript.jsonl"
+
+    def check() -> bool:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return False
+        return any(json.loads(line)["type"] == "assistant" for line in text.splitlines() if line)
+
+    return check
+
+
+SLEEPY = [
+    {"id": "quick", "prompt": call("add", a=1, b=1)},
+    {"id": "sleepy", "prompt": call("sleep", seconds=600)},
+]
+
+
+def start_sleepy(home: Path, tmp_path: Path, *args: str, cwd: Path | None = None) -> Any:
+    tasks = write_tasks(tmp_path / "sleepy.jsonl", SLEEPY)
+    proc = subprocess.Popen(
+        tak_argv(home, "batch", str(tasks), *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+    return proc
+
+
+# --- bugs --------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--out at an existing directory that is not a run is adopted: its own "
+    "tasks.jsonl becomes the run's and is appended to",
+)
+def test_out_at_a_directory_of_other_files_is_refused_and_left_alone(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    mine = '{"id":"a","prompt":"my own file"}\n'
+    (project / "tasks.jsonl").write_text(mine)
+    (project / "notes.txt").write_text("keep\n")
+    tasks = write_tasks(tmp_path / "evals.jsonl", [{"id": "z", "prompt": "hi"}])
+    result = tak(tmp_path / "home", "batch", str(tasks), "--out", str(project))
+    assert (project / "tasks.jsonl").read_text() == mine  # today: task z appended to it
+    assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "tasks.jsonl"]
+    assert result.returncode == 2 and one_line(result, f"tak batch: --out {project}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a run that fails to start (--out at a file) leaves <home>/batch/<id> linked "
+    "to it: the id is 'taken' from then on",
+)
+def test_a_run_that_could_not_start_does_not_keep_its_id(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
+    (tmp_path / "evals").write_text("a file\n")
+    failed = tak(home, "batch", str(tasks), "--out", str(tmp_path / "evals"))
+    assert failed.returncode != 0 and failed.stderr.count("\n") == 1, failed.stderr
+    # the user fixes the mistake: the run of that name goes elsewhere
+    (tmp_path / "runs").mkdir()
+    fixed = tak(home, "batch", str(tasks), "--out", str(tmp_path / "runs" / "evals"))
+    assert fixed.returncode == 0, fixed.stderr  # today: run id 'evals' is taken by the file
+
+
+@pytest.mark.xfail(
+    strict=True, reason="tak batch ls: one run with a damaged file hides every other run"
+)
+def test_ls_lists_the_good_runs_beside_a_damaged_one(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    hand_made_run(home / "batch", "good", ["a", "b"], done=2)
+    bad = hand_made_run(home / "batch", "bad", ["a"], done=1)
+    (bad / "manifest.json").write_text("{not json")
+    for args in ([], ["--json"]):
+        listed = tak(home, "batch", "ls", *args)
+        assert "good" in listed.stdout, listed
+        assert "bad" in listed.stderr, listed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="show/ls of a results.jsonl with bytes not UTF-8: 'internal error: "
+    "UnicodeDecodeError', exit 1, no file or line named",
+)
+def test_show_of_results_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run = hand_made_run(home / "batch", "r", ["a", "b"], done=1)
+    with (run / "results.jsonl").open("ab") as f:
+        f.write(b'{"id": "b", "reason": "final", "text": "\xff"}\n')
+    shown = tak(home, "batch", "show", "r")
+    assert shown.returncode == 2, shown
+    assert one_line(shown, f"tak batch show: {run / 'results.jsonl'}:2: "), shown.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="show of a results line lacking a field says 'While structuring TaskResult "
+    "(1 sub-exception)', not which field (resume says '$.reason: required field missing')",
+)
+def test_show_of_a_result_missing_a_field_names_the_field(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run = hand_made_run(home / "batch", "r", ["a", "b"], done=1)
+    with (run / "results.jsonl").open("a") as f:
+        f.write('{"id": "b"}\n')
+    shown = tak(home, "batch", "show", "r")
+    assert shown.returncode == 2 and one_line(shown, "tak batch show: "), shown
+    assert f"{run / 'results.jsonl'}:2: $.reason" in shown.stderr, shown.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="show/ls of a run whose tasks.jsonl is gone count its results anyway "
+    "('finished 2 of 0 tasks'); resume refuses the same run as damaged",
+)
+def test_show_of_a_run_without_its_tasks_file_says_so(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    run = hand_made_run(home / "batch", "r", ["a", "b"], done=2)
+    (run / "tasks.jsonl").unlink()
+    resumed = tak(home, "batch", "resume", "r")
+    assert resumed.returncode == 2 and "not in tasks.jsonl" in resumed.stderr  # held
+    shown = tak(home, "batch", "show", "r")
+    assert "of 0 tasks" not in shown.stdout, shown.stdout
+    assert shown.returncode == 2 and "tasks.jsonl" in shown.stderr, shown
+
+
+def limit_memory(megabytes: int) -> Callable[[], None]:
+    """A ``preexec_fn``: at most this much memory (enough for tak and a small run)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (megabytes * 2**20, megabytes * 2**20))
+
+    return limit
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--concurrency 1000000000 starts that many runner tasks for a run of one "
+    "task (memory grows until MemoryError; a hang meanwhile)",
+)
+def test_a_huge_concurrency_runs_the_one_task_or_is_refused(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "one.jsonl", [{"id": "a", "prompt": "hi"}])
+    result = tak(
+        tmp_path / "home",
+        "batch",
+        str(tasks),
+        "--concurrency",
+        "1000000000",
+        # A hang detector, not a measure: fixed, this run takes a second or two. Today
+        # it makes runner tasks until the memory limit (or the timeout) stops it.
+        timeout=20,
+        preexec_fn=limit_memory(2048),
+    )
+    if result.returncode == 2:  # refusing is a fix too
+        assert one_line(result, "tak batch: --concurrency: "), result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-500:]
+        assert "finished    1 of 1 tasks" in result.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--max-cost inf / --wall-time inf: 'the run's settings cannot be stored: Out "
+    "of range float...' names no flag, after making the run's directory",
+)
+def test_an_infinite_limit_is_refused_naming_its_flag(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
+    result = tak(home, "batch", str(tasks), "--max-cost", "inf")
+    assert result.returncode == 2, result
+    assert not (home / "batch" / "t").exists()
+    assert one_line(result, "tak batch: --max-cost: "), result.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--progress-every nan: 'internal error: ValueError: deadline must not be NaN' "
+    "(exit 1) once the run is made, not a bad flag",
+)
+def test_progress_every_nan_is_a_bad_flag(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
+    result = tak(home, "batch", str(tasks), "--progress-every", "nan")
+    assert result.returncode == 2 and one_line(result, "tak batch: --progress-every: "), result
+    assert not (home / "batch" / "t").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a tasks file with no end of line (/dev/zero) is read whole into memory "
+    "before the 16 MiB line limit is checked: MemoryError",
+)
+def test_an_endless_tasks_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    result = tak(tmp_path / "home", "batch", "/dev/zero", preexec_fn=limit_memory(700))
+    assert result.returncode == 2 and one_line(result, "tak batch: /dev/zero"), result
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a run id made from an unusable name (--out 評価, --out ..) is refused as "
+    "\"got '-'\", not naming the name it came from",
+)
+def test_a_run_id_from_an_unusable_name_names_that_name(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
+    result = tak(tmp_path / "home", "batch", str(tasks), "--out", str(tmp_path / "評価"))
+    assert result.returncode == 2 and one_line(result, "tak batch: "), result
+    assert "評価" in result.stderr and "--run-id" in result.stderr, result.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="two tasks files of one name (a/tasks.jsonl, b/tasks.jsonl) are one run "
+    "'tasks': the second's tasks are silently added to the first's run",
+)
+def test_another_tasks_file_of_the_same_name_is_not_merged_into_the_run(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    for project, task in (("a", "first"), ("b", "second")):
+        (tmp_path / project).mkdir()
+        write_tasks(tmp_path / project / "tasks.jsonl", [{"id": task, "prompt": "hi"}])
+    assert tak(home, "batch", str(tmp_path / "a" / "tasks.jsonl")).returncode == 0
+    second = tak(home, "batch", str(tmp_path / "b" / "tasks.jsonl"))
+    # refused (give --run-id), or a run of its own: not project a's run grown
+    assert [r.id for r in results(home / "batch" / "tasks")] == ["first"], second
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SIGTERM (kill, docker stop, systemd) is not handled like Ctrl-C: the running "
+    "tasks are not recorded cancelled, no summary, no resume hint",
+)
+def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = start_sleepy(home, tmp_path)
+    try:
+        wait_for(in_its_call(home, "sleepy", "sleepy"), "the sleep call", proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "to finish the run: " in stderr, stderr
+    assert "finished    1 of 2 tasks" in stdout
+    by_id = {r.id: r.reason for r in results(home / "batch" / "sleepy")}
+    assert by_id == {"quick": "final", "sleepy": "cancelled"}
+
+
+# --- what held ---------------------------------------------------------------
+
+
+def test_the_interrupted_hint_runs_as_printed_with_a_quoted_home_and_an_odd_out(
+    tmp_path: Path,
+) -> None:
+    """A relative --home with a space and both quotes, an --out with a space and
+    unicode elsewhere; the hint pasted into a shell in the same directory, no tak
+    on PATH."""
+    cwd = tmp_path / "it's here"
+    cwd.mkdir()
+    home_arg = "h 'o\"me"
+    home = cwd / home_arg
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernel.cli", "--home", home_arg, "--plugin", "demo", "batch",
+         str(write_tasks(cwd / "sleepy.jsonl", SLEEPY)), "--out", "out dir/é x"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+    )  # fmt: skip
+    try:
+        wait_for(in_its_call(home, "x", "sleepy"), "the sleep call", proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    prefix = "tak batch: interrupted; to finish the run: "
+    hint = stderr.splitlines()[-1]
+    assert hint.startswith(prefix), stderr
+    assert shlex.split(hint.removeprefix(prefix))[-3:] == ["batch", "resume", "x"]
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    finished = subprocess.run(
+        ["/bin/sh", "-c", hint.removeprefix(prefix)],
+        capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr
+    assert "finished    2 of 2 tasks" in finished.stdout
+    assert (home / "batch" / "x").resolve() == (cwd / "out dir" / "é x").resolve()
+
+
+def test_sigkill_then_resume_finishes_each_task_once(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = start_sleepy(home, tmp_path)
+    try:
+        wait_for(in_its_call(home, "sleepy", "sleepy"), "the sleep call", proc)
+        proc.kill()
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    run = home / "batch" / "sleepy"
+    assert [r.id for r in results(run)] == ["quick"]
+    resumed = tak(home, "batch", "resume", "sleepy")
+    assert resumed.returncode == 0, resumed.stderr
+    finals = {r.id: r.attempt for r in results(run) if r.finished}
+    assert finals == {"quick": 1, "sleepy": 2}
+    assert len(results(run)) == 2
+
+
+def test_a_bom_crlf_and_blank_lines_are_read_and_odd_task_files_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    odd = tmp_path / "odd.jsonl"
+    odd.write_bytes(
+        b'\xef\xbb\xbf{"id": "a", "prompt": "hi"}\r\n\r\n\n  \n{"id": "b", "prompt": "yo"}\r\n'
+    )
+    ran = tak(home, "batch", str(odd))
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(r.id for r in results(home / "batch" / "odd")) == ["a", "b"]
+    (tmp_path / "dir.jsonl").mkdir()
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"id": "a", "prompt": "caf\xe9"}\n')
+    for name, expected in [
+        ("dir.jsonl", "cannot read the task file: Is a directory"),
+        ("latin1.jsonl", ":1: not valid JSON ("),
+    ]:
+        refused = tak(home, "batch", str(tmp_path / name))
+        assert refused.returncode == 2 and one_line(refused, "tak batch: "), refused
+        assert expected in refused.stderr, refused.stderr
+
+
+def test_bad_numbers_are_refused_in_one_line_before_a_run_is_made(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
+    for args, expected in [
+        (["--concurrency", "-1"], "tak batch: --concurrency: expected 1 or more, got -1\n"),
+        (["--wall-time", "0"], "tak batch: --wall-time: expected a positive number, got 0.0\n"),
+        (["--max-cost", "nan"], "tak batch: --max-cost: expected a positive number, got nan\n"),
+    ]:
+        result = tak(home, "batch", str(tasks), *args)
+        assert (result.returncode, result.stderr) == (2, expected), args
+    assert not (home / "batch" / "t").exists()
+    resumed = tak(home, "batch", "resume", "t", "--concurrency", "0")
+    assert (resumed.returncode, resumed.stderr) == (
+        2,
+        "tak batch resume: --concurrency: expected 1 or more, got 0\n",
+    )
+
+
+def test_a_worker_without_a_store_is_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TAK_STORE_URL"}
+    result = tak(tmp_path / "home", "batch", "worker", "--run", "r", env=env)
+    assert (result.returncode, result.stderr) == (
+        2,
+        "tak batch worker: --store URL is needed (or $TAK_STORE_URL)\n",
+    )
+
+
+def test_json_is_valid_for_no_runs_and_an_empty_run_and_a_closed_pipe_is_quiet(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    empty = tak(home, "batch", "ls", "--json")
+    assert (empty.returncode, json.loads(empty.stdout)) == (0, [])
+    hand_made_run(home / "batch", "none", [], done=0)
+    shown = json.loads(tak(home, "batch", "show", "none", "--json").stdout)
+    assert (shown["total"], shown["results"], shown["score_mean"]) == (0, [], None)
+    # more than a pipe holds, read by `head -1`: no traceback, status 0
+    hand_made_run(home / "batch", "big", [f"t{i}" for i in range(600)], done=600)
+    for args in (["show", "big", "--json"], ["ls"]):
+        piped = subprocess.run(
+            f"{shlex.join(tak_argv(home, 'batch', *args))} | head -1; "
+            'echo "status ${PIPESTATUS[0]}" >&2',
+            shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert piped.stderr == "status 0\n", piped.stderr
+        assert piped.stdout.count("\n") == 1
+
+
+def test_ls_names_a_run_whose_directory_is_gone_and_lists_the_rest(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    hand_made_run(home / "batch", "good", ["a"], done=1)
+    (home / "batch" / "gone").symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    (home / "batch" / "loop").symlink_to(home / "batch" / "loop")
+    listed = tak(home, "batch", "ls")
+    assert listed.returncode == 0, listed
+    assert listed.stdout.splitlines()[1].split()[0] == "good"
+    assert f"tak batch ls: gone: its directory is gone ({tmp_path / 'nowhere'})" in listed.stderr
+
+
+def test_a_second_run_of_the_same_id_elsewhere_is_refused_and_makes_nothing(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
+    hand_made_run(home / "batch", "evals", ["a"], done=1)
+    other = tmp_path / "elsewhere" / "evals"
+    refused = tak(home, "batch", str(tasks), "--out", str(other))
+    assert refused.returncode == 2 and one_line(
+        refused, f"tak batch: run id 'evals' is taken by {home / 'batch' / 'evals'}"
+    ), refused
+    assert not other.exists()
