@@ -93,6 +93,20 @@ def _has_cgroups() -> bool:
     return bool(probe)
 
 
+_BOMB = (
+    "import subprocess\n"
+    "children = []\n"
+    "try:\n"
+    "    for _ in range(40):\n"
+    "        children.append(subprocess.Popen(['/bin/sleep', '60']))\n"
+    "    result = 'started 40'\n"
+    "except OSError as exc:\n"
+    "    result = f'stopped after {len(children)}: {exc.strerror}'\n"
+    "for child in children:\n"
+    "    child.kill(); child.wait()\n"
+)
+
+
 # -- the kernel, its home, the other servers: out of reach (held) -----------------------
 
 
@@ -220,22 +234,40 @@ async def test_a_fork_bomb_stops_at_processes(workspace: Path) -> None:
     RLIMIT_NPROC)."""
     if not await trio.to_thread.run_sync(_has_cgroups):
         pytest.skip("this process cannot make cgroups")
-    bomb = (
-        "import subprocess\n"
-        "children = []\n"
-        "try:\n"
-        "    for _ in range(40):\n"
-        "        children.append(subprocess.Popen(['/bin/sleep', '60']))\n"
-        "    result = 'started 40'\n"
-        "except OSError as exc:\n"
-        "    result = f'stopped after {len(children)}: {exc.strerror}'\n"
-        "for child in children:\n"
-        "    child.kill(); child.wait()\n"
-    )
     async with serving({"h": hostile(subprocess=True, processes=8)}, workspace) as s:
-        said = await s.probe("h", bomb)
+        said = await s.probe("h", _BOMB)
     assert said.startswith("stopped after "), said
     assert int(said.split()[2].rstrip(":")) < 8
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="as root without a pids cgroup, a subprocess server starts with no process "
+    "limit (RLIMIT_NPROC does not bind root); a plugin worker is refused there",
+)
+async def test_without_a_pids_cgroup_root_refuses_a_subprocess_server(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/sandbox.md: "without a writable pids hierarchy, root refuses subprocess
+    plugins". A server with ``subprocess`` must be refused too, or bounded otherwise."""
+    if os.getuid() != 0:
+        pytest.skip("RLIMIT_NPROC binds every user but root")
+    import plugins._mcp
+
+    monkeypatch.setattr(plugins._mcp, "make_cgroups", lambda **_: [])
+    registry = ToolRegistry()
+    async with open_mcp_servers(
+        {"h": hostile(subprocess=True, processes=8)},
+        registry,
+        workspace=workspace,
+        log_dir=workspace.parent / "data/mcp",
+    ) as mcp:
+        await mcp.list_tools_for(["h.probe"])
+        call = ToolCall("1", "h.probe", {"code": _BOMB})
+        [obs] = await run_tool_calls([call], registry)
+    if obs.error is None:
+        assert obs.content.startswith("stopped after "), obs.content
+        assert int(obs.content.split()[2].rstrip(":")) < 8
 
 
 # -- approvals (held) -------------------------------------------------------------------
@@ -366,9 +398,9 @@ async def test_a_retargeted_read_link_voids_the_approval(workspace: Path, tmp_pa
     async with serving({"h": config}, workspace, home=home) as s:
         await s.mcp.list_tools()
         [info] = s.mcp.info()
-        if info.approval == "approved":
-            stolen = await s.probe("h", f"result = open({str(link / 'tak.toml')!r}).read()")
-            assert "sk-secret" not in stolen
+        code = f"result = open({str(link / 'tak.toml')!r}).read()"
+        [obs] = await run_tool_calls([ToolCall("1", "h.probe", {"code": code})], s.registry)
+        assert "sk-secret" not in obs.content, info.approval
 
 
 @pytest.mark.xfail(
