@@ -625,3 +625,54 @@ async def test_a_new_run_never_takes_an_old_runs_answers(tmp_path: Path) -> None
                 summary = await run_batch(k, [BatchTask(id="t1", prompt=question)], ledger=ledger)
     assert asked == ["what is 2+2?", "what is 3+3?"]
     assert summary.results[0].text == "answer to what is 3+3?"
+
+
+# -- a stopped process ------------------------------------------------------------------
+
+
+async def test_stopped_at_any_moment_and_resumed_every_task_ends_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The run cancelled at each of 40 moments (a claim, a seed, a model request, a
+    tool call, a result being written), then resumed: every task ends ``final``,
+    with one prompt in its transcript and one final answer; the resume keeps to its
+    max_concurrency."""
+    for moment in range(1, 41):
+        await stopped_then_resumed(tmp_path / f"home{moment}", moment * 0.05)
+
+
+async def stopped_then_resumed(home: Path, stop_at: float) -> None:
+    finals: dict[str, int] = {}
+    running = most = 0
+
+    async def script(request: ModelRequest) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            await trio.sleep(0.3)
+        finally:
+            running -= 1
+        me = task_of(request)
+        if sum(m.role == "assistant" for m in request.messages) < 2:
+            return ScriptedModel.reply(calls=[("read_file", {"path": "q.txt"})])
+        finals[me] = finals.get(me, 0) + 1
+        return f"done {me}"
+
+    work = [BatchTask(id=f"t{i}", prompt=f"task t{i}", files={"q.txt": "q"}) for i in range(6)]
+    async with open_kernel(home=home, model=ScriptedModel(script), plugins=[]) as k:
+        async with open_run_dir(home / RUN) as ledger:
+            await ledger.add_tasks(work)
+            with trio.move_on_after(stop_at):
+                await run_batch(k, work, ledger=ledger, max_concurrency=3)
+        most = 0
+        async with open_run_dir(home / RUN) as ledger:
+            summary = await run_batch(k, None, ledger=ledger, max_concurrency=2)
+        prompts = []
+        for t in work:
+            messages = await k.session(t.id, project=f"batch.{RUN}").messages()
+            prompts.append(sum(m.role == "user" for m in messages))
+    assert [r.reason for r in summary.results] == ["final"] * 6, stop_at
+    assert prompts == [1] * 6, stop_at
+    assert finals == {t.id: 1 for t in work}, stop_at
+    assert most <= 2, stop_at
