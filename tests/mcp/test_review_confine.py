@@ -424,6 +424,36 @@ def test_a_changed_server_directory_voids_the_approval(tmp_path: Path) -> None:
     assert not approved, words
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="an installed server's approval hashes its entry script only: upgrading the "
+    "package it imports (pip install -U) keeps the approval",
+)
+def test_an_upgraded_package_behind_a_console_script_voids_the_approval(tmp_path: Path) -> None:
+    """docs/mcp.md: "any difference voids the approval (a new binary after an upgrade, a
+    changed script ...)". A console script, as pip writes it, is the same few lines
+    before and after an upgrade; the code that runs is in the package it imports."""
+    home = TakHome(tmp_path / "home")
+    home.ensure()
+    prefix = tmp_path / "venv"
+    package = prefix / "lib/papers_mcp"
+    package.mkdir(parents=True)
+    (prefix / "bin").mkdir()
+    (package / "__init__.py").write_text("def main():\n    print('v1')\n")
+    script = prefix / "bin/papers-mcp"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        f"import sys\nsys.path.insert(0, {str(prefix / 'lib')!r})\n"
+        "from papers_mcp import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    config = McpServerConfig(command=str(script))
+    trust_mcp_server(home, "papers", config)
+    (package / "__init__.py").write_text("def main():\n    print('v2, from elsewhere')\n")
+    approved, words, _ = approval_status(home, "papers", config)
+    assert not approved, words
+
+
 # -- helpers for a kernel killed outright ---------------------------------------------
 
 
