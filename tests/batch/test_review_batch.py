@@ -676,3 +676,66 @@ async def stopped_then_resumed(home: Path, stop_at: float) -> None:
     assert prompts == [1] * 6, stop_at
     assert finals == {t.id: 1 for t in work}, stop_at
     assert most <= 2, stop_at
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "batch_eval.py"
+FINISHED = {"final", "max_steps", "max_tokens", "max_cost", "wall_time", "model_error", "error"}
+
+
+def example_results(out: Path) -> list[dict[str, Any]]:
+    path = out / "run" / "results.jsonl"
+    if not path.exists():
+        return []
+    return [
+        json.loads(line)
+        for line in path.read_bytes().splitlines(keepends=True)
+        if line.endswith(b"\n")
+    ]
+
+
+@pytest.mark.parametrize("kill_after", [-1, 0, 1, 37, 79])
+def test_sigkilled_at_any_point_then_resumed_no_task_runs_twice_or_is_lost(
+    tmp_path: Path, kill_after: int
+) -> None:
+    """A real SIGKILL at several points of the example's run (as its task file is
+    being written: -1; before any result; after 1, 37, 79 of 80): the resume
+    finishes every task once, keeps every line written before the kill, sends each
+    prompt once and runs no task's tool twice."""
+    import signal
+    import time
+
+    argv = [sys.executable, str(EXAMPLE), str(tmp_path), "--tasks", "80", "--concurrency", "20"]
+    process = subprocess.Popen([*argv, "--delay", "0.2"], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (
+            (tmp_path / "run" / "tasks.jsonl").exists()
+            if kill_after < 0
+            else (tmp_path / "run" / "claims.jsonl").exists()
+            and len(example_results(tmp_path)) >= kill_after
+        ):
+            assert process.poll() is None, "the example ended before it could be killed"
+            assert time.monotonic() < deadline, "nothing within 120 s"
+            time.sleep(0.005)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    results = tmp_path / "run" / "results.jsonl"
+    before = results.read_bytes() if results.exists() else b""
+    acknowledged = before[: before.rfind(b"\n") + 1]
+
+    resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert results.read_bytes().startswith(acknowledged)
+    finished: dict[str, int] = {}
+    for line in example_results(tmp_path):
+        if line["reason"] in FINISHED:
+            finished[line["id"]] = finished.get(line["id"], 0) + 1
+    assert len(finished) == 80 and set(finished.values()) == {1}
+    sessions = tmp_path / "home" / "data" / "sessions" / "batch.batch-eval"
+    for i in range(80):
+        task_id = f"q{i:03d}"
+        transcript = (sessions / task_id / "transcript.jsonl").read_text().splitlines()
+        assert sum(json.loads(line)["type"] == "user" for line in transcript) == 1, task_id
+        ran = tmp_path / "run" / "workspaces" / task_id / "ran.txt"
+        assert (ran.read_text().count("read_question") if ran.exists() else 0) <= 1, task_id
