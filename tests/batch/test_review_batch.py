@@ -739,3 +739,24 @@ def test_sigkilled_at_any_point_then_resumed_no_task_runs_twice_or_is_lost(
         assert sum(json.loads(line)["type"] == "user" for line in transcript) == 1, task_id
         ran = tmp_path / "run" / "workspaces" / task_id / "ran.txt"
         assert (ran.read_text().count("read_question") if ran.exists() else 0) <= 1, task_id
+
+
+async def test_a_hand_edited_bad_line_in_the_middle_is_named_and_nothing_is_cut(
+    tmp_path: Path,
+) -> None:
+    """results.jsonl edited by hand, a bad line between good ones: reopening names
+    the file and line, and leaves the file as it was (only a torn *last* line is cut)."""
+    run = tmp_path / RUN
+    async with open_run_dir(run) as ledger:
+        await ledger.add_tasks([BatchTask(id=f"t{i}", prompt="p") for i in range(3)])
+        for i in range(3):
+            await ledger.claim("w", 1)
+            assert await ledger.finish("w", TaskResult(id=f"t{i}", reason="final"))
+    path = run / RESULTS
+    lines = path.read_bytes().splitlines(keepends=True)
+    edited = lines[0] + b'{"id": "t1", "reason": "final", "score": "high"}\n' + lines[2]
+    path.write_bytes(edited)
+    with pytest.raises(UsageError, match=rf"^{path}:2: \$\.score: "):
+        async with open_run_dir(run):
+            pass
+    assert path.read_bytes() == edited
