@@ -220,7 +220,10 @@ def test_rm_while_a_writer_appends(tmp_path: Path, durability: str) -> None:
     root = tmp_path / "data" / "sessions"
     writer = start_writer(root, "a", 1, 0, "--big", "10", "--durability", durability)
     try:
-        time.sleep(0.5)
+        # Acknowledged appends before the rm (a loaded machine may take long to
+        # start the writer: wait for them rather than for a fixed time).
+        writer.wait_for_first_ack()
+        time.sleep(0.2)
         rm_start = time.monotonic()
         rm = subprocess.run(
             [TAK, "--home", str(tmp_path), "sessions", "rm", "s0", "--project", "p"],
