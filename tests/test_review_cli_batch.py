@@ -573,3 +573,19 @@ def test_show_json_is_json_even_from_a_hand_edited_result(tmp_path: Path) -> Non
         json.loads(shown.stdout, parse_constant=refuse_constant)
     else:
         assert shown.returncode == 2 and one_line(shown, "tak batch show: "), shown
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a manifest whose 'created' is 1e300: ls prints its header, then 'internal "
+    "error: OverflowError' (exit 1), every run hidden",
+)
+def test_ls_survives_an_absurd_created_time(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    hand_made_run(home / "batch", "good", ["a"], done=1)
+    odd = hand_made_run(home / "batch", "odd", ["a"], done=0)
+    manifest = json.loads((odd / "manifest.json").read_text())
+    (odd / "manifest.json").write_text(json.dumps({**manifest, "created": 1e300}))
+    listed = tak(home, "batch", "ls")
+    assert "internal error" not in listed.stderr, listed.stderr
+    assert "good" in listed.stdout, listed
