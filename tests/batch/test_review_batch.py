@@ -31,6 +31,7 @@ from kernel.errors import UsageError
 from kernel.kernel import Kernel
 from kernel.messages import Message
 from kernel.models import ModelRequest, ScriptedModel, Usage
+from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 RUN = "review-run"
 
@@ -760,3 +761,59 @@ async def test_a_hand_edited_bad_line_in_the_middle_is_named_and_nothing_is_cut(
         async with open_run_dir(run):
             pass
     assert path.read_bytes() == edited
+
+
+# -- a slow ledger --------------------------------------------------------------------
+
+
+class SlowRenewal:
+    """A ledger whose renewals take longer than its lease (a slow or stalled database)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+        self.lease_seconds = inner.lease_seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.inner.run_id)
+
+    async def renew(self, worker: str, task_ids: Any) -> None:
+        await trio.sleep(self.delay)
+        await self.inner.renew(worker, task_ids)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a worker whose lease lapsed (slow renewals) runs on, unaware; the worker "
+    "that takes the task over has its resume refused and records that as a finished "
+    "'error': the running worker's answer is then dropped",
+)
+async def test_a_lapsed_lease_does_not_turn_a_running_task_into_an_error(
+    tmp_path: Path,
+    db_url: str,  # noqa: F811
+) -> None:
+    from kernel.batch._postgres import open_postgres_ledger
+
+    async def script(request: ModelRequest) -> Any:
+        await trio.sleep(3)  # longer than the lease
+        return "done"
+
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        async with (
+            open_postgres_ledger(db_url, RUN, lease_seconds=1.0) as a,
+            open_postgres_ledger(db_url, RUN, lease_seconds=1.0) as b,
+        ):
+            await a.add_tasks([BatchTask(id="t1", prompt="task t1")])
+
+            async def second_worker() -> None:
+                await trio.sleep(0.5)  # the first has claimed t1 by now
+                await run_batch(k, None, ledger=b, worker="B")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(second_worker)
+                await run_batch(k, None, ledger=SlowRenewal(a, 5.0), worker="A")
+            results = await a.results()
+    assert [(r.reason, r.text) for r in results] == [("final", "done")], results
