@@ -313,6 +313,7 @@ _STDIO_ONLY: Final = (
     "read",
     "memory_bytes",
     "cpu_seconds",
+    "file_size_bytes",
     "open_files",
     "processes",
 )
@@ -348,8 +349,10 @@ class McpServerConfig:
             is not enforced for a program: docs/mcp.md); empty: no network.
         subprocess: may start programs (from the system's binary directories).
         read: more absolute paths it may read (its data, its configuration).
-        memory_bytes, cpu_seconds, open_files, processes: its limits (the memory of
-            its whole process tree when cgroups are available; ``None``: no limit).
+        memory_bytes, cpu_seconds, file_size_bytes, open_files, processes: its limits
+            (the memory of its whole process tree when cgroups are available; CPU time
+            3600 s and files of 1 GiB by default, as a plugin worker's; ``None``: no
+            limit).
     """
 
     command: str | None = None
@@ -367,7 +370,8 @@ class McpServerConfig:
     subprocess: bool = False
     read: list[str] = attrs.field(factory=list, validator=_validator(_check_read_paths))
     memory_bytes: int | None = attrs.field(default=4 * 1024**3, validator=_validator(_check_count))
-    cpu_seconds: int | None = attrs.field(default=None, validator=_validator(_check_count))
+    cpu_seconds: int | None = attrs.field(default=3600, validator=_validator(_check_count))
+    file_size_bytes: int | None = attrs.field(default=1024**3, validator=_validator(_check_count))
     open_files: int = attrs.field(default=1024, validator=_validator(_check_count))
     processes: int = attrs.field(default=128, validator=_validator(_check_count))
 
@@ -620,6 +624,7 @@ def _config_converter() -> cattrs.Converter:
         read=override(struct_hook=checked_strings(_check_read_paths)),
         memory_bytes=override(struct_hook=strict(int, _check_count)),
         cpu_seconds=override(struct_hook=strict(int, _check_count)),
+        file_size_bytes=override(struct_hook=strict(int, _check_count)),
         open_files=override(struct_hook=strict(int, _check_count)),
         processes=override(struct_hook=strict(int, _check_count)),
     )

@@ -268,7 +268,8 @@ def mcp_approval(name: str, config: McpServerConfig) -> TrustedMcpServer:
             workspace=config.workspace,
             network=tuple(config.network),
             subprocess=config.subprocess,
-            read=tuple(config.read),
+            # Resolved: a link retargeted after the approval voids it.
+            read=tuple(os.path.realpath(os.path.expanduser(p)) for p in config.read),
         ),
     )
 
@@ -347,6 +348,7 @@ class McpServer:
             else "not checked"
         )
         self._confinement: str | None = None
+        self._approved_read: tuple[str, ...] | None = None  # resolved when approved
         self._session: ClientSession | None = None
         self._stop: trio.Event | None = None  # set: the owner task leaves the session
         self._closed: trio.Event | None = None  # set by the owner task when it has left
@@ -387,11 +389,13 @@ class McpServer:
         home = self._launch.home
         if not self.needs_approval or home is None:
             return
-        approved, words, _ = await trio.to_thread.run_sync(
+        approved, words, recorded = await trio.to_thread.run_sync(
             approval_status, home, self.name, self.config
         )
         self._approval = words
         if approved:
+            assert recorded is not None
+            self._approved_read = recorded.permissions.read
             return
         if self._state != "not approved":
             logger.warning(
@@ -563,13 +567,17 @@ class McpServer:
             env=env,
             workspace=str(launch.workspace) if launch.workspace is not None else None,
             workspace_access=config.workspace,  # type: ignore[arg-type]  # checked by the config
-            read=tuple(os.path.expanduser(p) for p in config.read),
+            # The paths approved (resolved then): a link retargeted since is not followed.
+            read=self._approved_read
+            if self._approved_read is not None
+            else tuple(os.path.realpath(os.path.expanduser(p)) for p in config.read),
             write=tuple(writable),
             network=tuple(config.network),
             subprocess=config.subprocess,
             limits={
                 "memory_bytes": config.memory_bytes,
                 "cpu_seconds": config.cpu_seconds,
+                "file_size_bytes": config.file_size_bytes,
                 "open_files": config.open_files,
                 "processes": config.processes,
             },

@@ -343,6 +343,13 @@ def apply_layers(layers: Layers, rules: Callable[[], list[landlock.PathRule]]) -
         report.unconfined.append(reason)
 
     set_rlimits(layers.limits, report, subprocess=layers.subprocess, cgroups=layers.cgroups)
+    if (
+        layers.subprocess
+        and os.getuid() == 0
+        and not _cgroup.limits_processes(list(layers.cgroups))
+    ):
+        # RLIMIT_NPROC never binds root: only a pids cgroup bounds a fork bomb.
+        unavailable("no process limit: root may fork only under a pids cgroup")
     set_parent_death_signal(layers.kernel_pid)
     if layers.cgroups:
         _cgroup.join(list(layers.cgroups))

@@ -240,11 +240,6 @@ async def test_a_fork_bomb_stops_at_processes(workspace: Path) -> None:
     assert int(said.split()[2].rstrip(":")) < 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="as root without a pids cgroup, a subprocess server starts with no process "
-    "limit (RLIMIT_NPROC does not bind root); a plugin worker is refused there",
-)
 async def test_without_a_pids_cgroup_root_refuses_a_subprocess_server(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -361,11 +356,6 @@ async def test_a_servers_children_die_with_a_killed_kernel(tmp_path: Path) -> No
     assert await _dies(child), f"child {child} of the server outlived the kernel"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an MCP server has no file size limit (no RLIMIT_FSIZE, no file_size_bytes): "
-    "its HOME, the workspace and its stderr log grow without bound",
-)
 async def test_a_servers_files_are_bounded(workspace: Path) -> None:
     """A plugin worker gets ``Limits.file_size_bytes`` (1 GiB); a server must be bounded too
     (DESIGN §11: bounded disk)."""
@@ -376,11 +366,6 @@ async def test_a_servers_files_are_bounded(workspace: Path) -> None:
     assert int(said) != resource.RLIM_INFINITY
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a `read` path is approved as written: a symlink retargeted after approval "
-    "grants whatever it now points to (the kernel's home)",
-)
 async def test_a_retargeted_read_link_voids_the_approval(workspace: Path, tmp_path: Path) -> None:
     """``read = [".../datasets"]`` approved while it was the data; a tool with write
     access there (or the workspace) points it at $TAK_HOME/config."""
