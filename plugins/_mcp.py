@@ -69,7 +69,15 @@ from sandbox.exec import (
 )
 from sandbox.pool import Spawner
 
-from ._trust import MCP_TRUST_FILE, McpPermissions, McpTrustStore, TrustedMcpServer
+from ._trust import (
+    MAX_BYTES,
+    MCP_TRUST_FILE,
+    McpPermissions,
+    McpTrustStore,
+    TrustedMcpServer,
+    TrustError,
+    server_code,
+)
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -254,13 +262,15 @@ def mcp_approval(name: str, config: McpServerConfig) -> TrustedMcpServer:
     assert config.command is not None
     env = server_environment(config)
     command = resolve_program(config.command, path=env.get("PATH"), cwd=config.cwd)
-    files = program_files([command, *config.args], path=env.get("PATH"), cwd=config.cwd)
+    argv = [command, *config.args]
+    files = program_files(argv, path=env.get("PATH"), cwd=config.cwd)
+    code = server_code(argv, files.executables, files.prefixes, env=env, cwd=config.cwd)
     env_digest = hashlib.sha256(json.dumps(sorted(config.env.items())).encode()).hexdigest()
     return TrustedMcpServer(
         name=name,
         command=command,
         executables=files.executables,
-        sha256=files.digest(),
+        sha256=_code_digest(files.digest(), code),
         args=tuple(config.args),
         cwd=config.cwd,
         env_sha256=env_digest,
@@ -272,6 +282,29 @@ def mcp_approval(name: str, config: McpServerConfig) -> TrustedMcpServer:
             read=tuple(os.path.realpath(os.path.expanduser(p)) for p in config.read),
         ),
     )
+
+
+def _code_digest(program: str, code: Sequence[tuple[str, str]]) -> str:
+    """SHA-256 over the program's digest and ``code``'s names and bytes (``MAX_BYTES`` at
+    most).
+
+    Raises:
+        TrustError: more than ``MAX_BYTES``.
+        OSError: a file cannot be read.
+    """
+    if not code:
+        return program  # as approvals made before code was followed
+    total = hashlib.sha256(program.encode())
+    size = 0
+    for name, path in code:
+        total.update(f"\0{name}\0".encode())
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                size += len(chunk)
+                if size > MAX_BYTES:
+                    raise TrustError(f"{name}: more than {MAX_BYTES} bytes of code to hash")
+                total.update(chunk)
+    return total.hexdigest()
 
 
 def trust_mcp_server(home: TakHome, name: str, config: McpServerConfig) -> TrustedMcpServer:
@@ -302,7 +335,7 @@ def approval_status(
         return False, "not approved", None
     try:
         now = mcp_approval(name, config)
-    except (SandboxError, OSError) as exc:
+    except (SandboxError, TrustError, OSError) as exc:
         return False, f"approval void: {_reason(exc)}", recorded
     changes = recorded.changes(now)
     if changes:

@@ -42,7 +42,7 @@ import importlib.util
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -123,8 +123,10 @@ class TrustedMcpServer:
         name: its name in tak.toml.
         command: its program as found on ``PATH`` (absolute).
         executables: the real files that run: the program and its ``#!`` interpreters.
-        sha256: the digest of those and of the files its arguments name
-            (``sandbox.exec.ProgramFiles.digest``).
+        sha256: the digest of those, of the files its arguments name
+            (``sandbox.exec.ProgramFiles.digest``) and of the code it runs from
+            elsewhere (``server_code``: a directory, the packages a Python script
+            imports, ``LD_PRELOAD``).
         args, cwd: how it is started.
         env_sha256: the digest of its ``env`` (the values may be secrets: not stored).
         permissions: what it may do.
@@ -474,6 +476,212 @@ def _walk(root: str) -> Iterator[tuple[str, str]]:
             if name.endswith((".pyc", ".pyo")) or not os.path.isfile(path):
                 continue
             yield os.path.relpath(path, root), path
+
+
+# -- the code an MCP server runs ---------------------------------------------------------
+
+#: Options of ``python`` that take the next argument as their value.
+_PYTHON_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
+#: Variables whose values name code the program loads.
+_CODE_ENV = ("LD_PRELOAD", "PYTHONPATH")
+
+
+def _is_python(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.startswith(("python", "pypy")) and name.rstrip("0123456789.").endswith(
+        ("python", "pypy")
+    )
+
+
+def server_code(
+    argv: Sequence[str],
+    executables: Sequence[str],
+    prefixes: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+) -> list[tuple[str, str]]:
+    """``(name, path)`` of the code a stdio server runs beyond its executables and the
+    files its arguments name, found without running it:
+
+    - a directory ``python DIR`` runs, every file of it;
+    - what a Python script (``python FILE``, ``python DIR``'s ``__main__.py``, a
+      console script whose ``#!`` runs Python) imports at top level, and the
+      package ``python -m MODULE`` runs: looked up on the script's directory (or
+      ``cwd`` for ``-m``), ``PYTHONPATH``, the directories the script adds to
+      ``sys.path`` as literals, and the ``site-packages`` of the installation
+      prefixes. A package a distribution installed counts as its ``RECORD`` (the
+      digest of each of its files, and its version); any other, as all its files;
+    - the libraries ``LD_PRELOAD`` names.
+
+    Modules found nowhere there (the standard library, editable installs behind
+    a ``.pth`` file) are not followed, nor are imports of imports.
+
+    Raises:
+        TrustError: more than ``MAX_FILES`` files.
+    """
+    base = os.path.abspath(cwd or os.getcwd())
+    found: dict[str, str] = {}
+
+    def add(name: str, path: str) -> None:
+        found.setdefault(name, path)
+        if len(found) > MAX_FILES:
+            raise TrustError(
+                f"{argv[0]}: more than {MAX_FILES} files of code to hash (its imports)"
+            )
+
+    for library in env.get("LD_PRELOAD", "").replace(":", " ").split():
+        if os.path.isfile(library):
+            add(f"preload:{library}", os.path.realpath(library))
+    script: str | None = None
+    module: str | None = None
+    if executables and _is_python(executables[0]):
+        script, module = _python_target(argv[1:])
+    elif any(_is_python(e) for e in executables[1:]):
+        script = executables[0]  # a console script: `#!.../python`
+    if script is None and module is None:
+        return sorted(found.items())
+    search = [os.path.join(base, p) for p in env.get("PYTHONPATH", "").split(":") if p]
+    tops: list[str] = []
+    if module is not None:
+        search.insert(0, base)
+        tops.append(module.partition(".")[0])
+    if script is not None:
+        script = os.path.realpath(os.path.join(base, script))
+        main = script
+        if os.path.isdir(script):
+            for rel, path in _walk(script):
+                add(f"dir:{rel}", path)
+            main = os.path.join(script, "__main__.py")
+        search.insert(0, script if os.path.isdir(script) else os.path.dirname(script))
+        top, added = _script_imports(main)
+        tops += top
+        search += [os.path.join(os.path.dirname(main), p) for p in added]
+    search += [d for prefix in prefixes for d in _site_dirs(prefix)]
+    owners: dict[str, dict[str, list[str]]] = {}
+    for name in dict.fromkeys(tops):
+        for folder in search:
+            hit = _find_module(folder, name)
+            if hit is None:
+                continue
+            if folder not in owners:
+                owners[folder] = _distributions(folder)
+            records = owners[folder].get(name)
+            if records:
+                for record in records:
+                    add(f"record:{record}", record)
+            elif os.path.isdir(hit):
+                for rel, path in _walk(hit):
+                    add(f"module:{name}/{rel}", path)
+            else:
+                add(f"module:{name}", hit)
+            break
+    return sorted(found.items())
+
+
+def _python_target(args: Sequence[str]) -> tuple[str | None, str | None]:
+    """``(script, module)`` of python's arguments (``-c``: neither)."""
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        if arg in _PYTHON_VALUE_OPTIONS:
+            position += 2
+            continue
+        if arg.startswith(("-W", "-X")):  # its value joined
+            position += 1
+            continue
+        if arg == "-c" or (arg.startswith("-") and not arg.startswith("--") and "c" in arg):
+            return None, None
+        if arg == "-m":
+            return None, args[position + 1] if position + 1 < len(args) else None
+        if arg.startswith("-m"):
+            return None, arg[2:]
+        if not arg.startswith("-"):
+            return arg, None
+        position += 1
+    return None, None
+
+
+def _script_imports(path: str) -> tuple[list[str], list[str]]:
+    """The top-level names a Python file imports (absolute imports anywhere in it),
+    and the string literals it passes to ``sys.path.insert``/``append``."""
+    import ast
+
+    try:
+        with open(path, "rb") as f:
+            source = f.read(MAX_FILE_BYTES + 1)
+        if len(source) > MAX_FILE_BYTES:
+            return [], []
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return [], []
+    names: list[str] = []
+    added: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name.partition(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module.partition(".")[0])
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("insert", "append")
+            and ast.unparse(node.func.value) == "sys.path"
+        ):
+            added += [
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str)
+            ]
+    return names, added
+
+
+def _site_dirs(prefix: str) -> list[str]:
+    import glob
+
+    patterns = ("lib/python3*/site-packages", "lib/python3/dist-packages", "lib/site-packages")
+    return sorted(d for p in patterns for d in glob.glob(os.path.join(glob.escape(prefix), p)))
+
+
+def _find_module(folder: str, name: str) -> str | None:
+    package = os.path.join(folder, name)
+    if os.path.isdir(package):
+        return package
+    if os.path.isfile(package + ".py"):
+        return package + ".py"
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return None
+    for entry in sorted(entries):  # an extension module: NAME.cpython-311-x86_64-linux-gnu.so
+        if entry.startswith(name + ".") and entry.endswith(".so"):
+            return os.path.join(folder, entry)
+    return None
+
+
+def _distributions(folder: str) -> dict[str, list[str]]:
+    """Top-level name -> the ``RECORD`` files of the distributions in ``folder`` that
+    installed it."""
+    owners: dict[str, list[str]] = {}
+    try:
+        infos = sorted(e for e in os.listdir(folder) if e.endswith(".dist-info"))
+    except OSError:
+        return owners
+    for info in infos:
+        record = os.path.join(folder, info, "RECORD")
+        try:
+            with open(record, encoding="utf-8", errors="replace") as f:
+                lines = f.read(MAX_FILE_BYTES).splitlines()
+        except OSError:
+            continue
+        tops = set()
+        for line in lines:
+            first = line.partition(",")[0].partition("/")[0]
+            if first and not first.endswith((".dist-info", ".data")) and first != "..":
+                tops.add(first[:-3] if first.endswith(".py") else first.partition(".")[0])
+        for top in tops:
+            owners.setdefault(top, []).append(record)
+    return owners
 
 
 def approved_copy(data_dir: str | os.PathLike[str], digest: Digest, file_name: str) -> Path:

@@ -42,11 +42,14 @@ refused: Landlock has no UDP rules, and a UDP socket would reach any host.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import select
 import shutil
+import signal
 import struct
 import sys
 from collections.abc import Iterable, Sequence
@@ -56,7 +59,7 @@ import attrs
 
 from kernel.errors import SandboxError
 
-from . import _cgroup, _protocol, landlock
+from . import _cgroup, _protocol, _syscalls, landlock
 from ._confine import (
     _DEVICES_READ,
     _EXECUTABLES,
@@ -64,6 +67,7 @@ from ._confine import (
     _SYSTEM_READ,
     Layers,
     apply_layers,
+    set_parent_death_signal,
 )
 from ._policy import check_network
 from ._protocol import Confinement
@@ -81,6 +85,8 @@ _RESOLVER_READ = (
     "/etc/host.conf",
 )
 _MAX_POLICY_BYTES = 1 << 20
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWUSER = 0x10000000
 #: How many ``#!`` interpreters deep a program is followed (the kernel allows 4).
 _MAX_INTERPRETERS = 4
 
@@ -362,6 +368,10 @@ def confine_and_exec(policy: ExecPolicy, report_fd: int) -> None:
     """
     path = policy.env.get("PATH")
     files = program_files(policy.argv, path=path)
+    # The launcher dies with the kernel's spawner thread; everything the server
+    # starts dies with the launcher (a PID namespace whose init is ours).
+    set_parent_death_signal(policy.kernel_pid)
+    supervised = _supervise(report_fd)
     layers = Layers(
         env=policy.env,
         limits=policy.limits,
@@ -374,17 +384,118 @@ def confine_and_exec(policy: ExecPolicy, report_fd: int) -> None:
         subprocess=policy.subprocess,
         execute=True,
         cgroups=policy.cgroups,
-        kernel_pid=policy.kernel_pid,
+        # Checked above, by the launcher: the server's parent is our init.
+        kernel_pid=0,
         seccomp=_seccomp_available(),
         landlock=landlock.abi_version() >= 1,
         require=policy.require,
     )
     report = apply_layers(layers, lambda: exec_rules(policy, files))
+    if not supervised:
+        report.unconfined.append("no PID namespace: its children may outlive the kernel")
     _write_line(report_fd, {"confinement": report.to_json()})
     try:
         os.execve(policy.argv[0], list(policy.argv), policy.env)
     except OSError as exc:
         raise SandboxError(f"cannot execute {policy.argv[0]}: {exc.strerror or exc}") from None
+
+
+def _supervise(report_fd: int) -> bool:
+    """Run the rest of the launch (confine, exec) in a child that cannot outlive us.
+
+    The launcher makes a PID namespace (``CLONE_NEWPID``; not root: with a user
+    namespace of its own, where the system allows one) and forks its init, a
+    process of ours that never runs the server's code: it arms ``PDEATHSIG``
+    against the launcher (single-threaded: its one thread is the parent), forks
+    the server's process and reaps until that ends, exiting with its status. When
+    the init ends (the server ended, or the launcher died with the kernel), the
+    kernel kills every process of the namespace: the server, its children, and
+    whatever shed its own ``PDEATHSIG``. Neither the launcher nor the init keeps
+    the server's stdin, stdout or ``report_fd`` open.
+
+    Returns (in the server's process) whether it is supervised so: not where no PID
+    namespace can be made (the server then runs in the launcher's process, with
+    ``PDEATHSIG`` only: docs/mcp.md).
+    """
+    try:
+        _new_pid_namespace()
+    except OSError:
+        return False
+    alive_r, alive_w = os.pipe()
+    init = os.fork()
+    if init:
+        # The launcher: waits for the init, exits with its status.
+        os.close(alive_r)
+        _let_go_of_stdio(report_fd)
+        os._exit(_reap(init, any_child=False))
+    os.close(alive_w)
+    try:
+        _syscalls.prctl(_syscalls.PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The launcher died before that was armed: its end of the pipe is closed.
+        if _hung_up(alive_r):
+            os._exit(EXIT_REFUSED)
+        server = os.fork()
+    except OSError:
+        os._exit(EXIT_REFUSED)
+    if server:
+        _let_go_of_stdio(report_fd)
+        os.close(alive_r)
+        os._exit(_reap(server, any_child=True))
+    os.close(alive_r)
+    return True
+
+
+def _new_pid_namespace() -> None:
+    """The next child of this process starts a PID namespace (and is its init).
+
+    Raises:
+        OSError: this process may not make one.
+    """
+    try:
+        _syscalls.syscall("unshare", _CLONE_NEWPID)
+        return
+    except OSError:
+        if os.getuid() == 0:
+            raise
+    uid, gid = os.getuid(), os.getgid()
+    _syscalls.syscall("unshare", _CLONE_NEWUSER | _CLONE_NEWPID)
+    # The same ids inside: files keep their owners; setgroups must be off first.
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def _hung_up(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))  # readable means end of file: no writer is left
+
+
+def _let_go_of_stdio(report_fd: int) -> None:
+    """Close our copies of the server's stdin, stdout and report (stderr stays: the log)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    with contextlib.suppress(OSError):
+        os.close(report_fd)
+
+
+def _reap(child: int, *, any_child: bool) -> int:
+    """Wait for ``child`` (as an init, reaping any other on the way); its exit status,
+    or 128 + the signal that killed it."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1 if any_child else child, 0)
+        except ChildProcessError:
+            return EXIT_REFUSED
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
 
 
 def _seccomp_available() -> bool:

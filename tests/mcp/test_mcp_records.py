@@ -59,7 +59,7 @@ def test_servers_read_from_tak_toml() -> None:
         ({}, "$.mcp.servers['s']: set exactly one of command (stdio) and url (streamable HTTP)"),
         ({"command": "x", "url": "http://h/mcp"}, "$.mcp.servers['s']: set exactly one of command (stdio) and url (streamable HTTP)"),
         ({"url": "ftp://h"}, "$.mcp.servers['s']: url: expected an http:// or https:// URL, got \"ftp://h\""),
-        ({"command": "x", "cmd": "y"}, "$.mcp.servers['s']: unknown setting 'cmd' (known: command, args, env, cwd, url, headers, tools, timeout, startup_timeout, start, workspace, network, subprocess, read, memory_bytes, cpu_seconds, open_files, processes)"),
+        ({"command": "x", "cmd": "y"}, "$.mcp.servers['s']: unknown setting 'cmd' (known: command, args, env, cwd, url, headers, tools, timeout, startup_timeout, start, workspace, network, subprocess, read, memory_bytes, cpu_seconds, file_size_bytes, open_files, processes)"),
         ({"command": "x", "workspace": "rw"}, "$.mcp.servers['s'].workspace: expected \"read\", \"write\" or \"none\", got \"rw\""),
         ({"command": "x", "network": ["h:443", "h"]}, "$.mcp.servers['s'].network: [1]: expected 'host:port' (host may be '*'), got 'h'"),
         ({"command": "x", "network": "h:443"}, "$.mcp.servers['s'].network: expected a list of strings, got \"h:443\""),
