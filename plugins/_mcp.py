@@ -23,7 +23,8 @@ One ``McpServer`` per ``[mcp.servers.NAME]`` of tak.toml. Its guarantees:
    permissions and execs it; a layer that cannot be applied fails the start
    (unless ``allow_unsandboxed``). What was applied is in ``McpServerInfo``.
 7. Given a ``home``, a stdio server runs only once approved (``tak mcp trust
-   NAME``: its program's digest, arguments, env and permissions); any change
+   NAME``: the digest of its program and of the code it runs, arguments, env and
+   permissions, ``read`` paths resolved); any change
    voids the approval, and its calls are ``denied`` observations that name the
    command to run. Servers the caller ``vouched`` for (named in code) need none.
 8. An HTTP server is reached at its ``url`` only: redirects are not followed.
@@ -257,6 +258,7 @@ def mcp_approval(name: str, config: McpServerConfig) -> TrustedMcpServer:
 
     Raises:
         SandboxError: the command is not found.
+        TrustError: its code is too large to hash (``server_code``).
         OSError: a file of the program cannot be read.
     """
     assert config.command is not None
@@ -313,7 +315,8 @@ def trust_mcp_server(home: TakHome, name: str, config: McpServerConfig) -> Trust
     Raises:
         UsageError: it is an HTTP server (nothing runs here to approve).
         SandboxError: its command is not found.
-        TrustError: the approvals file cannot be read or written.
+        TrustError: the approvals file cannot be read or written, or its code is too
+            large to hash.
         OSError: a file of the program cannot be read.
     """
     if config.command is None:

@@ -4,12 +4,14 @@
 
     python -I -m sandbox.exec POLICY_FD REPORT_FD
 
-reads an ``ExecPolicy`` (JSON) from ``POLICY_FD``, puts on itself the layers of
-``sandbox._confine`` in the same order (a cleared environment, rlimits,
-``PDEATHSIG``, cgroups, ``.tak/`` read-only, no capabilities, ``no_new_privs``,
-seccomp, Landlock), writes what it applied to ``REPORT_FD`` (one JSON line,
-``{"confinement": {...}}``), and replaces itself with the program
-(``os.execve``). ``REPORT_FD`` is close-on-exec: its end of file, with no
+reads an ``ExecPolicy`` (JSON) from ``POLICY_FD``, arms ``PDEATHSIG``, starts
+the program's process in a PID namespace under an init of ours that dies with
+the launcher (``_supervise``: nothing the program starts outlives the kernel),
+where it puts on itself the layers of ``sandbox._confine`` in the same order (a
+cleared environment, rlimits, ``PDEATHSIG``, cgroups, ``.tak/`` read-only, no
+capabilities, ``no_new_privs``, seccomp, Landlock), writes what it applied to
+``REPORT_FD`` (one JSON line, ``{"confinement": {...}}``), and replaces itself
+with the program (``os.execve``). ``REPORT_FD`` is close-on-exec: its end of file, with no
 ``{"error": ...}`` line, tells the caller the program is running.
 
 A layer that cannot be applied stops the launch (fail closed): one line on

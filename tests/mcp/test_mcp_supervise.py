@@ -1,0 +1,161 @@
+"""A stdio server's supervisor (``sandbox.exec._supervise``) and the code its approval
+hashes (``plugins._trust.server_code``), beyond tests/mcp/test_review_confine.py."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from kernel import ToolCall, ToolRegistry, run_tool_calls
+from kernel.home import McpServerConfig, TakHome
+from plugins._mcp import approval_status, open_mcp_servers, trust_mcp_server
+from sandbox import landlock, seccomp
+
+HOSTILE = str(Path(__file__).with_name("hostile_server.py"))
+_PID = "import os; result = int(os.readlink('/proc/self'))"
+
+needs_sandbox = pytest.mark.skipif(
+    landlock.abi_version() < 6 or not seccomp.available(),
+    reason="needs Landlock with TCP rules and scopes (ABI 6+) and seccomp",
+)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@needs_sandbox
+async def test_what_a_server_left_running_ends_with_it(tmp_path: Path) -> None:
+    """The server's process is the one child of the init (the launcher's), its
+    children its own; when it exits, the namespace ends: a child it left
+    is killed, and the next call starts a new server."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    config = McpServerConfig(
+        command=sys.executable, args=[HOSTILE], subprocess=True, startup_timeout=30
+    )
+    start = f"import subprocess\nsubprocess.Popen(['/bin/sleep', '300'])\n{_PID}\n"
+    registry = ToolRegistry()
+    left: list[int] = []
+    try:
+        async with open_mcp_servers(
+            {"h": config}, registry, workspace=workspace, log_dir=tmp_path / "data"
+        ) as mcp:
+            await mcp.list_tools_for(["h.probe"])
+            call = ToolCall("1", "h.probe", {"code": start})
+            [obs] = await run_tool_calls([call], registry)
+            server = int(obs.content)
+            left = _children(server)
+            assert left, "the server started a child"
+            init = _parent(server)
+            launcher = _parent(init)
+            assert _parent(launcher) == os.getpid(), "server, init, launcher, kernel"
+            assert _children(init) == [server]
+            exit_call = ToolCall("2", "h.probe", {"code": "import os; os._exit(7)"})
+            [gone] = await run_tool_calls([exit_call], registry)
+            assert gone.error is not None and gone.error.kind == "crashed", gone
+            for _ in range(500):
+                if not any(_alive(p) for p in (server, *left)):
+                    break
+                await trio.sleep(0.02)
+            assert not any(_alive(p) for p in (server, *left))
+            [again] = await run_tool_calls([ToolCall("3", "h.probe", {"code": _PID})], registry)
+            assert again.error is None and int(again.content) != server
+    finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[1])
+
+
+def _home(tmp_path: Path) -> TakHome:
+    home = TakHome(tmp_path / "home")
+    home.ensure()
+    return home
+
+
+def test_a_changed_module_run_with_dash_m_voids_the_approval(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    project = tmp_path / "project"
+    (project / "srv").mkdir(parents=True)
+    (project / "srv/__init__.py").write_text("")
+    (project / "srv/__main__.py").write_text("print('v1')\n")
+    config = McpServerConfig(command=sys.executable, args=["-m", "srv"], cwd=str(project))
+    trust_mcp_server(home, "m", config)
+    assert approval_status(home, "m", config)[0]
+    (project / "srv/tools.py").write_text("import os\n")  # a new file of the package
+    approved, words, _ = approval_status(home, "m", config)
+    assert (approved, words) == (False, "approval void: its program's files changed")
+
+
+def _fake_venv(root: Path, version: str) -> Path:
+    """A prefix with a console script ``tool`` whose package a distribution installed."""
+    site = root / f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+    (site / "papers").mkdir(parents=True, exist_ok=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / "bin").mkdir(exist_ok=True)
+    python = root / "bin/python"
+    if not python.exists():
+        python.symlink_to(sys.executable)
+    (site / "papers/__init__.py").write_text(f"def main():\n    print({version!r})\n")
+    info = site / "papers-1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "RECORD").write_text(f"papers/__init__.py,sha256={version},40\n")
+    script = root / "bin/tool"
+    script.write_text(f"#!{python}\nimport sys\nfrom papers import main\nsys.exit(main())\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_a_distribution_upgraded_behind_a_console_script_voids_the_approval(
+    tmp_path: Path,
+) -> None:
+    """pip's console script stays the same; the distribution's RECORD does not."""
+    home = _home(tmp_path)
+    script = _fake_venv(tmp_path / "venv", "v1")
+    config = McpServerConfig(command=str(script))
+    trust_mcp_server(home, "p", config)
+    assert approval_status(home, "p", config)[0]
+    _fake_venv(tmp_path / "venv", "v2")
+    approved, words, _ = approval_status(home, "p", config)
+    assert (approved, words) == (False, "approval void: its program's files changed")
+
+
+def test_a_changed_preloaded_library_voids_the_approval(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    library = tmp_path / "hook.so"
+    library.write_bytes(b"\x7fELF one")
+    script = tmp_path / "server.py"
+    shutil.copy(HOSTILE, script)
+    config = McpServerConfig(
+        command=sys.executable, args=[str(script)], env={"LD_PRELOAD": str(library)}
+    )
+    trust_mcp_server(home, "l", config)
+    assert approval_status(home, "l", config)[0]
+    library.write_bytes(b"\x7fELF two")
+    approved, words, _ = approval_status(home, "l", config)
+    assert (approved, words) == (False, "approval void: its program's files changed")
