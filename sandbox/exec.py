@@ -89,6 +89,7 @@ _RESOLVER_READ = (
 _MAX_POLICY_BYTES = 1 << 20
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWUSER = 0x10000000
+_PR_SET_CHILD_SUBREAPER = 36
 #: How many ``#!`` interpreters deep a program is followed (the kernel allows 4).
 _MAX_INTERPRETERS = 4
 
@@ -113,6 +114,8 @@ class ExecPolicy:
         cgroups: cgroups to join (made by the caller, which removes them).
         kernel_pid: the process that must be its parent (``PDEATHSIG``).
         require: refuse to run when a layer cannot be applied.
+        pid_namespace: run the program in a PID namespace where one can be made
+            (``False``: the launcher supervises it by hand, as where none can).
     """
 
     argv: tuple[str, ...]
@@ -127,6 +130,7 @@ class ExecPolicy:
     cgroups: tuple[str, ...] = ()
     kernel_pid: int = 0
     require: bool = True
+    pid_namespace: bool = True
 
     def to_json(self) -> bytes:
         return json.dumps(_protocol.converter.unstructure(self)).encode()
@@ -373,7 +377,7 @@ def confine_and_exec(policy: ExecPolicy, report_fd: int) -> None:
     # The launcher dies with the kernel's spawner thread; everything the server
     # starts dies with the launcher (a PID namespace whose init is ours).
     set_parent_death_signal(policy.kernel_pid)
-    supervised = _supervise(report_fd)
+    supervised = _supervise(policy, report_fd)
     layers = Layers(
         env=policy.env,
         limits=policy.limits,
@@ -394,7 +398,7 @@ def confine_and_exec(policy: ExecPolicy, report_fd: int) -> None:
     )
     report = apply_layers(layers, lambda: exec_rules(policy, files))
     if not supervised:
-        report.unconfined.append("no PID namespace: its children may outlive the kernel")
+        report.unconfined.append("no PID namespace: the launcher ends its processes")
     _write_line(report_fd, {"confinement": report.to_json()})
     try:
         os.execve(policy.argv[0], list(policy.argv), policy.env)
@@ -402,7 +406,7 @@ def confine_and_exec(policy: ExecPolicy, report_fd: int) -> None:
         raise SandboxError(f"cannot execute {policy.argv[0]}: {exc.strerror or exc}") from None
 
 
-def _supervise(report_fd: int) -> bool:
+def _supervise(policy: ExecPolicy, report_fd: int) -> bool:
     """Run the rest of the launch (confine, exec) in a child that cannot outlive us.
 
     The launcher makes a PID namespace (``CLONE_NEWPID``; not root: with a user
@@ -415,16 +419,32 @@ def _supervise(report_fd: int) -> bool:
     whatever shed its own ``PDEATHSIG``. Neither the launcher nor the init keeps
     the server's stdin, stdout or ``report_fd`` open.
 
-    Returns (in the server's process) whether it is supervised so: not where no PID
-    namespace can be made (the server then runs in the launcher's process, with
-    ``PDEATHSIG`` only: docs/mcp.md).
+    Where no PID namespace can be made (or the policy asks for none), the launcher
+    supervises the server itself (``_supervise_by_hand``).
+
+    Returns (in the server's process) whether it is in a PID namespace.
+
+    Raises:
+        SandboxError: the launcher could not fork.
     """
-    try:
-        _new_pid_namespace()
-    except OSError:
-        return False
+    if policy.pid_namespace:
+        try:
+            _new_pid_namespace()
+        except OSError:
+            pass
+        else:
+            _supervise_in_namespace(report_fd)
+            return True
+    _supervise_by_hand(policy, report_fd)
+    return False
+
+
+def _supervise_in_namespace(report_fd: int) -> None:
     alive_r, alive_w = os.pipe()
-    init = os.fork()
+    try:
+        init = os.fork()
+    except OSError as exc:
+        raise SandboxError(f"cannot fork the server's init: {exc.strerror}") from None
     if init:
         # The launcher: waits for the init, exits with its status.
         os.close(alive_r)
@@ -444,7 +464,62 @@ def _supervise(report_fd: int) -> bool:
         os.close(alive_r)
         os._exit(_reap(server, any_child=True))
     os.close(alive_r)
-    return True
+
+
+def _supervise_by_hand(policy: ExecPolicy, report_fd: int) -> None:
+    """Without a PID namespace: the launcher is the subreaper of the server's tree, and
+    ends it (its cgroups, then each process it is left with) when the kernel dies
+    (``PDEATHSIG`` is ``SIGTERM`` here, which it handles), when it is sent ``SIGTERM``,
+    or when the server ends. Weaker than a namespace: a ``SIGKILL`` the launcher
+    receives (the kernel's last resort, or a server that can signal it: without
+    Landlock's scopes) leaves the tree to the server's own ``PDEATHSIG``."""
+    cgroups = list(policy.cgroups)
+
+    def end(signum: int, frame: object) -> None:
+        _end_tree(cgroups)
+        os._exit(128 + signum)
+
+    _syscalls.prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGTERM, end)
+    _syscalls.prctl(_syscalls.PR_SET_PDEATHSIG, signal.SIGTERM)
+    if policy.kernel_pid and os.getppid() != policy.kernel_pid:
+        os._exit(1)  # the kernel died before that was armed
+    try:
+        server = os.fork()
+    except OSError as exc:
+        raise SandboxError(f"cannot fork the server's process: {exc.strerror}") from None
+    if server == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+    _let_go_of_stdio(report_fd)
+    status = _reap(server, any_child=True)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _end_tree(cgroups)
+    os._exit(status)
+
+
+def _end_tree(cgroups: Sequence[str]) -> None:
+    """SIGKILL whatever is left in ``cgroups``, then every child of this process (the
+    subreaper: orphans of the tree come to it) until it has none."""
+    with contextlib.suppress(OSError):
+        _cgroup.thaw(list(cgroups))
+    for path in cgroups:
+        with contextlib.suppress(OSError):
+            _cgroup.kill_members(path)
+    me = os.getpid()
+    for _ in range(1 << 16):
+        try:
+            with open(f"/proc/{me}/task/{me}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            children = []
+        for child in children:
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 def _new_pid_namespace() -> None:

@@ -4,9 +4,11 @@ hashes (``plugins._trust.server_code``), beyond tests/mcp/test_review_confine.py
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -159,3 +161,72 @@ def test_a_changed_preloaded_library_voids_the_approval(tmp_path: Path) -> None:
     library.write_bytes(b"\x7fELF two")
     approved, words, _ = approval_status(home, "l", config)
     assert (approved, words) == (False, "approval void: its program's files changed")
+
+
+@needs_sandbox
+@pytest.mark.parametrize("pid_namespace", [True, False])
+async def test_a_programs_tree_dies_with_a_killed_caller(
+    tmp_path: Path, pid_namespace: bool
+) -> None:
+    """The launcher run directly by a process that is then SIGKILLed: a program that
+    cleared its ``PDEATHSIG`` and a child it started in the background both die, in a
+    PID namespace and without one (the launcher ends its tree by hand, as where no
+    namespace can be made)."""
+    host = tmp_path / "host.py"
+    host.write_text(
+        "import json, os, subprocess, sys, time\n"
+        "from sandbox.exec import ExecPolicy, launcher_argv\n"
+        "policy = ExecPolicy(**json.loads(sys.argv[1]), kernel_pid=os.getpid())\n"
+        "policy_r, policy_w = os.pipe()\n"
+        "report_r, report_w = os.pipe()\n"
+        "os.write(policy_w, policy.to_json()); os.close(policy_w)\n"
+        "launcher = subprocess.Popen(launcher_argv(policy_r, report_w),"
+        " pass_fds=(policy_r, report_w))\n"
+        "os.close(report_w)\n"
+        "print(launcher.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    # The program sheds PDEATHSIG (prctl), starts a child, and becomes a sleeper.
+    program = (
+        "import ctypes, os, subprocess\n"
+        "ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)\n"
+        "subprocess.Popen(['/bin/sleep', '300'])\n"
+        "print(int(os.readlink('/proc/self')), flush=True)\n"
+        "os.execv('/bin/sleep', ['sleep', '301'])\n"
+    )
+    options = {
+        "argv": [sys.executable, "-c", program],
+        "env": {"PATH": "/usr/bin:/bin"},
+        "subprocess": True,
+        "require": False,  # root without a pids cgroup: reported, not refused
+        "pid_namespace": pid_namespace,
+    }
+    kernel = await trio.lowlevel.open_process(
+        [sys.executable, str(host), json.dumps(options)], stdout=subprocess.PIPE
+    )
+    pids: list[int] = []
+    try:
+        assert kernel.stdout is not None
+        with trio.fail_after(60):
+            text = b""
+            while text.count(b"\n") < 2:
+                chunk = await kernel.stdout.receive_some(100)
+                assert chunk, "the host ended"
+                text += chunk
+        launcher, server = (int(p) for p in text.split())
+        pids = [server, *_children(server)]
+        assert len(pids) == 2, "the program and its child"
+        assert _parent(server) != launcher or not pid_namespace
+    finally:
+        kernel.kill()
+        await kernel.wait()
+    try:
+        for _ in range(500):
+            if not any(_alive(p) for p in pids):
+                break
+            await trio.sleep(0.02)
+        assert not any(_alive(p) for p in pids), [p for p in pids if _alive(p)]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
