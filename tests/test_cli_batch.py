@@ -53,8 +53,16 @@ def results(run_dir: Path) -> list[TaskResult]:
     return [converter.structure(json.loads(line), TaskResult) for line in lines]
 
 
+def transcript_path(home: Path, run_id: str, task_id: str) -> Path:
+    """Where a task's transcript is: in project ``batch.<run id>.<nonce>`` (the nonce
+    tells a run's sessions from an earlier run's of the same id), or ``batch.<run id>``."""
+    sessions = home / "data" / "sessions"
+    projects = [*sessions.glob(f"batch.{run_id}.*"), sessions / f"batch.{run_id}"]
+    return next((p for p in projects if p.is_dir()), projects[-1]) / task_id / "transcript.jsonl"
+
+
 def transcript(home: Path, run_id: str, task_id: str) -> list[dict[str, Any]]:
-    path = home / "data" / "sessions" / f"batch.{run_id}" / task_id / "transcript.jsonl"
+    path = transcript_path(home, run_id, task_id)
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -348,9 +356,15 @@ def test_ls_lists_the_runs_under_the_home(finished_run: Path, tmp_path: Path) ->
             "total": 2,
             "finished": 2,
             "failed": 1,
+            "unfinished": 0,
+            "reasons": {"final": 1, "max_steps": 1},
+            "input_tokens": as_json[0]["input_tokens"],
+            "output_tokens": as_json[0]["output_tokens"],
             "cost_usd": None,
+            "score_mean": None,
         }
     ]
+    assert all(isinstance(as_json[0][k], int) for k in ("input_tokens", "output_tokens"))
     assert isinstance(as_json[0]["created"], float)
     empty = tak(tmp_path / "empty", "batch", "ls")
     assert empty.stdout == f"no batch runs under {tmp_path / 'empty' / 'batch'}\n"

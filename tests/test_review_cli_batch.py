@@ -1,8 +1,8 @@
 """A second engineer's attack on `tak batch` (kernel/cli/batch.py, kernel/cli/_batch.py).
 
 Real `tak` subprocesses with a temporary home and the scripted model, as
-tests/test_cli_batch.py runs them. A test marked ``xfail(strict=True)`` is a bug
-found: it fails today and passes once fixed. The unmarked ones are attacks that held.
+tests/test_cli_batch.py runs them. The tests under "bugs" are the bugs the attack
+found (strict xfails until they were fixed); those under "what held", attacks that held.
 
 Runs for ``ls`` and ``show`` are written by hand where no task needs to run: a
 run's directory is its ``manifest.json``, ``tasks.jsonl`` and ``results.jsonl``.
@@ -22,9 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from kernel.batch import TaskResult, converter
+from tests.test_cli_batch import transcript_path
 
 
 def tak_argv(home: Path, *args: str) -> list[str]:
@@ -87,11 +86,10 @@ def wait_for(predicate: Callable[[], bool], what: str, proc: subprocess.Popen[st
 
 def in_its_call(home: Path, run_id: str, task_id: str) -> Callable[[], bool]:
     """Whether the task's transcript has the model's tool call (the tool is running)."""
-    path = home / "data" / "sessions" / f"batch.{run_id}" / task_id / "transcript.jsonl"
 
     def check() -> bool:
         try:
-            text = path.read_text()
+            text = transcript_path(home, run_id, task_id).read_text()
         except FileNotFoundError:
             return False
         return any(json.loads(line)["type"] == "assistant" for line in text.splitlines() if line)
@@ -120,11 +118,6 @@ def start_sleepy(home: Path, tmp_path: Path, *args: str, cwd: Path | None = None
 # --- bugs --------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--out at an existing directory that is not a run is adopted: its own "
-    "tasks.jsonl becomes the run's and is appended to",
-)
 def test_out_at_a_directory_of_other_files_is_refused_and_left_alone(tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
@@ -139,11 +132,6 @@ def test_out_at_a_directory_of_other_files_is_refused_and_left_alone(tmp_path: P
     assert str(project) in result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run that fails to start (--out at a file) leaves <home>/batch/<id> linked "
-    "to it: the id is 'taken' from then on",
-)
 def test_a_run_that_could_not_start_does_not_keep_its_id(tmp_path: Path) -> None:
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
@@ -156,9 +144,6 @@ def test_a_run_that_could_not_start_does_not_keep_its_id(tmp_path: Path) -> None
     assert fixed.returncode == 0, fixed.stderr  # today: run id 'evals' is taken by the file
 
 
-@pytest.mark.xfail(
-    strict=True, reason="tak batch ls: one run with a damaged file hides every other run"
-)
 def test_ls_lists_the_good_runs_beside_a_damaged_one(tmp_path: Path) -> None:
     home = tmp_path / "home"
     hand_made_run(home / "batch", "good", ["a", "b"], done=2)
@@ -170,11 +155,6 @@ def test_ls_lists_the_good_runs_beside_a_damaged_one(tmp_path: Path) -> None:
         assert "bad" in listed.stderr, listed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="show/ls of a results.jsonl with bytes not UTF-8: 'internal error: "
-    "UnicodeDecodeError', exit 1, no file or line named",
-)
 def test_show_of_results_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     run = hand_made_run(home / "batch", "r", ["a", "b"], done=1)
@@ -186,11 +166,6 @@ def test_show_of_results_not_utf8_names_the_file_and_line(tmp_path: Path) -> Non
     assert f"{run / 'results.jsonl'}:2" in shown.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="show of a results line lacking a field says 'While structuring TaskResult "
-    "(1 sub-exception)', not which field (resume says '$.reason: required field missing')",
-)
 def test_show_of_a_result_missing_a_field_names_the_field(tmp_path: Path) -> None:
     home = tmp_path / "home"
     run = hand_made_run(home / "batch", "r", ["a", "b"], done=1)
@@ -201,11 +176,6 @@ def test_show_of_a_result_missing_a_field_names_the_field(tmp_path: Path) -> Non
     assert f"{run / 'results.jsonl'}:2" in shown.stderr and "$.reason" in shown.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="show/ls of a run whose tasks.jsonl is gone count its results anyway "
-    "('finished 2 of 0 tasks'); resume refuses the same run as damaged",
-)
 def test_show_of_a_run_without_its_tasks_file_says_so(tmp_path: Path) -> None:
     home = tmp_path / "home"
     run = hand_made_run(home / "batch", "r", ["a", "b"], done=2)
@@ -226,11 +196,6 @@ def limit_memory(megabytes: int) -> Callable[[], None]:
     return limit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--concurrency 1000000000 starts that many runner tasks for a run of one "
-    "task (memory grows until MemoryError; a hang meanwhile)",
-)
 def test_a_huge_concurrency_runs_the_one_task_or_is_refused(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "one.jsonl", [{"id": "a", "prompt": "hi"}])
     result = tak(
@@ -251,11 +216,6 @@ def test_a_huge_concurrency_runs_the_one_task_or_is_refused(tmp_path: Path) -> N
         assert "finished    1 of 1 tasks" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--max-cost inf / --wall-time inf: 'the run's settings cannot be stored: Out "
-    "of range float...' names no flag, after making the run's directory",
-)
 def test_an_infinite_limit_is_refused_naming_its_flag(tmp_path: Path) -> None:
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
@@ -265,11 +225,6 @@ def test_an_infinite_limit_is_refused_naming_its_flag(tmp_path: Path) -> None:
     assert one_line(result, "tak batch: --max-cost: "), result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--progress-every nan: 'internal error: ValueError: deadline must not be NaN' "
-    "(exit 1) once the run is made, not a bad flag",
-)
 def test_progress_every_nan_is_a_bad_flag(tmp_path: Path) -> None:
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
@@ -278,21 +233,11 @@ def test_progress_every_nan_is_a_bad_flag(tmp_path: Path) -> None:
     assert not (home / "batch" / "t").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tasks file with no end of line (/dev/zero) is read whole into memory "
-    "before the 16 MiB line limit is checked: MemoryError",
-)
 def test_an_endless_tasks_file_is_refused_in_one_line(tmp_path: Path) -> None:
     result = tak(tmp_path / "home", "batch", "/dev/zero", preexec_fn=limit_memory(700))
     assert result.returncode == 2 and one_line(result, "tak batch: /dev/zero"), result
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run id made from an unusable name (--out 評価, --out ..) is refused as "
-    "\"got '-'\", not naming the name it came from",
-)
 def test_a_run_id_from_an_unusable_name_names_that_name(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
     result = tak(tmp_path / "home", "batch", str(tasks), "--out", str(tmp_path / "評価"))
@@ -300,11 +245,6 @@ def test_a_run_id_from_an_unusable_name_names_that_name(tmp_path: Path) -> None:
     assert "評価" in result.stderr and "--run-id" in result.stderr, result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two tasks files of one name (a/tasks.jsonl, b/tasks.jsonl) are one run "
-    "'tasks': the second's tasks are silently added to the first's run",
-)
 def test_another_tasks_file_of_the_same_name_is_not_merged_into_the_run(
     tmp_path: Path,
 ) -> None:
@@ -318,11 +258,6 @@ def test_another_tasks_file_of_the_same_name_is_not_merged_into_the_run(
     assert [r.id for r in results(home / "batch" / "tasks")] == ["first"], second
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SIGTERM (kill, docker stop, systemd) is not handled like Ctrl-C: the running "
-    "tasks are not recorded cancelled, no summary, no resume hint",
-)
 def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
     home = tmp_path / "home"
     proc = start_sleepy(home, tmp_path)
@@ -493,11 +428,6 @@ def test_a_second_run_of_the_same_id_elsewhere_is_refused_and_makes_nothing(
     assert not other.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a home given by $TAK_HOME is not in the printed resume hint: pasted in a "
-    "fresh shell it looks in ~/.tak ('no run')",
-)
 def test_the_hint_names_a_home_given_by_the_environment(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "sleepy.jsonl", SLEEPY)
     env = {**os.environ, "TAK_HOME": str(tmp_path / "home"), "HOME": str(tmp_path / "user")}
@@ -519,11 +449,6 @@ def test_the_hint_names_a_home_given_by_the_environment(tmp_path: Path) -> None:
     assert finished.returncode == 0, (hint, finished.stderr)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--plugin ./mine.py is kept relative in the run's settings: resume from another "
-    "directory skips the plugin (a warning) and the tasks run without its tools",
-)
 def test_a_plugin_given_by_a_relative_path_is_the_runs_wherever_it_resumes(
     tmp_path: Path,
 ) -> None:
@@ -558,11 +483,6 @@ def refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="show --json prints NaN (not JSON) from a results line holding NaN, a line the "
-    "ledger itself refuses ('NaN is not valid JSON')",
-)
 def test_show_json_is_json_even_from_a_hand_edited_result(tmp_path: Path) -> None:
     home = tmp_path / "home"
     run = hand_made_run(home / "batch", "r", ["a"], done=1)
@@ -577,11 +497,6 @@ def test_show_json_is_json_even_from_a_hand_edited_result(tmp_path: Path) -> Non
         assert shown.returncode == 2 and one_line(shown, "tak batch show: "), shown
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a manifest whose 'created' is 1e300: ls prints its header, then 'internal "
-    "error: OverflowError' (exit 1), every run hidden",
-)
 def test_ls_survives_an_absurd_created_time(tmp_path: Path) -> None:
     home = tmp_path / "home"
     hand_made_run(home / "batch", "good", ["a"], done=1)
@@ -593,11 +508,6 @@ def test_ls_survives_an_absurd_created_time(tmp_path: Path) -> None:
     assert "good" in listed.stdout, listed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ls --json lacks unfinished, reasons, input/output_tokens and score_mean: "
-    "docs/batch.md says it has show --json's totals, without the tasks",
-)
 def test_ls_json_has_the_totals_of_show_json(tmp_path: Path) -> None:
     home = tmp_path / "home"
     hand_made_run(home / "batch", "r", ["a", "b"], done=1)

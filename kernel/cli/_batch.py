@@ -9,14 +9,17 @@ directory's ``manifest.json``, or the PostgreSQL run's row): ``resume`` and
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import math
 import os
 import signal
+import stat
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -26,7 +29,7 @@ import cattrs
 
 from ..errors import UsageError
 from ..home import STORE_URL_ENV, TakHome
-from .plugins import ensure_home, home_option, one_line_errors, tak_command
+from .plugins import ensure_home, home_option, one_line_errors, os_error_line, tak_command
 from .run import model_settings, tool_patterns
 
 if TYPE_CHECKING:
@@ -37,6 +40,13 @@ if TYPE_CHECKING:
 
 #: How often progress is redrawn on a terminal, at most (seconds).
 TTY_REDRAW_S = 0.1
+#: The most tasks at once ``--concurrency`` may ask for: each is a Trio task from the
+#: start, whatever the run's size (a typo's extra zeros would exhaust memory first).
+MAX_CONCURRENCY = 10_000
+#: The longest run id made from a name (kernel.batch's limit).
+MAX_RUN_ID = 128
+#: What a start that stopped before writing its manifest may leave in a run's directory.
+LEFT_BY_A_START = frozenset({"lock", "manifest.json.tmp"})
 
 OpenLedger = Callable[[dict[str, Any] | None], AbstractAsyncContextManager["Ledger"]]
 
@@ -45,11 +55,31 @@ OpenLedger = Callable[[dict[str, Any] | None], AbstractAsyncContextManager["Ledg
 
 
 @attrs.frozen(kw_only=True)
+class TasksFile:
+    """The tasks file a run was started with: another file's tasks are not added to it."""
+
+    path: str  # resolved
+    sha256: str  # of its bytes then
+
+    @classmethod
+    def of(cls, path: Path) -> TasksFile:
+        """Blocking I/O (the file is read once more, to hash it)."""
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        return cls(path=str(path.resolve()), sha256=digest)
+
+    def is_the_file_of(self, other: TasksFile) -> bool:
+        """The same file (its tasks may have grown since), or a copy of the run's first."""
+        return self.path == other.path or self.sha256 == other.sha256
+
+
+@attrs.frozen(kw_only=True)
 class RunCommand:
     """What ``tak batch run`` was given: the run's settings in its ledger, so that
     ``resume`` and every ``worker`` open the same kernel and run the same way.
 
     ``concurrency`` is the first command's; ``resume`` and ``worker`` may give their own.
+    ``tasks_file`` is ``None`` for a run made before it was kept.
     """
 
     model: str
@@ -60,6 +90,7 @@ class RunCommand:
     settings: dict[str, Any] | None = None  # ModelSettings, as [model.settings] spells them
     limits: dict[str, float] = attrs.field(factory=dict)  # the TaskLimits fields given
     concurrency: int = 10
+    tasks_file: TasksFile | None = None
 
     def model_settings(self) -> ModelSettings | None:
         from ..settings import settings_from_mapping
@@ -72,7 +103,7 @@ class RunCommand:
         return TaskLimits(**self.limits)  # type: ignore[arg-type]
 
     def to_settings(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(json.dumps(_converter.unstructure(self)))
+        data: dict[str, Any] = json.loads(json.dumps(_converter.unstructure(self), allow_nan=False))
         return data
 
     @classmethod
@@ -93,8 +124,9 @@ class RunCommand:
         return command
 
     def differences(self, other: RunCommand) -> list[str]:
-        """The fields (concurrency aside) where ``other`` differs, as flags."""
-        names = [f.name for f in attrs.fields(RunCommand) if f.name != "concurrency"]
+        """The fields (concurrency and the tasks file aside) where ``other`` differs, as flags."""
+        own = ("concurrency", "tasks_file")
+        names = [f.name for f in attrs.fields(RunCommand) if f.name not in own]
         flags = {"fallbacks": "--fallback", "plugins": "--plugin", "settings": "model settings",
                  "limits": "limits"}  # fmt: skip
         return [
@@ -124,6 +156,8 @@ def _command_of(args: argparse.Namespace) -> RunCommand:
     for name, value in given.items():
         try:
             TaskLimits(**{name: value})
+            if not math.isfinite(value):  # a limit of inf is no limit; JSON cannot keep it
+                raise UsageError(name)
         except UsageError:
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag}: expected a positive number, got {value}") from None
@@ -146,7 +180,7 @@ def _command_of(args: argparse.Namespace) -> RunCommand:
         model=args.model,
         fallbacks=tuple(args.fallback),
         system=args.system,
-        plugins=tuple(args.plugin),
+        plugins=tuple(_plugin_specs(args.plugin)),
         tools=None if tools is None else tuple(tools),
         settings=None if settings is None else _settings_mapping(settings),
         limits=given,
@@ -157,6 +191,43 @@ def _command_of(args: argparse.Namespace) -> RunCommand:
 def _check_concurrency(value: int | None) -> None:
     if value is not None and value < 1:
         raise UsageError(f"--concurrency: expected 1 or more, got {value}")
+    if value is not None and value > MAX_CONCURRENCY:
+        raise UsageError(f"--concurrency: expected at most {MAX_CONCURRENCY:,}, got {value:,}")
+
+
+def _check_progress_every(value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"--progress-every: expected 0 or more seconds, got {value}")
+
+
+def _plugin_specs(specs: Sequence[str]) -> list[str]:
+    """``--plugin``s as a run keeps them: a path made absolute (``resume`` may be run
+    from another directory), a name or module as given."""
+    from plugins import source_for
+
+    return [
+        source.target if (source := source_for(spec)).kind == "path" else spec for spec in specs
+    ]
+
+
+def _check_tasks_file(path: Path) -> None:
+    """Refuse what is not a regular file before reading it: a device or a pipe may
+    never end (``/dev/zero``), and a run's tasks are read whole, to the end.
+
+    Raises:
+        UsageError: ``PATH: cannot read the task file: ...``.
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the task file: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"{path}: cannot read the task file: Is a directory")
+    if not stat.S_ISREG(mode):
+        raise UsageError(
+            f"{path}: cannot read the task file: not a regular file (a device or a pipe; "
+            "write the tasks to a file)"
+        )
 
 
 def _settings_mapping(settings: ModelSettings) -> dict[str, Any]:
@@ -206,7 +277,13 @@ def _run_dir(home: str | None, run: str) -> Path:
 
 
 def _default_run_id(args: argparse.Namespace) -> str:
-    """``--run-id``, else ``--out``'s name, else the tasks file's stem."""
+    """``--run-id``, else ``--out``'s name, else the tasks file's stem (its characters
+    outside ``A-Z a-z 0-9 . _ -`` made ``-``, cut to a run id's length).
+
+    Raises:
+        UsageError: ``--run-id`` is not a valid id, or no id can be made of the name
+            (``--out 評価``), naming the name and ``--run-id``.
+    """
     import re
 
     from ..batch import check_task_id
@@ -214,10 +291,64 @@ def _default_run_id(args: argparse.Namespace) -> str:
     if args.run_id is not None:
         check_task_id(args.run_id, "--run-id")
         return str(args.run_id)
-    name = args.out.absolute().name if args.out is not None else args.tasks.stem
-    run_id = re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("._-")[:128].replace("..", "-")
-    check_task_id(run_id or "-", "the run id (from the name; give one with --run-id)")
+    if args.out is not None:
+        name, where = args.out.absolute().name, f"--out {args.out}"
+    else:
+        name, where = args.tasks.stem, str(args.tasks)
+    run_id = re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("._-")[:MAX_RUN_ID]
+    run_id = run_id.replace("..", "-")
+    try:
+        check_task_id(run_id, "run id")
+    except UsageError:
+        raise UsageError(
+            f"{where}: no run id can be made of its name {name!r} (an id is 1-{MAX_RUN_ID} "
+            "of A-Z a-z 0-9 . _ -); give one with --run-id"
+        ) from None
     return run_id
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Refuse a directory for a new run that holds something else: it is the user's.
+
+    Raises:
+        UsageError: ``run_dir`` is not a directory, or holds files and no run.
+    """
+    if run_dir.is_symlink() and not run_dir.exists():
+        raise UsageError(
+            f"{run_dir}: leads to {run_dir.readlink()}, which is gone; remove the link "
+            "or give another --run-id"
+        )
+    if not run_dir.exists():
+        return
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: not a directory; give --out a new or empty directory")
+    if (run_dir / "manifest.json").exists():
+        return
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in LEFT_BY_A_START)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise UsageError(
+            f"{run_dir}: holds other files ({shown}) and no run (no manifest.json); "
+            "give --out a new or empty directory"
+        )
+
+
+def _check_link(home: str | None, run_id: str, run_dir: Path) -> Path | None:
+    """Where ``<home>/batch/<run_id>`` is to lead to ``run_dir``; ``None`` when it does.
+
+    Raises:
+        UsageError: the id names another run.
+    """
+    link = runs_dir(home) / run_id
+    if link.absolute() == run_dir.absolute():
+        return None
+    if link.is_symlink() or link.exists():
+        if link.resolve() == run_dir.resolve():
+            return None
+        raise UsageError(
+            f"run id {run_id!r} is taken by {link.resolve()}; give another with --run-id"
+        )
+    return link
 
 
 def _link_run(home: str | None, run_id: str, run_dir: Path) -> None:
@@ -226,17 +357,10 @@ def _link_run(home: str | None, run_id: str, run_dir: Path) -> None:
     Raises:
         UsageError: the id names another run.
     """
-    link = runs_dir(home) / run_id
-    if link.absolute() == run_dir.absolute():
-        return
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if link.is_symlink() or link.exists():
-        if link.resolve() == run_dir.resolve():
-            return
-        raise UsageError(
-            f"run id {run_id!r} is taken by {link.resolve()}; give another with --run-id"
-        )
-    link.symlink_to(run_dir.absolute(), target_is_directory=True)
+    link = _check_link(home, run_id, run_dir)
+    if link is not None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(run_dir.absolute(), target_is_directory=True)
 
 
 def _store_url(args: argparse.Namespace) -> str:
@@ -261,10 +385,13 @@ def _settings_of(ledger: Ledger) -> object:
 def cmd_run(args: argparse.Namespace) -> int:
     from ..batch import load_tasks
 
+    _check_progress_every(args.progress_every)
     given = _command_of(args)
+    _check_tasks_file(args.tasks)
     tasks = load_tasks(args.tasks)  # UsageError: "FILE:LINE: $.path: ..."
     if not tasks:
         raise UsageError(f"{args.tasks}: no tasks (a task is a JSON object a line: docs/batch.md)")
+    given = attrs.evolve(given, tasks_file=TasksFile.of(args.tasks))
     ensure_home(args.home)
     run_id = _default_run_id(args)
     if args.store is not None:
@@ -284,12 +411,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"--out {args.out}: lies inside the home's data ({data}), where no task's "
             "workspace may be; choose another directory"
         )
+    _check_run_dir(run_dir)
+    _check_link(args.home, run_id, run_dir)  # before anything is made
 
-    def open_directory(settings: dict[str, Any] | None) -> Any:
+    @contextlib.asynccontextmanager
+    async def open_directory(settings: dict[str, Any] | None) -> AsyncIterator[Ledger]:
         from ..batch import open_run_dir
 
-        _link_run(args.home, run_id, run_dir)
-        return open_run_dir(run_dir, run_id=run_id, settings=settings)
+        async with open_run_dir(run_dir, run_id=run_id, settings=settings) as ledger:
+            # once the run is there: a start that failed keeps no id
+            _link_run(args.home, run_id, run_dir)
+            yield ledger
 
     return _drive(args, open_directory, tasks=tasks, given=given, run_dir=run_dir)
 
@@ -297,6 +429,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 @one_line_errors("tak batch resume")
 def cmd_resume(args: argparse.Namespace) -> int:
     _check_concurrency(args.concurrency)
+    _check_progress_every(args.progress_every)
     run_dir = _run_dir(args.home, args.run)
 
     def open_directory(settings: dict[str, Any] | None) -> Any:
@@ -312,6 +445,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from ..batch import check_task_id
 
     _check_concurrency(args.concurrency)
+    _check_progress_every(args.progress_every)
     check_task_id(args.run, "--run")
     url = _store_url(args)
     ensure_home(args.home)
@@ -364,6 +498,7 @@ def _drive(
                 )
                 ledger = await stack.enter_async_context(open_ledger(given.to_settings()))
                 command = RunCommand.from_settings(ledger.run_id, _settings_of(ledger))
+                _check_tasks_file_of(ledger.run_id, command, given)
                 changed = command.differences(given)
                 if changed:
                     raise UsageError(
@@ -388,6 +523,22 @@ def _drive(
     return trio.run(main)
 
 
+def _check_tasks_file_of(run_id: str, command: RunCommand, given: RunCommand) -> None:
+    """Refuse to add another file's tasks to a run (two ``tasks.jsonl`` of two
+    projects are one run ``tasks`` by name alone).
+
+    Raises:
+        UsageError: the run was started with another tasks file.
+    """
+    first, now = command.tasks_file, given.tasks_file
+    if first is None or now is None or first.is_the_file_of(now):
+        return
+    raise UsageError(
+        f"run {run_id!r} has the tasks of {first.path}, not of {now.path}; give this "
+        "file's run its own --run-id"
+    )
+
+
 def _open_kernel(
     args: argparse.Namespace, command: RunCommand, sessions: SessionStore | None
 ) -> AbstractAsyncContextManager[Kernel]:
@@ -399,7 +550,7 @@ def _open_kernel(
         fallbacks=command.fallbacks,
         store=sessions,
         # the run's plugins, and any `tak --plugin` of this command
-        extra_plugins=[*command.plugins, *_new(args.plugin, command.plugins)],
+        extra_plugins=[*command.plugins, *_new(_plugin_specs(args.plugin), command.plugins)],
         system=command.system,
     )
 
@@ -413,27 +564,31 @@ async def _run_with_progress(
     run_dir: Path | None,
     workspace_root: Path | None,
 ) -> int:
-    """``run_batch`` with a progress view, stopped cleanly by the first Ctrl-C."""
+    """``run_batch`` with a progress view, stopped cleanly by the first Ctrl-C or
+    SIGTERM (``kill``, ``docker stop``, systemd): exit status 128 + the signal's number."""
     import trio
 
     from ..batch import run_batch
 
     view = ProgressView(sys.stderr, kernel, every=args.progress_every)
-    interrupted = False
+    stopped_by: signal.Signals | None = None
     async with trio.open_nursery() as nursery:
         run_scope = trio.CancelScope()
 
-        async def stop_on_sigint() -> None:
-            nonlocal interrupted
-            with trio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    if interrupted:  # a second Ctrl-C: stop waiting for the records
-                        raise KeyboardInterrupt
-                    interrupted = True
-                    view.note("tak batch: stopping; the running tasks are recorded cancelled")
+        async def stop_on_signal() -> None:
+            nonlocal stopped_by
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for number in signals:
+                    if stopped_by is not None:  # a second: stop waiting for the records
+                        _die_of(number)
+                    stopped_by = signal.Signals(number)
+                    name = "" if number == signal.SIGINT else f" ({stopped_by.name})"
+                    view.note(
+                        f"tak batch: stopping{name}; the running tasks are recorded cancelled"
+                    )
                     run_scope.cancel()
 
-        nursery.start_soon(stop_on_sigint)
+        nursery.start_soon(stop_on_signal)
         nursery.start_soon(view.redraw)
         with run_scope:
             await run_batch(
@@ -449,16 +604,27 @@ async def _run_with_progress(
                 on_progress=view.update,
             )
         nursery.cancel_scope.cancel()
-    view.finish(show=not interrupted)  # interrupted, its last line is out of date
+    view.finish(show=stopped_by is None)  # stopped, its last line is out of date
     results = await ledger.results()
     counts = await ledger.counts()
     print(summary_text(ledger.run_id, results, counts.total, run_dir))
     sys.stdout.flush()
-    if interrupted:
+    if stopped_by is not None:
         resume = _resume_command(args, ledger.run_id, run_dir, command)
-        print(f"tak batch: interrupted; to finish the run: {resume}", file=sys.stderr)
-        return 130
+        how = "interrupted" if stopped_by == signal.SIGINT else "terminated"
+        print(f"tak batch: {how}; to finish the run: {resume}", file=sys.stderr)
+        return 128 + stopped_by
     return 0
+
+
+def _die_of(number: int) -> None:
+    """Stop now, as the signal ``number`` stops a process that does not handle it
+    (a second Ctrl-C is ``KeyboardInterrupt``: ``tak`` exits 130)."""
+    if number == signal.SIGINT:
+        raise KeyboardInterrupt
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    raise KeyboardInterrupt  # not reached: the default action ends the process
 
 
 def _new(names: Sequence[str], known: Sequence[str]) -> list[str]:
@@ -650,34 +816,41 @@ class RunView:
 def read_run(path: Path) -> RunView:
     """A run directory's manifest, tasks and results as they are on disk (blocking I/O).
 
-    A last line still being written (no newline yet) is left out.
+    A last line still being written (no newline yet) is left out. A file is read as
+    its ledger reads it: strict JSON (no NaN), every result for a task of the run.
 
     Raises:
         UsageError: a file is damaged (one line naming it, and the line).
+        OSError: a file cannot be read.
     """
-    from ..batch import TaskResult, converter
 
     manifest_path = path / "manifest.json"
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads(manifest_path.read_bytes(), parse_constant=_refuse_constant)
         run_id = str(manifest["run_id"])
         created = float(manifest["created"])
+        if not math.isfinite(created):
+            raise ValueError(f"created: {created}")
         settings = manifest.get("settings") or {}
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{manifest_path}: damaged ({exc})") from None
     model = settings.get("model") if isinstance(settings, dict) else None
     order: dict[str, int] = {}
-    for number, line in enumerate(_complete_lines(path / "tasks.jsonl"), 1):
-        try:
-            order.setdefault(str(json.loads(line)["id"]), number)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"{path / 'tasks.jsonl'}:{number}: damaged ({exc})") from None
+    tasks_path = path / "tasks.jsonl"
+    for number, line in _complete_lines(tasks_path):
+        value = _json_line(line, f"{tasks_path}:{number}")
+        if not (isinstance(value, dict) and isinstance(value.get("id"), str)):
+            raise UsageError(f"{tasks_path}:{number}: damaged (not a task: no id)")
+        order.setdefault(value["id"], number)
     latest: dict[str, TaskResult] = {}
-    for number, line in enumerate(_complete_lines(path / "results.jsonl"), 1):
-        try:
-            result = converter.structure(json.loads(line), TaskResult)
-        except Exception as exc:
-            raise UsageError(f"{path / 'results.jsonl'}:{number}: {exc}") from None
+    results_path = path / "results.jsonl"
+    for number, line in _complete_lines(results_path):
+        where = f"{results_path}:{number}"
+        result = _result(_json_line(line, where), where)
+        if result.id not in order:  # the ledger's rule: resume refuses the same
+            raise UsageError(
+                f"{where}: a result for task {result.id!r}, which is not in {tasks_path}"
+            )
         # the ledger's rule: a finished result is the last word on its task
         if result.id not in latest or not latest[result.id].finished:
             latest[result.id] = result
@@ -687,27 +860,68 @@ def read_run(path: Path) -> RunView:
         created=created,
         model=model if isinstance(model, str) else None,
         total=len(order),
-        results=tuple(sorted(latest.values(), key=lambda r: order.get(r.id, math.inf))),
+        results=tuple(sorted(latest.values(), key=lambda r: order[r.id])),
     )
 
 
-def _complete_lines(path: Path) -> list[str]:
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _json_line(line: bytes, where: str) -> Any:
     try:
-        text = path.read_text()
+        return json.loads(line, parse_constant=_refuse_constant)
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise UsageError(f"{where}: not valid JSON ({exc})") from None
+
+
+def _result(value: Any, where: str) -> TaskResult:
+    """A ``results.jsonl`` record, or an error naming the line and the field."""
+    from ..batch import TaskResult, converter
+    from ..messages import describe_structure_error
+
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: $: expected a JSON object, got {type(value).__name__}")
+    try:
+        result: TaskResult = converter.structure(value, TaskResult)
+    except UsageError as exc:  # the record's own validator (its id)
+        raise UsageError(f"{where}: {exc}") from None
+    except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: {describe_structure_error(exc, '$')}") from None
+    return result
+
+
+def _complete_lines(path: Path) -> list[tuple[int, bytes]]:
+    """The file's lines that end in a newline and are not blank, with their numbers."""
+    try:
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    return [line for line in text.split("\n")[:-1] if line.strip()]  # the last: "" or torn
+    lines = data.split(b"\n")[:-1]  # the last: b"" or torn
+    return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
 
 
 @one_line_errors("tak batch ls")
 def cmd_ls(args: argparse.Namespace) -> int:
+    """The runs under the home; one that cannot be read is named on stderr, the rest
+    listed (status 0: the listing is what was asked for)."""
     root = runs_dir(args.home)
     entries = sorted(root.iterdir()) if root.is_dir() else []
-    runs = [read_run(e) for e in entries if (e / "manifest.json").is_file()]
+    runs: list[RunView] = []
+    unreadable: list[str] = []
+    for entry in entries:
+        if not (entry / "manifest.json").is_file():
+            continue
+        try:
+            runs.append(read_run(entry))
+        except UsageError as exc:
+            unreadable.append(f"tak batch ls: {entry.name}: left out: {exc}")
+        except OSError as exc:
+            unreadable.append(f"tak batch ls: {entry.name}: left out: {os_error_line(exc)}")
     gone = [e for e in entries if e.is_symlink() and not e.exists()]
     runs.sort(key=lambda r: (-(r.created or 0), r.run_id))
     if args.json:
-        print(json.dumps([ls_json(r) for r in runs], indent=2, ensure_ascii=False))
+        print(json.dumps([totals_json(r) for r in runs], indent=2, ensure_ascii=False))
     elif not runs:
         print(f"no batch runs under {root}")
     else:
@@ -723,14 +937,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 f"{r.run_id:<{width}}  {created:<19}  {r.total:>6}  {r.finished:>8}  "
                 f"{r.failed:>6}  {cost:>9}  {r.model or '?'}"
             )
+    sys.stdout.flush()
+    for line in unreadable:
+        print(line, file=sys.stderr)
     for link in gone:
         print(f"tak batch ls: {link.name}: its directory is gone ({link.readlink()})",
               file=sys.stderr)  # fmt: skip
     return 0
 
 
-def ls_json(view: RunView) -> dict[str, Any]:
-    """One run of ``tak batch ls --json``: ``show --json``'s totals, without the tasks."""
+def totals_json(view: RunView) -> dict[str, Any]:
+    """A run's totals: one run of ``tak batch ls --json``, and ``show --json`` without
+    its tasks."""
+    scores = [r.score for r in view.results if r.score is not None]
     return {
         "run_id": view.run_id,
         "where": view.where,
@@ -739,12 +958,20 @@ def ls_json(view: RunView) -> dict[str, Any]:
         "total": view.total,
         "finished": view.finished,
         "failed": view.failed,
+        "unfinished": view.total - view.finished,
+        "reasons": dict(sorted(Counter(r.reason for r in view.results).items())),
+        "input_tokens": sum(r.input_tokens for r in view.results),
+        "output_tokens": sum(r.output_tokens for r in view.results),
         "cost_usd": view.cost_usd,
+        "score_mean": sum(scores) / len(scores) if scores else None,
     }
 
 
 def _local_time(unix: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+    except (OverflowError, OSError, ValueError):  # a hand-edited time past any calendar
+        return "?"
 
 
 @one_line_errors("tak batch show")
@@ -785,18 +1012,12 @@ def _read_postgres_run(url: str, run_id: str) -> RunView:
 
 
 def show_json(view: RunView) -> dict[str, Any]:
-    """``tak batch show --json``: the run's totals, counts by reason, the tasks that did
+    """``tak batch show --json``: the run's totals (``totals_json``), the tasks that did
     not end ``final``, and every task's latest result (``results.jsonl``'s records)."""
     from ..batch import converter
 
-    scores = [r.score for r in view.results if r.score is not None]
     return {
-        **ls_json(view),
-        "unfinished": view.total - view.finished,
-        "reasons": dict(sorted(Counter(r.reason for r in view.results).items())),
-        "input_tokens": sum(r.input_tokens for r in view.results),
-        "output_tokens": sum(r.output_tokens for r in view.results),
-        "score_mean": sum(scores) / len(scores) if scores else None,
+        **totals_json(view),
         "not_final": [
             {"id": r.id, "reason": r.reason, "error": r.error}
             for r in view.results

@@ -67,8 +67,18 @@ def tak_command(*words: str) -> str:
 
 
 def home_option(home: str | None) -> tuple[str, ...]:
-    """``--home HOME`` for a hint, when the command was given one."""
-    return ("--home", home) if home else ()
+    """``--home HOME`` for a hint, unless the home is the default (``~/.tak``).
+
+    ``home`` is ``--home`` as given (a hint is pasted where the command ran); a home
+    from ``$TAK_HOME`` is named absolute, as another terminal may not have it set.
+    """
+    if home is not None:
+        return ("--home", home)
+    if os.environ.get("TAK_HOME"):
+        from ..home import TakHome
+
+        return ("--home", str(TakHome.locate(None).root))
+    return ()
 
 
 def os_error_line(exc: OSError) -> str:
