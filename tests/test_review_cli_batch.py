@@ -138,6 +138,10 @@ def test_a_run_that_could_not_start_does_not_keep_its_id(tmp_path: Path) -> None
     (tmp_path / "evals").write_text("a file\n")
     failed = tak(home, "batch", str(tasks), "--out", str(tmp_path / "evals"))
     assert failed.returncode != 0 and failed.stderr.count("\n") == 1, failed.stderr
+    # and a start that fails once it makes the run (below a file: the OS refuses)
+    below = tak(home, "batch", str(tasks), "--out", str(tmp_path / "evals" / "evals"))
+    assert below.returncode == 1 and "Not a directory" in below.stderr, below.stderr
+    assert not (home / "batch" / "evals").is_symlink()
     # the user fixes the mistake: the run of that name goes elsewhere
     (tmp_path / "runs").mkdir()
     fixed = tak(home, "batch", str(tasks), "--out", str(tmp_path / "runs" / "evals"))
@@ -256,6 +260,18 @@ def test_another_tasks_file_of_the_same_name_is_not_merged_into_the_run(
     second = tak(home, "batch", str(tmp_path / "b" / "tasks.jsonl"))
     # refused (give --run-id), or a run of its own: not project a's run grown
     assert [r.id for r in results(home / "batch" / "tasks")] == ["first"], second
+    assert second.returncode == 2 and one_line(second, "tak batch: run 'tasks' has the "), second
+    assert str(tmp_path / "b" / "tasks.jsonl") in second.stderr and "--run-id" in second.stderr
+    # the run's own file, grown, adds its tasks; a copy of it, moved elsewhere, is the run's
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "tasks.jsonl").write_bytes((tmp_path / "a" / "tasks.jsonl").read_bytes())
+    write_tasks(
+        tmp_path / "a" / "tasks.jsonl", [{"id": t, "prompt": "hi"} for t in ("first", "more")]
+    )
+    for project in ("a", "c"):
+        again = tak(home, "batch", str(tmp_path / project / "tasks.jsonl"))
+        assert again.returncode == 0, again.stderr
+    assert [r.id for r in results(home / "batch" / "tasks")] == ["first", "more"]
 
 
 def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
@@ -267,7 +283,8 @@ def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert "to finish the run: " in stderr, stderr
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "tak batch: terminated; to finish the run: " in stderr, stderr
     assert "finished    1 of 2 tasks" in stdout
     by_id = {r.id: r.reason for r in results(home / "batch" / "sleepy")}
     assert by_id == {"quick": "final", "sleepy": "cancelled"}

@@ -29,6 +29,7 @@ import cattrs
 
 from ..errors import UsageError
 from ..home import STORE_URL_ENV, TakHome
+from .batch import MAX_CONCURRENCY
 from .plugins import ensure_home, home_option, one_line_errors, os_error_line, tak_command
 from .run import model_settings, tool_patterns
 
@@ -40,9 +41,6 @@ if TYPE_CHECKING:
 
 #: How often progress is redrawn on a terminal, at most (seconds).
 TTY_REDRAW_S = 0.1
-#: The most tasks at once ``--concurrency`` may ask for: each is a Trio task from the
-#: start, whatever the run's size (a typo's extra zeros would exhaust memory first).
-MAX_CONCURRENCY = 10_000
 #: The longest run id made from a name (kernel.batch's limit).
 MAX_RUN_ID = 128
 #: What a start that stopped before writing its manifest may leave in a run's directory.

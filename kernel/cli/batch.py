@@ -8,17 +8,18 @@
     tak batch show RUN [--json]            # a run's summary, its failed tasks
     tak batch worker --run RUN --store URL # one of many hosts sharing a run in PostgreSQL
 
-A run lives in a directory: ``--out DIR``, else ``<home>/batch/<run-id>``
-(a run elsewhere is linked there under its id, so ``ls``, ``show`` and
-``resume`` find it by id). Its id is ``--run-id``, else ``DIR``'s name, else
-the tasks file's stem: running the same command again continues the same run,
-and finished tasks are not run again.
+A run lives in a directory: ``--out DIR`` (new, empty, or a run's), else
+``<home>/batch/<run-id>`` (a run elsewhere is linked there under its id, so
+``ls``, ``show`` and ``resume`` find it by id). Its id is ``--run-id``, else
+``DIR``'s name, else the tasks file's stem: running the same command again
+continues the same run, and finished tasks are not run again. Another tasks
+file's tasks are not added to a run (give that file's run its own ``--run-id``).
 
 Exit status: 0 when the command ran to its end (every task it could claim has a
 result; a task that failed is a result, see ``tak batch show``); 2 when what it
 was given is wrong (a bad tasks file, flag or run); 1 on an OS error; 130 when
-stopped with Ctrl-C (running tasks are recorded ``cancelled`` and the printed
-``tak batch resume`` command finishes them).
+stopped with Ctrl-C, 143 with SIGTERM (running tasks are recorded ``cancelled``
+and the printed ``tak batch resume`` command finishes them).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from typing import Any
 
 #: How often a progress line is printed when stderr is not a terminal (seconds).
 LINE_EVERY_S = 5.0
+#: The most tasks at once ``--concurrency`` may ask for: each is a Trio task from the
+#: start, whatever the run's size (a typo's extra zeros would exhaust memory first).
+MAX_CONCURRENCY = 10_000
 #: ``kernel.home.STORE_URL_ENV`` (importing kernel.home would slow ``tak --help``).
 STORE_URL_ENV = "TAK_STORE_URL"
 
@@ -87,8 +91,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "task, concurrent, resumable (docs/batch.md). `tak batch TASKS.jsonl ...` is "
         "short for `tak batch run TASKS.jsonl ...`.",
         epilog="exit status: 0 the command ran to its end (failed tasks are results: see "
-        "`tak batch show`), 2 bad input, 1 an OS error, 130 stopped by Ctrl-C "
-        "(resume with the command it prints)",
+        "`tak batch show`), 2 bad input, 1 an OS error, 130 stopped by Ctrl-C, 143 by "
+        "SIGTERM (resume with the command it prints)",
     )
     commands = group.add_subparsers(
         dest="batch_command",
@@ -109,7 +113,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--out",
         type=Path,
         metavar="DIR",
-        help="the run's directory (default: <home>/batch/<run-id>)",
+        help="the run's directory: new, empty or a run's (default: <home>/batch/<run-id>)",
     )
     p.add_argument(
         "--run-id",
@@ -180,7 +184,11 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--system", help="system prompt")
     p.add_argument(
-        "--concurrency", type=int, default=10, metavar="N", help="tasks at once (default 10)"
+        "--concurrency",
+        type=int,
+        default=10,
+        metavar="N",
+        help=f"tasks at once, 1 to {MAX_CONCURRENCY:,} (default 10)",
     )
     p.add_argument(
         "--tools",
