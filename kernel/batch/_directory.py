@@ -7,8 +7,9 @@
 
 The directory holds:
 
-- ``manifest.json``: the run id, when it was created, and the run's settings
-  (``RunManifest``; the CLI keeps model, concurrency and limits there);
+- ``manifest.json``: the run id, its nonce (which names its sessions), when
+  it was created, and the run's settings (``RunManifest``; the CLI keeps
+  model, concurrency and limits there);
 - ``tasks.jsonl``: one ``BatchTask`` per line, in task order;
 - ``results.jsonl``: one ``TaskResult`` per line, appended and fsynced (in a
   thread) before ``finish`` returns: a SIGKILL loses no result ``finish``
@@ -24,6 +25,15 @@ A crash can tear the last line of an append-only file (the line was being
 written). Reopening cuts such a line off, logs that it did, and goes on: the
 line was never acknowledged. Any other line that does not parse is an error
 naming the file and line.
+
+A write that fails (a full disk) fails the call that made it, with the
+``OSError`` naming the file; the file is left as it was. Each write runs in
+a thread of its own, outside trio's shared thread limiter (threads a run's
+scorers or tools left hanging never hold it up), and is waited for at most
+``WRITE_S`` seconds of real time (a test's virtual clock does not cut it
+short): a write that does not return by then (a hung disk) is abandoned, and
+the file takes no more lines in this process (what became of the abandoned
+ones is read on reopening).
 """
 
 from __future__ import annotations
@@ -35,20 +45,29 @@ import heapq
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import cattrs
+import outcome
 import trio
 
 from kernel.errors import UsageError
 from kernel.messages import describe_structure_error
 
 from ._ledger import Claim, LedgerCounts
-from ._records import BatchTask, TaskResult, check_task_id, converter
+from ._records import (
+    BatchTask,
+    TaskResult,
+    check_run_id,
+    converter,
+    new_run_nonce,
+    session_project,
+)
 
 logger = logging.getLogger("tak.batch")
 
@@ -59,17 +78,23 @@ CLAIMS = "claims.jsonl"
 WORKSPACES = "workspaces"
 LOCK = "lock"
 
-#: A task file's lines are read whole; a line longer than this is refused.
+#: A task file's lines are read whole; a line longer than this is refused
+#: (and a task whose line would be longer is refused when added to a run).
 MAX_LINE_BYTES = 16 * 1024 * 1024
+#: How long one write (and fsync) of a run's file may take, in real seconds,
+#: before it is abandoned (see the module docstring).
+WRITE_S = 60.0
 
 
 @attrs.frozen(kw_only=True)
 class RunManifest:
-    """What ``manifest.json`` holds: the run id, when it was made, its settings."""
+    """What ``manifest.json`` holds: the run id, when it was made, its settings,
+    and its nonce (``None`` in a run made before runs had one)."""
 
     run_id: str
     created: float  # Unix time
     settings: dict[str, Any] = attrs.field(factory=dict)
+    nonce: str | None = None
 
 
 def _refuse_constant(name: str) -> Any:
@@ -110,9 +135,9 @@ def _usage_error_in(exc: BaseException) -> UsageError | None:
     return None
 
 
-def parse_tasks(lines: Sequence[bytes], name: str) -> list[BatchTask]:
+def parse_tasks(lines: Sequence[bytes], name: str, *, base: Path | None = None) -> list[BatchTask]:
     """Tasks from ``tasks.jsonl`` lines (blank lines skipped); ``name`` is the file's,
-    for errors.
+    for errors; a relative ``workspace`` is made absolute against ``base`` when given.
 
     Raises:
         UsageError: ``NAME:LINE: $.path: what was wrong``; a duplicate id names both lines.
@@ -126,6 +151,10 @@ def parse_tasks(lines: Sequence[bytes], name: str) -> list[BatchTask]:
         if len(line) > MAX_LINE_BYTES:
             raise UsageError(f"{where}: line longer than {MAX_LINE_BYTES} bytes")
         task: BatchTask = _structure(_parse_line(line, where), BatchTask, where)
+        if base is not None and task.workspace is not None:
+            seed = task.workspace
+            if not seed.startswith("~") and not os.path.isabs(seed):
+                task = attrs.evolve(task, workspace=os.path.normpath(base / seed))
         first = seen.get(task.id)
         if first is not None:
             raise UsageError(f"{where}: duplicate task id {task.id!r} (first at line {first})")
@@ -137,6 +166,10 @@ def parse_tasks(lines: Sequence[bytes], name: str) -> list[BatchTask]:
 def load_tasks(path: str | os.PathLike[str]) -> list[BatchTask]:
     """The tasks of a ``tasks.jsonl`` file, one JSON object per line (docs/batch.md).
 
+    A relative ``workspace`` is the task file's: it is made absolute against the
+    file's directory, so whoever runs or resumes the run, from wherever, copies
+    the same seed.
+
     Blocking: call it in a thread from async code.
 
     Raises:
@@ -146,7 +179,8 @@ def load_tasks(path: str | os.PathLike[str]) -> list[BatchTask]:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise UsageError(f"{os.fspath(path)}: cannot read the task file: {exc.strerror}") from None
-    return parse_tasks(data.split(b"\n"), os.fspath(path))
+    base = Path(os.path.abspath(os.path.dirname(os.fspath(path)) or "."))
+    return parse_tasks(data.split(b"\n"), os.fspath(path), base=base)
 
 
 def _encode(record: Any, what: str = "a record") -> bytes:
@@ -163,8 +197,20 @@ def _encode(record: Any, what: str = "a record") -> bytes:
 @attrs.define
 class _Line:
     data: bytes
+    #: Called once, by whoever learns it: True when the line is written, False
+    #: when it is not (its write failed, was abandoned, or never began).
+    done: Callable[[bool], None] | None = None
     written: bool = False
     error: BaseException | None = None
+
+    @property
+    def pending(self) -> bool:
+        return not self.written and self.error is None
+
+    def settle(self, error: BaseException | None) -> None:
+        self.written, self.error = error is None, error
+        if self.done is not None:
+            self.done(error is None)
 
 
 class _AppendFile:
@@ -181,6 +227,7 @@ class _AppendFile:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._lock = trio.Lock()  # one write at a time, in the order the lines came
         self._queue: list[_Line] = []
+        self._broken: OSError | None = None  # once a write was abandoned
 
     def _write(self, data: bytes) -> None:
         size = os.fstat(self._fd).st_size
@@ -197,29 +244,81 @@ class _AppendFile:
                 os.ftruncate(self._fd, size)
             raise
 
-    async def append(self, data: bytes) -> None:
-        """Return once ``data`` is written (and fsynced when durable).
-
-        Not cancellable (a cancellation arrives at the caller's next checkpoint):
-        a line, once queued, is written, and its caller must know it was.
+    async def _write_in_thread(self, data: bytes) -> bool:
+        """``_write(data)`` in a thread of its own (not trio's shared limiter: threads
+        a scorer or a tool left hanging must not hold a result up); False when it
+        did not return within ``WRITE_S`` real seconds. A timer thread, not a trio
+        deadline, bounds it: a test's autojumping clock must not cut an fsync short.
 
         Raises:
-            OSError: the write failed (this line's and those written with it).
+            OSError: the write failed.
         """
-        line = _Line(data)
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        box: list[outcome.Outcome[None]] = []
+
+        def wake() -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        def deliver(result: outcome.Outcome[None]) -> None:
+            box.append(result)
+            wake()
+
+        timer = threading.Timer(WRITE_S, wake)
+        timer.daemon = True
+        trio.lowlevel.start_thread_soon(lambda: self._write(data), deliver)
+        timer.start()
+        try:
+            await done.wait()
+        finally:
+            timer.cancel()
+        if not box:
+            return False
+        box[0].unwrap()
+        return True
+
+    async def _write_lines(self, batch: list[_Line]) -> None:
+        if self._broken is None:
+            try:
+                written = await self._write_in_thread(b"".join(line.data for line in batch))
+            except OSError as exc:
+                failed = OSError(exc.errno, exc.strerror, str(self.path))
+                for line in batch:
+                    line.settle(failed)
+                return
+            if written:
+                for line in batch:
+                    line.settle(None)
+                return
+            self._broken = OSError(
+                errno.EIO,
+                f"a write did not return within {WRITE_S:g} s (abandoned); no more lines "
+                "are written to it in this process",
+                str(self.path),
+            )
+        for line in batch:
+            line.settle(self._broken)
+
+    async def append(self, data: bytes, done: Callable[[bool], None] | None = None) -> None:
+        """Return once ``data`` is written (and fsynced when durable); ``done(True)``
+        is called as it is written, ``done(False)`` if it is not.
+
+        Not cancellable (a cancellation arrives at the caller's next checkpoint):
+        a line, once queued, is written, and its caller must know it was. Bounded
+        by ``WRITE_S`` instead (see the module docstring).
+
+        Raises:
+            OSError: the write failed (naming the file), or the file takes no
+                more lines (a write was abandoned).
+        """
+        line = _Line(data, done)
         self._queue.append(line)
         with trio.CancelScope(shield=True):
             async with self._lock:
-                if not line.written and line.error is None:
+                if line.pending:
                     batch, self._queue = self._queue, []
-                    try:
-                        await trio.to_thread.run_sync(self._write, b"".join(x.data for x in batch))
-                    except BaseException as exc:
-                        for x in batch:
-                            x.error = exc
-                    else:
-                        for x in batch:
-                            x.written = True
+                    await self._write_lines(batch)
         if line.error is not None:
             raise line.error
 
@@ -324,7 +423,11 @@ class DirectoryLedger:
         # What claim hands out next: the task order indices of the tasks neither
         # finished nor running, smallest first (a released task keeps its place).
         self._ids: list[str] = list(state.tasks)
+        self._index: dict[str, int] = {t: i for i, t in enumerate(self._ids)}
         self._free: list[int] = [i for i, t in enumerate(self._ids) if t not in state.finished]
+        # Tasks whose finished result is being written: a second one is refused,
+        # but they count as finished only once the line is on the disk.
+        self._finishing: set[str] = set()
         self._tasks_file = _AppendFile(path / TASKS, durable=True)
         self._results_file = _AppendFile(path / RESULTS, durable=True)
         self._claims_file = _AppendFile(path / CLAIMS, durable=False)
@@ -333,6 +436,11 @@ class DirectoryLedger:
     @property
     def run_id(self) -> str:
         return self.manifest.run_id
+
+    @property
+    def session_project(self) -> str:
+        """The store project of the run's task sessions (``Ledger`` guarantee 6)."""
+        return session_project(self.manifest.run_id, self.manifest.nonce)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -348,12 +456,19 @@ class DirectoryLedger:
         """Add the tasks not here yet (guarantee 1).
 
         Raises:
-            UsageError: a task id is here with other content, or twice in ``tasks``.
+            UsageError: a task id is here with other content, or twice in ``tasks``;
+                a task longer than ``MAX_LINE_BYTES`` as a JSON line (reopening
+                the run could not read it back).
         """
         async with self._adding:
             new: dict[str, bytes] = {}
             for index, task in enumerate(tasks):
                 line = _encode(task, f"task {task.id!r} (tasks[{index}])")
+                if len(line) - 1 > MAX_LINE_BYTES:
+                    raise UsageError(
+                        f"task {task.id!r} (tasks[{index}]) is {len(line) - 1} bytes as a "
+                        f"JSON line; a task may be at most {MAX_LINE_BYTES}"
+                    )
                 known = self._state.encoded.get(task.id) or new.get(task.id)
                 if known is None:
                     new[task.id] = line
@@ -365,13 +480,19 @@ class DirectoryLedger:
                     )
             if not new:
                 return
-            await self._tasks_file.append(b"".join(new.values()))
             by_id = {t.id: t for t in tasks}
-            for task_id, line in new.items():
-                self._state.tasks[task_id] = by_id[task_id]
-                self._state.encoded[task_id] = line
-                heapq.heappush(self._free, len(self._ids))
-                self._ids.append(task_id)
+
+            def added(written: bool) -> None:
+                if not written:
+                    return
+                for task_id, line in new.items():
+                    self._state.tasks[task_id] = by_id[task_id]
+                    self._state.encoded[task_id] = line
+                    self._index[task_id] = len(self._ids)
+                    heapq.heappush(self._free, len(self._ids))
+                    self._ids.append(task_id)
+
+            await self._tasks_file.append(b"".join(new.values()), added)
 
     async def claim(self, worker: str, limit: int) -> list[Claim]:
         """Up to ``limit`` tasks not finished and not running, in task order (guarantee 2).
@@ -398,8 +519,11 @@ class DirectoryLedger:
             await self._claims_file.append(lines)
         return claims
 
-    async def renew(self, worker: str, task_ids: Sequence[str]) -> None:
-        """Nothing to do: claims last as long as this process holds the directory."""
+    async def renew(self, worker: str, task_ids: Sequence[str]) -> list[str]:
+        """Claims last as long as this process holds the directory: nothing to
+        extend; the tasks of ``task_ids`` that ``worker`` does not hold are returned."""
+        await trio.lowlevel.checkpoint()
+        return [task_id for task_id in task_ids if self._running.get(task_id) != worker]
 
     async def finish(self, worker: str, result: TaskResult) -> bool:
         """Record ``result`` (guarantees 3 and 4); False when the task had finished already.
@@ -416,17 +540,23 @@ class DirectoryLedger:
         if result.id in state.finished:
             self._running.pop(result.id, None)
             return False
+        if result.id in self._finishing:  # another finished result is on its way
+            return False
         if result.finished:
-            state.finished[result.id] = result  # first wins, decided before the write
-        try:
-            await self._results_file.append(line)
-        except BaseException:
-            if state.finished.get(result.id) is result:
-                del state.finished[result.id]
-            raise
-        state.latest[result.id] = result
-        if self._running.pop(result.id, None) is not None and not result.finished:
-            heapq.heappush(self._free, self._ids.index(result.id))  # released: claimable again
+            self._finishing.add(result.id)  # first wins, decided before the write
+
+        def recorded(written: bool) -> None:
+            # Whoever writes the line calls this, even when this call was cancelled
+            # meanwhile: what this process says of the task follows the file.
+            self._finishing.discard(result.id)
+            if written and result.finished:
+                state.finished[result.id] = result
+            if written and state.finished.get(result.id, result) is result:
+                state.latest[result.id] = result
+            if self._running.pop(result.id, None) is not None and not (written and result.finished):
+                heapq.heappush(self._free, self._index[result.id])  # claimable again
+
+        await self._results_file.append(line, recorded)
         return True
 
     async def results(self) -> list[TaskResult]:
@@ -472,11 +602,14 @@ def _open(
         else:
             if run_id is None:
                 run_id = path.resolve().name
-                check_task_id(run_id, f"the run id (the directory's name, {path})")
+                check_run_id(run_id, f"the run id (the directory's name, {path})")
             else:
-                check_task_id(run_id, "run_id")
+                check_run_id(run_id, "run_id")
             manifest = RunManifest(
-                run_id=run_id, created=time.time(), settings=dict(settings or {})
+                run_id=run_id,
+                created=time.time(),
+                settings=dict(settings or {}),
+                nonce=new_run_nonce(),
             )
             _write_atomically(manifest_path, _encode(manifest, "the run's settings"))
         (path / WORKSPACES).mkdir(exist_ok=True)

@@ -16,7 +16,17 @@ Guarantees every ledger keeps:
    wins, a later one returns False. A ``cancelled`` result only releases the
    claim (the task runs again on resume) and is kept as history.
 4. A result ``finish`` returned True for is durable: a SIGKILL right after
-   loses nothing.
+   loses nothing; and what ``counts`` and ``results`` say never runs ahead
+   of it (a task counts as finished once its result is durable, not before).
+5. ``renew`` extends the worker's leases it still holds and returns the
+   ids of the others: the tasks it no longer holds (the lease lapsed and
+   another worker took the task, or it finished elsewhere). ``run_batch``
+   stops running those at once, recording nothing: they are another's now.
+6. ``session_project`` is the store project of the run's task sessions,
+   ``batch.<run id>.<nonce>``: the nonce is made once, when the run is
+   created, and kept with it (the manifest, the run row), so a resume and
+   every worker of the run use the same sessions, and a new run of the same
+   id (a directory made again) never finds an old run's transcripts.
 """
 
 from __future__ import annotations
@@ -50,14 +60,20 @@ class Ledger(Protocol):
     @property
     def run_id(self) -> str: ...
 
+    @property
+    def session_project(self) -> str:
+        """The store project of the run's task sessions (guarantee 6)."""
+        ...
+
     async def add_tasks(self, tasks: Sequence[BatchTask]) -> None: ...
 
     async def claim(self, worker: str, limit: int) -> list[Claim]:
         """Up to ``limit`` tasks for ``worker`` to run, in task order."""
         ...
 
-    async def renew(self, worker: str, task_ids: Sequence[str]) -> None:
-        """Extend ``worker``'s leases on these tasks (called well within a lease)."""
+    async def renew(self, worker: str, task_ids: Sequence[str]) -> list[str]:
+        """Extend ``worker``'s leases on these tasks (called well within a lease);
+        return those of ``task_ids`` it no longer holds (guarantee 5)."""
         ...
 
     async def finish(self, worker: str, result: TaskResult) -> bool:

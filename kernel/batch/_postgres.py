@@ -18,7 +18,8 @@ It keeps the four guarantees of ``kernel.batch._ledger`` this way:
    transaction holds (``SKIP LOCKED``), get this worker's lease and their
    attempt counted up. Lease times come from the database clock
    (``now()``), never a worker's, so hosts with skewed clocks agree on
-   when a lease lapses. ``renew`` extends only leases the worker still holds.
+   when a lease lapses. ``renew`` extends only leases the worker still holds,
+   and returns the others (guarantee 5 of ``kernel.batch._ledger``).
 3. ``finish`` of a finished result is ``UPDATE ... WHERE NOT finished``: the
    first wins, later ones return False. A ``cancelled`` result releases the
    worker's lease and is kept (as the task's latest result until a finished
@@ -68,9 +69,9 @@ from kernel.store import PostgresStore
 from kernel.store._postgres import migrate_schema
 
 # The records' boundary, both ways: "WHERE: $.path: reason", and "WHAT cannot be stored".
-from ._directory import _encode, _structure
+from ._directory import MAX_LINE_BYTES, _encode, _structure
 from ._ledger import Claim, LedgerCounts
-from ._records import BatchTask, TaskResult, check_task_id
+from ._records import BatchTask, TaskResult, check_run_id, new_run_nonce, session_project
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -133,6 +134,11 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )
         """,
     ),
+    (
+        # What names the run's sessions (batch.<run id>.<nonce>), made with the
+        # run: NULL in a run made before, whose sessions are batch.<run id>.
+        "ALTER TABLE tak_batch_runs ADD COLUMN nonce text",
+    ),
 )
 
 _CLAIM = """
@@ -154,6 +160,7 @@ RETURNING t.ord, t.task_id, t.task::text, t.attempt
 _RENEW = """
 UPDATE tak_batch_tasks SET lease_until = now() + make_interval(secs => %(lease)s)
 WHERE run_id = %(run)s AND task_id = ANY(%(ids)s) AND lease_owner = %(worker)s AND NOT finished
+RETURNING task_id
 """
 # A finished result: written once, and the lease is gone with it.
 _FINISH = """
@@ -209,9 +216,11 @@ class PostgresLedger:
         lease_seconds: float,
         created: float,
         settings: Mapping[str, Any],
+        nonce: str | None = None,
     ) -> None:
         self._store = store
         self._run_id = run_id
+        self._nonce = nonce
         self._lease = lease_seconds
         self._created = created
         self._settings = dict(settings)
@@ -222,6 +231,11 @@ class PostgresLedger:
     @property
     def run_id(self) -> str:
         return self._run_id
+
+    @property
+    def session_project(self) -> str:
+        """The store project of the run's task sessions (``Ledger`` guarantee 6)."""
+        return session_project(self._run_id, self._nonce)
 
     @property
     def lease_seconds(self) -> float:
@@ -266,7 +280,8 @@ class PostgresLedger:
         """See ``Ledger.add_tasks`` (guarantee 1).
 
         Raises:
-            UsageError: a task is not a BatchTask, is not storable as JSON, or
+            UsageError: a task is not a BatchTask, is not storable as JSON, is
+                longer than ``MAX_LINE_BYTES`` as JSON (as for a run directory), or
                 has the id of a stored (or earlier given) task with other content.
         """
         encoded: dict[str, str] = {}
@@ -274,6 +289,12 @@ class PostgresLedger:
             if not isinstance(task, BatchTask):
                 raise UsageError(f"tasks[{i}]: expected a BatchTask, got {type(task).__name__}")
             text = _json_text(task, f"task {task.id!r}")
+            size = len(text.encode())
+            if size > MAX_LINE_BYTES:
+                raise UsageError(
+                    f"tasks[{i}]: task {task.id!r} is {size} bytes as JSON; a task may be "
+                    f"at most {MAX_LINE_BYTES}"
+                )
             known = encoded.setdefault(task.id, text)
             if known != text and json.loads(known) != json.loads(text):
                 raise UsageError(f"tasks[{i}]: task {task.id!r} is given twice, differently")
@@ -295,14 +316,19 @@ class PostgresLedger:
             for _, task_id, text, attempt in rows
         ]
 
-    async def renew(self, worker: str, task_ids: Sequence[str]) -> None:
-        """See ``Ledger.renew``: leases another worker took over are left alone."""
+    async def renew(self, worker: str, task_ids: Sequence[str]) -> list[str]:
+        """See ``Ledger.renew`` (guarantee 5): leases another worker took over are
+        left alone, and returned, with the tasks finished meanwhile."""
         _check_worker(worker)
         ids = list(task_ids)
         if not ids:
-            return
+            return []
         params = {"run": self._run_id, "ids": ids, "worker": worker, "lease": self._lease}
-        await self._run(lambda conn: conn.execute(_RENEW, params))
+        rows: list[tuple[str]] = await self._run(
+            lambda conn: conn.execute(_RENEW, params).fetchall()
+        )
+        held = {task_id for (task_id,) in rows}
+        return [task_id for task_id in ids if task_id not in held]
 
     async def finish(self, worker: str, result: TaskResult) -> bool:
         """See ``Ledger.finish`` (guarantees 3 and 4).
@@ -360,8 +386,9 @@ async def open_postgres_ledger(
     The ledger's tables are made if missing (under an advisory lock, so
     workers starting together do not race). The run's row is made on first
     open, with ``settings`` (the run's model, concurrency, limits...: any
-    JSON object) and ``lease_seconds`` (default ``DEFAULT_LEASE_S``); later
-    opens keep the first settings, and take the run's lease unless given their own.
+    JSON object), ``lease_seconds`` (default ``DEFAULT_LEASE_S``) and a nonce
+    (which names the run's sessions: ``session_project``); later opens keep the
+    first settings and nonce, and take the run's lease unless given their own.
 
     Raises:
         UsageError: a bad ``url``, ``run_id`` or ``lease_seconds``; settings not
@@ -369,7 +396,7 @@ async def open_postgres_ledger(
         StoreError: the database cannot be reached, or its ledger schema is
             newer than this code.
     """
-    check_task_id(run_id, "run_id")
+    check_run_id(run_id, "run_id")
     if lease_seconds is not None and (
         isinstance(lease_seconds, bool)
         or not (isinstance(lease_seconds, int | float) and 0 < lease_seconds < math.inf)
@@ -383,13 +410,14 @@ async def open_postgres_ledger(
         row = await store.run_in_thread(
             lambda conn: _open_run(conn, where, run_id, settings_text, new_lease, create=create)
         )
-        created, stored_settings, run_lease = row
+        created, stored_settings, run_lease, nonce = row
         yield PostgresLedger(
             store,
             run_id,
             lease_seconds=run_lease if lease_seconds is None else float(lease_seconds),
             created=created,
             settings=stored_settings,
+            nonce=nonce,
         )
 
 
@@ -404,7 +432,7 @@ def _check_worker(worker: object) -> None:
 
 def _open_run(
     conn: Connection[Any], where: str, run_id: str, settings: str, lease: float, *, create: bool
-) -> tuple[float, dict[str, Any], float]:
+) -> tuple[float, dict[str, Any], float, str | None]:
     migrate_schema(
         conn,
         where,
@@ -415,20 +443,21 @@ def _open_run(
     )
     if create:
         conn.execute(
-            "INSERT INTO tak_batch_runs (run_id, settings, lease_seconds)"
-            " VALUES (%s, %s::json, %s) ON CONFLICT DO NOTHING",
-            (run_id, settings, lease),
+            "INSERT INTO tak_batch_runs (run_id, settings, lease_seconds, nonce)"
+            " VALUES (%s, %s::json, %s, %s) ON CONFLICT DO NOTHING",
+            (run_id, settings, lease, new_run_nonce()),
         )
     row = conn.execute(
-        "SELECT extract(epoch FROM created)::float8, settings::text, lease_seconds"
+        "SELECT extract(epoch FROM created)::float8, settings::text, lease_seconds, nonce"
         " FROM tak_batch_runs WHERE run_id = %s",
         (run_id,),
     ).fetchone()
     if row is None:
         raise UsageError(f"run {run_id!r}: no such run in {where}")
-    created, text, run_lease = row
+    created, text, run_lease, nonce = row
     stored = json.loads(text)
-    return float(created), stored if isinstance(stored, dict) else {}, float(run_lease)
+    settings_of = stored if isinstance(stored, dict) else {}
+    return float(created), settings_of, float(run_lease), nonce
 
 
 def _add_tasks(conn: Connection[Any], run_id: str, encoded: dict[str, str]) -> None:

@@ -8,6 +8,7 @@ refused, and a bad line is reported as ``FILE:LINE: $.path: what was wrong``.
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any, Literal, TypeAlias
 
 import attrs
@@ -47,6 +48,36 @@ def check_task_id(value: Any, where: str = "id") -> None:
         )
 
 
+#: Hex digits of a run's nonce (``new_run_nonce``).
+NONCE_HEX = 8
+#: The longest run id: its sessions' project, ``batch.<run id>.<nonce>``, must
+#: be a store name (at most 128 characters).
+MAX_RUN_ID = 128 - len("batch.") - 1 - NONCE_HEX
+
+
+def check_run_id(value: Any, where: str = "run_id") -> None:
+    """Raises UsageError unless ``value`` can name a run (a task id of at most
+    ``MAX_RUN_ID`` characters, so that its sessions' project is a store name)."""
+    check_task_id(value, where)
+    if len(value) > MAX_RUN_ID:
+        raise UsageError(
+            f"{where}: at most {MAX_RUN_ID} characters (it names the run's sessions, "
+            f"batch.<run id>.<nonce>), got {len(value)}"
+        )
+
+
+def new_run_nonce() -> str:
+    """What tells this run's sessions from those of an earlier run of the same id:
+    made once, when the run is created, and kept with it (manifest, run row)."""
+    return secrets.token_hex(NONCE_HEX // 2)
+
+
+def session_project(run_id: str, nonce: str | None) -> str:
+    """The store project of a run's task sessions: ``batch.<run id>.<nonce>``
+    (``batch.<run id>`` for a run made before runs had a nonce)."""
+    return f"batch.{run_id}" if nonce is None else f"batch.{run_id}.{nonce}"
+
+
 def _task_id(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     check_task_id(value, f"BatchTask.{attribute.name}")
 
@@ -76,8 +107,8 @@ class BatchTask:
     """One task of a batch: a prompt (or messages) run as its own session.
 
     Attributes:
-        id: unique in the run; names the session (``batch/<run-id>/<id>``) and the
-            task's workspace directory.
+        id: unique in the run; names the session (``<id>`` in project
+            ``batch.<run-id>.<nonce>``) and the task's workspace directory.
         prompt: the user's message; or ``messages``: a conversation whose last
             message is the user's (exactly one of the two).
         workspace: a directory copied as the task's workspace before it runs.

@@ -20,10 +20,25 @@ Guarantees (each test in tests/batch/test_run.py names the one it checks):
    workers alike (``Kernel.open_workspace``); no task sees another's files.
 4. Resume: a task whose session already has entries (its run was killed mid
    turn) continues its transcript (``Kernel.resume_turn``); a finished task is
-   never run again (the ledger hands out unfinished tasks only).
+   never run again (the ledger hands out unfinished tasks only). Its result
+   counts the steps, tokens and cost of its whole transcript, every attempt's.
+   Sessions are the run's own (``Ledger.session_project``): a new run never
+   continues an old run's transcripts.
 5. Cancellation: the tasks running when ``run_batch`` is cancelled are
    recorded ``cancelled`` (shielded, for at most ``CANCEL_RECORD_S``), which
    releases them for a resume; then the cancellation goes on.
+6. Leases: a task whose lease this worker lost (``Ledger.renew`` says so: it
+   lapsed and another worker took the task over) is stopped at once and
+   nothing is recorded for it. A task whose session has a turn running in
+   this process (another ``run_batch`` of the kernel holds it) is released
+   (recorded ``cancelled``), not failed, and claimed again later.
+7. A failing ledger (a full disk, a lost database) stops the run with that
+   one error (``OSError``, ``StoreError``), the running tasks recorded
+   ``cancelled`` where the ledger still can; later failures are logged.
+8. Threads: a sync scorer runs in a thread limiter of the run's own (as many
+   threads as ``max_concurrency``), so scorer threads that never return (and
+   are abandoned at the task's wall time) hold up neither seeding nor the
+   ledger's writes.
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ import trio
 import kernel.tracing as tracing
 from kernel.agent import AgentEvent, RunLimits, TurnFinished
 from kernel.errors import UsageError
+from kernel.models import Usage
 from kernel.settings import ModelSettings
 
 from ._ledger import Claim, Ledger, LedgerCounts
@@ -67,6 +83,16 @@ POLL_S = 1.0
 NO_LIMITS = TaskLimits()
 #: Renewal period when a ledger does not say its lease (``lease_seconds``).
 DEFAULT_LEASE_S = 30.0
+#: Renewals in flight at once: one is started every third of a lease, and a
+#: renewal older than a lease no longer matters.
+RENEWALS_IN_FLIGHT = 3
+# What Kernel.resume_turn says (a UsageError) when a turn of the session runs in
+# this process (kernel/history.py): the task is someone else's for now.
+_TURN_RUNNING = "a turn of this session is running in this process"
+
+
+class _TurnBusy(Exception):
+    """A turn of the task's session is running in this process: release the task."""
 
 
 @attrs.frozen
@@ -184,6 +210,31 @@ class _Turn:
             self.finished = event
 
 
+def _task_totals(entries: Sequence[Any]) -> tuple[int, Usage]:
+    """The steps and usage of the task's turn, from its transcript: the model
+    responses recorded since its prompt (the last user entry), every attempt's."""
+    steps, input_tokens, output_tokens = 0, 0, 0
+    cost: float | None = None
+    start = max((i for i, e in enumerate(entries) if e.get("type") == "user"), default=-1)
+    for entry in entries[start + 1 :]:
+        if entry.get("type") != "assistant":
+            continue
+        steps += not entry.get("partial", False)
+        usage = entry.get("usage")
+        if isinstance(usage, dict):
+            input_tokens += _count(usage.get("input_tokens"))
+            output_tokens += _count(usage.get("output_tokens"))
+        price = entry.get("cost_usd")
+        if isinstance(price, int | float) and not isinstance(price, bool):
+            cost = (cost or 0.0) + float(price)
+    usage_of = Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)
+    return steps, usage_of
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 @attrs.define
 class _Totals:
     done: int = 0
@@ -215,6 +266,7 @@ class _Runner:
         limits: TaskLimits,
         scorer: Scorer | None,
         on_progress: Callable[[BatchProgress], None] | None,
+        max_concurrency: int,
     ) -> None:
         self.kernel = kernel
         self.ledger = ledger
@@ -226,9 +278,14 @@ class _Runner:
         self.limits = limits
         self.scorer = scorer
         self.on_progress = on_progress
-        self.project = f"batch.{ledger.run_id}"
-        self.running: set[str] = set()
+        self.project = ledger.session_project
+        # task id -> (its attempt, the scope that stops it when its lease is lost)
+        self.running: dict[str, tuple[int, trio.CancelScope]] = {}
         self.idle = trio.Lock()
+        self.scorer_threads = trio.CapacityLimiter(max_concurrency)
+        self.renewing = 0
+        self.failure: Exception | None = None
+        self.stop = trio.CancelScope()  # the runners' scope, set by run_batch
         self.totals = _Totals()
         self.total = 0
         self.started_at = trio.current_time()
@@ -260,14 +317,26 @@ class _Runner:
 
     async def work(self) -> None:
         """Claim and run tasks one at a time until none is left for this worker."""
-        while True:
-            claims = await self.ledger.claim(self.worker, 1)
-            if not claims:
-                async with self.idle:  # one idle runner polls; the others wait their turn
-                    claims = await self.wait_for_claim()
+        try:
+            while True:
+                claims = await self.ledger.claim(self.worker, 1)
                 if not claims:
-                    return
-            await self.run_task(claims[0])
+                    async with self.idle:  # one idle runner polls; the others wait their turn
+                        claims = await self.wait_for_claim()
+                    if not claims:
+                        return
+                await self.run_task(claims[0])
+        except Exception as exc:  # the ledger failing, on_progress raising: the run stops
+            self.fail(exc)
+
+    def fail(self, exc: Exception) -> None:
+        """Stop the run for ``exc``: the first failure is what ``run_batch`` raises
+        (the others are often its echoes: every task's write to a full disk)."""
+        if self.failure is None:
+            self.failure = exc
+            self.stop.cancel()
+        else:
+            logger.error("while the run stops for %s: %s", one_line(self.failure), one_line(exc))
 
     async def wait_for_claim(self) -> list[Claim]:
         """Nothing to claim now: wait while other workers hold tasks (a lease that
@@ -283,26 +352,56 @@ class _Runner:
             await trio.sleep(POLL_S)
 
     async def renew(self, period: float) -> None:
-        while True:
-            await trio.sleep(period)
-            if not self.running:
-                continue
-            try:
-                await self.ledger.renew(self.worker, sorted(self.running))
-            except Exception as exc:  # the next renewal may work; the lease is 3 periods
-                logger.warning("could not renew the leases of %s: %s", self.worker, one_line(exc))
+        """Every ``period``, renew the running tasks' leases. Each renewal runs on its
+        own: a slow one does not push the next back (a lease is three periods)."""
+        async with trio.open_nursery() as renewals:
+            tick = trio.current_time()
+            while True:
+                tick += period
+                await trio.sleep_until(tick)
+                if self.running and self.renewing < RENEWALS_IN_FLIGHT:
+                    held = {task_id: attempt for task_id, (attempt, _) in self.running.items()}
+                    renewals.start_soon(self.renew_once, held)
+
+    async def renew_once(self, held: dict[str, int]) -> None:
+        self.renewing += 1
+        try:
+            lost = await self.ledger.renew(self.worker, sorted(held))
+        except Exception as exc:  # the next renewal may work; the lease is 3 periods
+            logger.warning("could not renew the leases of %s: %s", self.worker, one_line(exc))
+            return
+        finally:
+            self.renewing -= 1
+        for task_id in lost or ():
+            running = self.running.get(task_id)
+            # The same attempt still running: a task released and claimed again
+            # meanwhile has a lease of its own.
+            if running is not None and running[0] == held.get(task_id):
+                logger.warning(
+                    "task %s: this worker's lease on it lapsed and it was taken over "
+                    "(or finished) elsewhere; stopping it here, recording nothing",
+                    task_id,
+                )
+                running[1].cancel()
 
     async def run_task(self, claim: Claim) -> None:
         task = claim.task
-        self.running.add(task.id)
+        lease = trio.CancelScope()
+        self.running[task.id] = (claim.attempt, lease)
         self.progress()
         attributes = {"tak.batch.run_id": self.ledger.run_id, "tak.batch.task_id": task.id}
         turn = _Turn()
         started = trio.current_time()
+        result: TaskResult | None = None
+        busy = False
         try:
             with tracing.span("batch_task", attributes) as span:
                 try:
-                    result = await self.attempt(claim, turn, started)
+                    with lease:
+                        result = await self.attempt(claim, turn, started)
+                except _TurnBusy as exc:
+                    busy = True
+                    result = self.result(task, "cancelled", turn, claim, started, error=str(exc))
                 except BaseException as exc:
                     if _only_cancelled(exc):
                         span.set_error("cancelled")
@@ -310,11 +409,16 @@ class _Runner:
                         with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_RECORD_S):
                             await self.ledger.finish(self.worker, cancelled)
                     raise
+                if result is None:  # the lease was lost: the task is another worker's
+                    span.set_error("lease lost")
+                    return
                 if result.reason != "final":
                     span.set_error(result.reason)
                 span.set_attribute("tak.batch.reason", result.reason)
         finally:
-            self.running.discard(task.id)
+            del self.running[task.id]
+            if result is None:
+                self.progress()
         # Work done is recorded even when the run is being stopped meanwhile: a
         # cancellation arrives at the next checkpoint. Bounded: a ledger that hangs
         # must not hold a stopping run forever (the task then runs again on resume).
@@ -329,15 +433,17 @@ class _Runner:
                 result.reason,
                 FINISH_S,
             )
-        elif accepted:
+        elif accepted and result.finished:
             self.totals.add(result)
-        else:
+        elif not accepted:
             logger.warning(
                 "task %s had finished elsewhere already; this attempt's result (%s) is dropped",
                 task.id,
                 result.reason,
             )
         self.progress()
+        if busy:  # the turn running here goes on; this runner comes back later
+            await trio.sleep(POLL_S)
 
     def result(
         self,
@@ -384,6 +490,8 @@ class _Runner:
                 finished = await self.turn(task, path, limits, turn)
                 reason, error = finished.reason, finished.error
             except BaseException as exc:
+                if isinstance(exc, _TurnBusy):
+                    raise
                 failure = _failures(exc)
                 if failure is None:
                     raise
@@ -426,7 +534,20 @@ class _Runner:
             recorded = await session.messages()
             if len(recorded) > len(earlier):
                 # A run stopped mid-task: go on from its transcript, never from scratch.
-                return await kernel.resume_turn(session, workspace=workspace, **common)
+                try:
+                    finished = await kernel.resume_turn(session, workspace=workspace, **common)
+                except UsageError as exc:
+                    if _TURN_RUNNING not in str(exc):
+                        raise
+                    raise _TurnBusy(
+                        f"released: {one_line(exc)} (another run_batch holds the task's "
+                        "session); it is claimed again later"
+                    ) from None
+                # What the task used is its whole transcript's, the attempts before
+                # this one included (one killed after its answer made no request now).
+                steps, usage = _task_totals(await session.entries())
+                turn.finished = attrs.evolve(finished, steps=steps, usage=usage)
+                return turn.finished
             if earlier and not recorded:
                 await session.append(*earlier)
             return await kernel.run_turn(session, prompt, workspace=workspace, **common)
@@ -438,7 +559,9 @@ class _Runner:
             if _is_async(scorer):
                 value = await scorer(task, outcome)  # type: ignore[misc]
             else:
-                value = await trio.to_thread.run_sync(scorer, task, outcome, abandon_on_cancel=True)
+                value = await trio.to_thread.run_sync(
+                    scorer, task, outcome, abandon_on_cancel=True, limiter=self.scorer_threads
+                )
                 if inspect.isawaitable(value):
                     value = await value
             return _score_value(value), None
@@ -523,6 +646,7 @@ async def run_batch(
         limits=limits,
         scorer=scorer,
         on_progress=on_progress,
+        max_concurrency=max_concurrency,
     )
     await runner.load()
     lease = getattr(ledger, "lease_seconds", DEFAULT_LEASE_S)
@@ -531,6 +655,7 @@ async def run_batch(
             if lease is not None:
                 nursery.start_soon(runner.renew, lease / 3)
             async with trio.open_nursery() as runners:
+                runner.stop = runners.cancel_scope
                 for _ in range(max_concurrency):
                     runners.start_soon(runner.work)
             nursery.cancel_scope.cancel()
@@ -543,6 +668,8 @@ async def run_batch(
         if len(leaves) == 1:
             raise leaves[0] from None
         raise
+    if runner.failure is not None:
+        raise runner.failure
     return BatchSummary(ledger.run_id, tuple(await ledger.results()))
 
 

@@ -14,7 +14,11 @@ not ``./run.sh``).
 The copy is made in ``.<id>.seeding`` beside the workspace and renamed into
 place when whole, so a task whose run stopped mid-copy is seeded again, while
 a workspace a task has already worked in is never re-seeded (a resumed task
-continues where it was). Task ids never start with ``.``: no clash.
+continues where it was). Task ids never start with ``.``: no clash. A
+copy that fails is removed.
+
+``.tak/`` is the kernel's own (its temporary files): a seed's is not
+copied, and a path of ``task.files`` inside it is refused.
 """
 
 from __future__ import annotations
@@ -81,6 +85,16 @@ def seed_workspace_sync(root: Path, task: BatchTask) -> Path:
     staging = root / f".{task.id}.seeding"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
+    try:
+        _seed(staging, task)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    os.rename(staging, final)
+    return final
+
+
+def _seed(staging: Path, task: BatchTask) -> None:
     with Workspace(staging, max_read=MAX_SEED_FILE_BYTES, max_write=MAX_SEED_FILE_BYTES) as target:
         if task.workspace is not None:
             seed = Path(task.workspace).expanduser()
@@ -91,6 +105,12 @@ def seed_workspace_sync(root: Path, task: BatchTask) -> Path:
             with Workspace(seed, max_read=MAX_SEED_FILE_BYTES) as source:
                 _copy_tree(source, target, ".", task.id)
         for rel, text in task.files.items():
+            first = os.path.normpath(rel).split(os.sep, 1)[0]
+            if first in _SKIPPED:
+                raise UsageError(
+                    f"task {task.id!r}: files[{rel!r}]: {first}/ is the kernel's own; "
+                    "write elsewhere"
+                )
             try:
                 parent = os.path.dirname(rel)
                 if parent:
@@ -99,8 +119,6 @@ def seed_workspace_sync(root: Path, task: BatchTask) -> Path:
             except (SandboxError, OSError) as exc:
                 raise UsageError(f"task {task.id!r}: files[{rel!r}]: {exc}") from None
         target.mkdir(".tak/tmp", parents=True, exist_ok=True)
-    os.rename(staging, final)
-    return final
 
 
 async def seed_workspace(root: Path, task: BatchTask) -> Path:

@@ -14,6 +14,7 @@ Each test names the guarantee it checks.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ import pytest
 import trio
 
 from kernel.batch import BatchTask, Claim, Ledger, TaskResult
+from kernel.batch._directory import MAX_LINE_BYTES
 from kernel.errors import UsageError
 
 OpenLedger = Callable[..., contextlib.AbstractAsyncContextManager[Ledger]]
@@ -177,9 +179,10 @@ class LedgerConformance:
             await ledger.add_tasks([task(1), task(2)])
             assert ids(await ledger.claim("a", 2)) == ["t001", "t002"]
             await trio.sleep(1.2)
-            await ledger.renew("a", ["t001", "t999"])
-            await ledger.renew("b", ["t001", "t002"])  # not b's: no effect
-            await ledger.renew("a", [])
+            assert await ledger.renew("a", ["t001", "t999"]) == ["t999"]  # not a's
+            # not b's: no effect, and b learns it holds neither
+            assert await ledger.renew("b", ["t001", "t002"]) == ["t001", "t002"]
+            assert await ledger.renew("a", []) == []
             await trio.sleep(1.2)  # past the first lease, within the renewed one
             claims = await ledger.claim("b", 2)
             assert [(c.task.id, c.attempt) for c in claims] == [("t002", 2)]
@@ -197,8 +200,8 @@ class LedgerConformance:
             await ledger.claim("slow", 1)
             await claim_until(ledger, "fast")
         async with open_ledger(RUN, lease_seconds=30.0) as ledger:
-            await ledger.renew("fast", ["t001"])  # now a long lease
-            await ledger.renew("slow", ["t001"])
+            assert await ledger.renew("fast", ["t001"]) == []  # now a long lease
+            assert await ledger.renew("slow", ["t001"]) == ["t001"]  # slow learns it lost it
             assert await ledger.finish("slow", result("t001", "cancelled")) is True
             assert await ledger.claim("third", 1) == []  # fast's claim stands
             assert await ledger.finish("fast", result("t001", text="fast")) is True
@@ -318,6 +321,34 @@ class LedgerConformance:
             await ledger.add_tasks([task(1), task(2), task(3)])  # a resume adds them again
             assert [(r.id, r.text) for r in await ledger.results()] == [("t002", "kept")]
             assert (await ledger.counts()).finished == 1
+
+    async def test_renew_says_a_finished_task_is_not_held(self, ledger: Ledger) -> None:
+        """5: a task finished meanwhile is no longer the worker's to run."""
+        await ledger.add_tasks([task(1), task(2)])
+        await ledger.claim("a", 2)
+        assert await ledger.finish("b", result("t001")) is True
+        assert await ledger.renew("a", ["t001", "t002"]) == ["t001"]
+
+    # -- 6: session_project ----------------------------------------------------
+
+    async def test_the_runs_sessions_are_its_own(self, open_ledger: OpenLedger) -> None:
+        """6: every handle of a run names the same project, batch.<run id>.<nonce>;
+        another run's differs."""
+        async with open_ledger(RUN) as first:
+            project = first.session_project
+        assert re.fullmatch(rf"batch\.{RUN}\.[0-9a-f]{{8}}", project), project
+        async with open_ledger(RUN) as again:
+            assert again.session_project == project
+        async with open_ledger("run-x") as other:
+            assert re.fullmatch(r"batch\.run-x\.[0-9a-f]{8}", other.session_project)
+            assert other.session_project[-8:] != project[-8:]
+
+    async def test_a_task_too_long_to_read_back_is_refused(self, ledger: Ledger) -> None:
+        """4: a task over MAX_LINE_BYTES as JSON is refused when added, not stored."""
+        big = task(1, prompt="x" * MAX_LINE_BYTES)
+        with pytest.raises(UsageError, match=r"t001.*at most 16777216"):
+            await ledger.add_tasks([big])
+        assert (await ledger.counts()).total == 0
 
     async def test_runs_are_separate(self, open_ledger: OpenLedger) -> None:
         async with open_ledger("run-a") as a, open_ledger("run-b") as b:

@@ -42,7 +42,8 @@ def table_counts(stdout: str) -> dict[str, int]:
 
 
 def user_prompts(out: Path, task_id: str) -> int:
-    transcript = out / "home/data/sessions/batch.batch-eval" / task_id / "transcript.jsonl"
+    (sessions,) = (out / "home/data/sessions").glob("batch.batch-eval.*")  # the run's own
+    transcript = sessions / task_id / "transcript.jsonl"
     return sum(json.loads(line)["type"] == "user" for line in transcript.read_text().splitlines())
 
 

@@ -53,7 +53,7 @@ async def test_workers_starting_together_make_the_tables_once(db_url: str) -> No
         for n in range(6):
             nursery.start_soon(worker, n)
     assert counts == [10] * 6
-    assert psql(db_url, "SELECT version FROM tak_batch_schema_version") == [(1,)]
+    assert psql(db_url, "SELECT version FROM tak_batch_schema_version") == [(1,), (2,)]
 
 
 async def test_a_ledger_schema_newer_than_this_tak_is_refused(db_url: str) -> None:  # noqa: F811

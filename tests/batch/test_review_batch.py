@@ -1,8 +1,9 @@
 """Review of issue 16's batch runs: attacks as a hostile task file, a careless
 second caller, a killed process and a full disk would make them.
 
-Each xfail names a bug found (strict: it fails today and passes once fixed);
-the unmarked tests are guarantees that held, kept as coverage.
+The tests of the nine bugs found were strict xfails; they pass since the
+fixes (each names what it caught). The others are guarantees that held, kept
+as coverage.
 """
 
 from __future__ import annotations
@@ -50,11 +51,6 @@ def observations(message: Message) -> list[str]:
 # -- a hostile task file -------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="add_tasks stores a task line over MAX_LINE_BYTES (16 MiB) that reopening "
-    "the run then refuses: the run can never be resumed",
-)
 async def test_a_task_the_run_accepted_can_be_reopened(tmp_path: Path) -> None:
     big = BatchTask(id="big", prompt="x" * (16 * 1024 * 1024 + 1))
     async with open_run_dir(tmp_path / RUN) as ledger:
@@ -149,12 +145,6 @@ async def test_tasks_tools_never_reach_another_tasks_files(tmp_path: Path) -> No
 # -- a scorer that never returns ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="abandoned sync-scorer threads keep trio's default thread limiter, which "
-    "seeding and the shielded results.jsonl append share: 40 hung scorers hang the run "
-    "forever, past every wall time and even a cancel",
-)
 async def test_sync_scorers_that_never_return_do_not_hang_the_run(
     tmp_path: Path, thread_clock: trio.testing.MockClock
 ) -> None:
@@ -227,11 +217,6 @@ async def test_a_task_answered_before_a_kill_is_not_asked_again(tmp_path: Path) 
     assert (result.reason, result.text, result.attempt) == ("final", "the answer", 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a task whose final answer was recorded before a kill is resumed as steps=0 "
-    "with no tokens or cost: its results.jsonl line undercounts what the task used",
-)
 async def test_a_task_answered_before_a_kill_keeps_its_usage(tmp_path: Path) -> None:
     calls: list[str] = []
     async with open_kernel(
@@ -259,12 +244,6 @@ async def test_two_runs_on_one_ledger_in_one_process_run_each_task_once(
     assert {r.worker for r in summaries[1].results} == {"w1", "w2"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DirectoryLedger counts a result finished before its line is written: "
-    "another run_batch on the ledger sees the run done then and returns a summary "
-    "without that task",
-)
 async def test_counts_never_run_ahead_of_results(tmp_path: Path) -> None:
     """What another run_batch on the same ledger reads while a result is being
     written: counts() must not say finished what results() does not hold yet.
@@ -412,11 +391,6 @@ async def test_a_full_disk_loses_no_result_and_tears_no_line(tmp_path: Path) -> 
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ENOSPC hitting several tasks' result appends at once ends run_batch with "
-    "nested ExceptionGroups of OSErrors and Cancelled, not one error a caller can catch",
-)
 async def test_a_full_disk_is_one_error(tmp_path: Path) -> None:
     async with four_tasks_finishing_on_a_full_disk(tmp_path) as full:
         with pytest.raises(OSError, match="No space left on device"):
@@ -459,11 +433,6 @@ async def test_odd_seeds_neither_hang_nor_leak(tmp_path: Path) -> None:
     assert os.stat(workspace / "hard.txt").st_nlink == 1  # a copy: editing it leaves the seed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a relative task workspace is resolved against the cwd of whoever runs or "
-    "resumes, not the task file: from another directory the task ends 'error' for good",
-)
 def test_a_relative_seed_is_the_task_files(tmp_path: Path) -> None:
     here = tmp_path / "evals"
     (here / "seeds" / "s1").mkdir(parents=True)
@@ -488,11 +457,6 @@ def test_a_relative_seed_is_the_task_files(tmp_path: Path) -> None:
     assert (out / "workspaces" / "t1" / "question.txt").read_text() == "seeded"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run id of 123-128 characters is accepted, but its session project "
-    "'batch.<run id>' is over 128: every task then ends 'error', for good",
-)
 async def test_a_run_id_accepted_can_name_its_sessions(tmp_path: Path) -> None:
     async with open_kernel(
         home=tmp_path / "home", model=ScriptedModel(lambda r: "done"), plugins=[]
@@ -606,12 +570,6 @@ async def test_plugin_calls_that_ignore_signals_end_at_the_wall_time(tmp_path: P
 # -- a careless user ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sessions are keyed by the run id, which defaults to the directory's name: "
-    "a new run in another (or a re-made) directory of the same name resumes the old "
-    "run's transcripts and returns their answers without asking the model",
-)
 async def test_a_new_run_never_takes_an_old_runs_answers(tmp_path: Path) -> None:
     asked: list[str] = []
 
@@ -671,7 +629,7 @@ async def stopped_then_resumed(home: Path, stop_at: float) -> None:
             summary = await run_batch(k, None, ledger=ledger, max_concurrency=2)
         prompts = []
         for t in work:
-            messages = await k.session(t.id, project=f"batch.{RUN}").messages()
+            messages = await k.session(t.id, project=ledger.session_project).messages()
             prompts.append(sum(m.role == "user" for m in messages))
     assert [r.reason for r in summary.results] == ["final"] * 6, stop_at
     assert prompts == [1] * 6, stop_at
@@ -733,7 +691,7 @@ def test_sigkilled_at_any_point_then_resumed_no_task_runs_twice_or_is_lost(
         if line["reason"] in FINISHED:
             finished[line["id"]] = finished.get(line["id"], 0) + 1
     assert len(finished) == 80 and set(finished.values()) == {1}
-    sessions = tmp_path / "home" / "data" / "sessions" / "batch.batch-eval"
+    (sessions,) = (tmp_path / "home" / "data" / "sessions").glob("batch.batch-eval.*")
     for i in range(80):
         task_id = f"q{i:03d}"
         transcript = (sessions / task_id / "transcript.jsonl").read_text().splitlines()
@@ -780,17 +738,11 @@ class SlowRenewal:
     def run_id(self) -> str:
         return str(self.inner.run_id)
 
-    async def renew(self, worker: str, task_ids: Any) -> None:
+    async def renew(self, worker: str, task_ids: Any) -> Any:
         await trio.sleep(self.delay)
-        await self.inner.renew(worker, task_ids)
+        return await self.inner.renew(worker, task_ids)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker whose lease lapsed (slow renewals) runs on, unaware; the worker "
-    "that takes the task over has its resume refused and records that as a finished "
-    "'error': the running worker's answer is then dropped",
-)
 async def test_a_lapsed_lease_does_not_turn_a_running_task_into_an_error(
     tmp_path: Path,
     db_url: str,  # noqa: F811

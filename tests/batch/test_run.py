@@ -170,7 +170,7 @@ async def test_every_task_runs_in_its_own_session_and_workspace(
         (f"t{i:03d}", "final", f"answer: question {i}") for i in range(6)
     ]
     assert all(r.steps == 2 and r.attempt == 1 and r.error is None for r in summary.results)
-    session = kernel.session("t004", project=f"batch.{RUN}")
+    session = kernel.session("t004", project=ledger.session_project)
     assert [m.role for m in await session.messages()] == ["user", "assistant", "tool", "assistant"]
     assert (ledger.workspaces / "t004" / "question.txt").read_text() == "question 4"
 
@@ -337,7 +337,7 @@ async def test_cancelled_tasks_are_recorded_then_resumed_from_their_transcripts(
     assert [r.attempt for r in summary.results] == [2, 2, 2, 1, 1, 1]
     assert all(script.first_requests[t.id] == 2 for t in work[:3])  # cut, then continued
     for t in work[:3]:
-        session = kernel.session(t.id, project=f"batch.{RUN}")
+        session = kernel.session(t.id, project=ledger.session_project)
         roles = [m.role for m in await session.messages()]
         assert roles.count("user") == 1, roles  # resumed, not started over
     lines = (tmp_path / RUN / "results.jsonl").read_text().splitlines()
@@ -364,13 +364,13 @@ async def test_a_task_cut_mid_call_is_resumed_without_running_the_call_again(
     async with open_kernel(
         home=tmp_path / "home", model=ScriptedModel(script), tools=[side_effect], plugins=[]
     ) as k:
-        session = k.session("t000", project=f"batch.{RUN}")
-        # What a SIGKILL during the call leaves: the prompt, the call, no result.
-        await session.append(Message("user", [Text("task t000")]))
-        await session.record_calls(
-            ScriptedModel.reply(calls=[("side_effect", {})]).message, model="scripted"
-        )
         async with open_run_dir(tmp_path / RUN) as ledger:
+            session = k.session("t000", project=ledger.session_project)
+            # What a SIGKILL during the call leaves: the prompt, the call, no result.
+            await session.append(Message("user", [Text("task t000")]))
+            await session.record_calls(
+                ScriptedModel.reply(calls=[("side_effect", {})]).message, model="scripted"
+            )
             summary = await run_batch(k, tasks(1), ledger=ledger)
     (result,) = summary.results
     assert result.reason == "final"
@@ -560,13 +560,13 @@ async def test_a_task_given_as_messages_starts_from_them(
     )
     (result,) = (await run_batch(kernel, [task], ledger=ledger)).results
     assert (result.reason, result.text) == ("final", "answer: q")
-    session = kernel.session("t000", project=f"batch.{RUN}")
+    session = kernel.session("t000", project=ledger.session_project)
     texts = [(m.role, m.text) for m in await session.messages()][:3]
     assert texts == [("user", "task t000"), ("assistant", "ready"), ("user", "go on")]
     # Stopped after the conversation was recorded, before its last message: the
     # next attempt sends that message (it does not take "ready" for the answer).
     again = attrs.evolve(task, id="t001")
-    cut = kernel.session("t001", project=f"batch.{RUN}")
+    cut = kernel.session("t001", project=ledger.session_project)
     await cut.append(*earlier)
     (_, result) = (await run_batch(kernel, [task, again], ledger=ledger)).results
     assert (result.reason, result.text) == ("final", "answer: q")
