@@ -821,7 +821,6 @@ def read_run(path: Path) -> RunView:
         UsageError: a file is damaged (one line naming it, and the line).
         OSError: a file cannot be read.
     """
-
     manifest_path = path / "manifest.json"
     try:
         manifest = json.loads(manifest_path.read_bytes(), parse_constant=_refuse_constant)
@@ -833,16 +832,18 @@ def read_run(path: Path) -> RunView:
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{manifest_path}: damaged ({exc})") from None
     model = settings.get("model") if isinstance(settings, dict) else None
+    # The results before the tasks: a task's line is written before it can have a
+    # result, so every result read has its task in the tasks read after, mid-run too.
+    results_path, tasks_path = path / "results.jsonl", path / "tasks.jsonl"
+    result_lines = _complete_lines(results_path)
     order: dict[str, int] = {}
-    tasks_path = path / "tasks.jsonl"
     for number, line in _complete_lines(tasks_path):
         value = _json_line(line, f"{tasks_path}:{number}")
         if not (isinstance(value, dict) and isinstance(value.get("id"), str)):
             raise UsageError(f"{tasks_path}:{number}: damaged (not a task: no id)")
         order.setdefault(value["id"], number)
     latest: dict[str, TaskResult] = {}
-    results_path = path / "results.jsonl"
-    for number, line in _complete_lines(results_path):
+    for number, line in result_lines:
         where = f"{results_path}:{number}"
         result = _result(_json_line(line, where), where)
         if result.id not in order:  # the ledger's rule: resume refuses the same
