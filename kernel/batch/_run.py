@@ -376,7 +376,11 @@ class _Runner:
             running = self.running.get(task_id)
             # The same attempt still running: a task released and claimed again
             # meanwhile has a lease of its own.
-            if running is not None and running[0] == held.get(task_id):
+            if (
+                running is not None
+                and running[0] == held.get(task_id)
+                and not running[1].cancel_called
+            ):
                 logger.warning(
                     "task %s: this worker's lease on it lapsed and it was taken over "
                     "(or finished) elsewhere; stopping it here, recording nothing",

@@ -20,7 +20,7 @@ from kernel.batch._directory import (
     load_tasks,
     open_run_dir,
 )
-from kernel.batch._records import BatchTask
+from kernel.batch._records import MAX_RUN_ID, BatchTask
 from kernel.errors import UsageError
 from tests.batch.ledger_conformance import result, task
 
@@ -223,3 +223,36 @@ async def test_many_finishes_at_once_are_each_written_whole(tmp_path: Path) -> N
     assert sorted(json.loads(line)["id"] for line in lines) == [f"t{i:03d}" for i in range(200)]
     async with open_run_dir(run) as ledger:
         assert (await ledger.counts()).finished == 200
+
+
+def test_a_relative_seed_is_the_task_files(tmp_path: Path) -> None:
+    """A relative ``workspace`` is made absolute against the task file's directory
+    (whoever runs or resumes, from wherever); absolute and ``~`` ones are left."""
+    here = tmp_path / "evals"
+    here.mkdir()
+    path = write_lines(
+        here / "tasks.jsonl",
+        '{"id": "a", "prompt": "p", "workspace": "seeds/../seeds/s1"}',
+        '{"id": "b", "prompt": "p", "workspace": "/abs/s2"}',
+        '{"id": "c", "prompt": "p", "workspace": "~/s3"}',
+    )
+    assert [t.workspace for t in load_tasks(path)] == [str(here / "seeds/s1"), "/abs/s2", "~/s3"]
+
+
+async def test_a_run_id_too_long_to_name_its_sessions_is_refused(tmp_path: Path) -> None:
+    """The run's sessions are project batch.<run id>.<nonce>: at most 128 characters."""
+    with pytest.raises(UsageError, match=f"at most {MAX_RUN_ID} characters"):
+        async with open_run_dir(tmp_path / "run", run_id="r" * (MAX_RUN_ID + 1)):
+            pass
+    async with open_run_dir(tmp_path / "run", run_id="r" * MAX_RUN_ID) as ledger:
+        assert len(ledger.session_project) == 128
+
+
+async def test_a_run_made_before_nonces_keeps_its_sessions(tmp_path: Path) -> None:
+    """A manifest without a nonce (an older run) names its sessions batch.<run id>,
+    as it did, so a resume finds them."""
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "manifest.json").write_text('{"run_id": "old", "created": 1.0, "settings": {}}')
+    async with open_run_dir(run) as ledger:
+        assert ledger.session_project == "batch.old"

@@ -623,3 +623,92 @@ async def test_the_kernels_model_budget_is_the_one_given(tmp_path: Path) -> None
     # provider's Retry-After still pauses every session of the kernel.
     async with open_kernel(home=tmp_path / "home", plugins=[]) as k:
         assert k.budget is not None and k.budget.providers == {}
+
+
+class LosingLeases:
+    """A ledger with leases whose first renewal finds the task taken over and
+    finished by another worker (its own lease lapsed meanwhile)."""
+
+    lease_seconds = 3.0
+
+    def __init__(self, inner: DirectoryLedger) -> None:
+        self.inner = inner
+        self.renewals = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def run_id(self) -> str:
+        return self.inner.run_id
+
+    @property
+    def session_project(self) -> str:
+        return self.inner.session_project
+
+    async def renew(self, worker: str, task_ids: Sequence[str]) -> list[str]:
+        self.renewals += 1
+        for task_id in task_ids:
+            await self.inner.finish(
+                "other", TaskResult(id=task_id, reason="final", text="theirs", worker="other")
+            )
+        return await self.inner.renew(worker, task_ids)
+
+
+async def test_a_task_whose_lease_was_lost_stops_and_records_nothing(
+    tmp_path: Path, thread_clock: trio.testing.MockClock
+) -> None:
+    """6: the renewal says another worker has the task now: this worker stops it at
+    once (no waiting for its turn to end) and records no result of its own."""
+    stopped_at: list[float] = []
+
+    async def script(request: ModelRequest) -> Any:
+        try:
+            await trio.sleep(100)
+        except trio.Cancelled:
+            stopped_at.append(trio.current_time())
+            raise
+        return "mine"
+
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        async with open_run_dir(tmp_path / RUN) as inner:
+            ledger = LosingLeases(inner)
+            start = trio.current_time()
+            summary = await run_batch(k, tasks(1), ledger=ledger, worker="me")  # type: ignore[arg-type]
+    assert ledger.renewals >= 1
+    assert stopped_at and stopped_at[0] - start == pytest.approx(1.0)  # the first renewal
+    assert [(r.reason, r.text, r.worker) for r in summary.results] == [("final", "theirs", "other")]
+    lines = (tmp_path / RUN / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line)["worker"] for line in lines] == ["other"]
+
+
+async def test_a_failing_ledger_stops_the_run_with_its_one_error(
+    kernel: Kernel, tmp_path: Path
+) -> None:
+    """7: every task's result write fails: run_batch raises that error, once, not a
+    group of every task's copy of it."""
+    use(kernel, Script())
+
+    class Failing:
+        def __init__(self, inner: DirectoryLedger) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        @property
+        def run_id(self) -> str:
+            return self.inner.run_id
+
+        async def finish(self, worker: str, result: TaskResult) -> bool:
+            await trio.lowlevel.checkpoint()
+            raise OSError(28, "No space left on device", "results.jsonl")
+
+    async with open_run_dir(tmp_path / "failing") as inner:
+        with pytest.raises(OSError, match="No space left on device"):
+            await run_batch(
+                kernel,
+                tasks(6),
+                ledger=Failing(inner),  # type: ignore[arg-type]
+                max_concurrency=6,
+            )

@@ -9,7 +9,9 @@ import pytest
 import trio
 
 from kernel import ToolCall, open_kernel
-from kernel.errors import SandboxError
+from kernel.batch._records import BatchTask
+from kernel.batch._workspace import seed_workspace_sync
+from kernel.errors import SandboxError, UsageError
 from kernel.plugin import use_context
 from sandbox import Workspace
 from tests.batch import ws_probe
@@ -108,3 +110,25 @@ async def test_a_workspace_inside_the_kernels_data_is_refused(tmp_path: Path) ->
         with pytest.raises(SandboxError):
             async with k.open_workspace(inside):
                 pass
+
+
+def test_a_failed_seed_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A seed that fails (a path of files= leaving the workspace) fails the task
+    saying which, and its half-made copy is removed."""
+    root = tmp_path / "workspaces"
+    bad = BatchTask(id="t1", prompt="p", files={"ok.txt": "fine", "../out.txt": "escape"})
+    with pytest.raises(UsageError, match=r"files\['../out.txt'\]"):
+        seed_workspace_sync(root, bad)
+    assert sorted(os.listdir(root)) == []
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_files_may_not_write_into_the_kernels_own_directory(tmp_path: Path) -> None:
+    """.tak/ of a workspace is the kernel's (a seed's is not copied): files= into it
+    is refused, however the path is spelled."""
+    root = tmp_path / "workspaces"
+    for rel in (".tak/tmp/x", "./.tak/config", "a/../.tak/y"):
+        task = BatchTask(id="t1", prompt="p", files={rel: "mine"})
+        with pytest.raises(UsageError, match=r"\.tak/ is the kernel's own"):
+            seed_workspace_sync(root, task)
+    assert sorted(os.listdir(root)) == []
