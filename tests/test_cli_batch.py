@@ -55,10 +55,11 @@ def results(run_dir: Path) -> list[TaskResult]:
 
 def transcript_path(home: Path, run_id: str, task_id: str) -> Path:
     """Where a task's transcript is: in project ``batch.<run id>.<nonce>`` (the nonce
-    tells a run's sessions from an earlier run's of the same id), or ``batch.<run id>``."""
+    tells a run's sessions from an earlier run's of the same id), once the run made it."""
     sessions = home / "data" / "sessions"
-    projects = [*sessions.glob(f"batch.{run_id}.*"), sessions / f"batch.{run_id}"]
-    return next((p for p in projects if p.is_dir()), projects[-1]) / task_id / "transcript.jsonl"
+    found = list(sessions.glob(f"batch.{run_id}.*"))
+    project = found[0] if len(found) == 1 else sessions / f"batch.{run_id}.(not made yet)"
+    return project / task_id / "transcript.jsonl"
 
 
 def transcript(home: Path, run_id: str, task_id: str) -> list[dict[str, Any]]:
@@ -353,6 +354,7 @@ def test_ls_lists_the_runs_under_the_home(finished_run: Path, tmp_path: Path) ->
             "where": str(finished_run / "batch" / "graded"),
             "created": as_json[0]["created"],
             "model": "scripted:demo",
+            "session_project": as_json[0]["session_project"],
             "total": 2,
             "finished": 2,
             "failed": 1,
@@ -388,12 +390,13 @@ def test_show_json_schema(finished_run: Path) -> None:
     data = json.loads(shown.stdout)
     assert sorted(data) == sorted(
         [
-            "run_id", "where", "created", "model", "total", "finished", "failed",
+            "run_id", "where", "created", "model", "session_project", "total", "finished", "failed",
             "unfinished", "reasons", "input_tokens", "output_tokens", "cost_usd",
             "score_mean", "not_final", "results",
         ]
     )  # fmt: skip
     assert (data["run_id"], data["model"], data["total"]) == ("graded", "scripted:demo", 2)
+    assert (finished_run / "data" / "sessions" / data["session_project"] / "ok").is_dir()
     assert (data["finished"], data["failed"], data["unfinished"]) == (2, 1, 0)
     assert data["reasons"] == {"final": 1, "max_steps": 1}
     assert isinstance(data["created"], float) and data["cost_usd"] is None
@@ -420,9 +423,11 @@ def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) ->
     assert (data["total"], data["finished"], data["model"]) == (3, 3, "scripted:demo")
     assert [r["attempt"] for r in data["results"]] == [1, 1, 1]
     # the tasks' sessions are in PostgreSQL too, where every worker sees them
-    assert not (home / "data" / "sessions" / "batch.shared").exists()
+    project = data["session_project"]
+    assert project.startswith("batch.shared.") and f"project {project}\n" in first.stdout
+    assert not (home / "data" / "sessions" / project).exists()
     sessions = subprocess.run(
-        [*tak_argv(home, "sessions", "ls", "--project", "batch.shared")],
+        [*tak_argv(home, "sessions", "ls", "--project", project)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -536,11 +541,13 @@ def test_ctrl_c_on_postgresql_prints_the_worker_that_finishes_the_run(
             "t1, t2 done and t3, t4 running",
             proc,
         )
+        shown = tak(home, "batch", "show", "pgslow", "--store", db_url, "--json")
+        project = json.loads(shown.stdout)["session_project"]
 
         def recorded(task: str) -> bool:
             # the sleep call is in the shared store: the worker answers it, never reruns it
             shown = subprocess.run(
-                tak_argv(home, "sessions", "show", task, "--project", "batch.pgslow"),
+                tak_argv(home, "sessions", "show", task, "--project", project),
                 capture_output=True,
                 text=True,
                 timeout=60,

@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 #: How often progress is redrawn on a terminal, at most (seconds).
 TTY_REDRAW_S = 0.1
-#: The longest run id made from a name (kernel.batch's limit).
-MAX_RUN_ID = 128
 #: What a start that stopped before writing its manifest may leave in a run's directory.
 LEFT_BY_A_START = frozenset({"lock", "manifest.json.tmp"})
 
@@ -260,7 +258,7 @@ def _run_dir(home: str | None, run: str) -> Path:
     Raises:
         UsageError: there is no such run.
     """
-    from ..batch import check_task_id
+    from ..batch._records import check_run_id
 
     under_home = runs_dir(home) / run
     if os.sep not in run and run not in (".", "..") and (under_home / "manifest.json").is_file():
@@ -270,7 +268,7 @@ def _run_dir(home: str | None, run: str) -> Path:
         return given.absolute()
     if os.sep in run:
         raise UsageError(f"{run}: not a batch run's directory (no manifest.json)")
-    check_task_id(run, "RUN")
+    check_run_id(run, "RUN")
     raise UsageError(f"no run {run!r} under {runs_dir(home)} (see tak batch ls)")
 
 
@@ -284,10 +282,10 @@ def _default_run_id(args: argparse.Namespace) -> str:
     """
     import re
 
-    from ..batch import check_task_id
+    from ..batch._records import MAX_RUN_ID, check_run_id
 
     if args.run_id is not None:
-        check_task_id(args.run_id, "--run-id")
+        check_run_id(args.run_id, "--run-id")
         return str(args.run_id)
     if args.out is not None:
         name, where = args.out.absolute().name, f"--out {args.out}"
@@ -296,7 +294,7 @@ def _default_run_id(args: argparse.Namespace) -> str:
     run_id = re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("._-")[:MAX_RUN_ID]
     run_id = run_id.replace("..", "-")
     try:
-        check_task_id(run_id, "run id")
+        check_run_id(run_id, "run id")
     except UsageError:
         raise UsageError(
             f"{where}: no run id can be made of its name {name!r} (an id is 1-{MAX_RUN_ID} "
@@ -440,11 +438,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 @one_line_errors("tak batch worker")
 def cmd_worker(args: argparse.Namespace) -> int:
-    from ..batch import check_task_id
+    from ..batch._records import check_run_id
 
     _check_concurrency(args.concurrency)
     _check_progress_every(args.progress_every)
-    check_task_id(args.run, "--run")
+    check_run_id(args.run, "--run")
     url = _store_url(args)
     ensure_home(args.home)
 
@@ -605,7 +603,7 @@ async def _run_with_progress(
     view.finish(show=stopped_by is None)  # stopped, its last line is out of date
     results = await ledger.results()
     counts = await ledger.counts()
-    print(summary_text(ledger.run_id, results, counts.total, run_dir))
+    print(summary_text(ledger.run_id, results, counts.total, run_dir, ledger.session_project))
     sys.stdout.flush()
     if stopped_by is not None:
         resume = _resume_command(args, ledger.run_id, run_dir, command)
@@ -794,6 +792,7 @@ class RunView:
     where: str  # its directory, or the PostgreSQL store
     created: float | None  # Unix time
     model: str | None
+    session_project: str  # where its tasks' sessions are (tak sessions ls --project)
     total: int
     results: tuple[TaskResult, ...]  # each task's latest
 
@@ -821,6 +820,8 @@ def read_run(path: Path) -> RunView:
         UsageError: a file is damaged (one line naming it, and the line).
         OSError: a file cannot be read.
     """
+    from ..batch._records import session_project
+
     manifest_path = path / "manifest.json"
     try:
         manifest = json.loads(manifest_path.read_bytes(), parse_constant=_refuse_constant)
@@ -828,6 +829,9 @@ def read_run(path: Path) -> RunView:
         created = float(manifest["created"])
         if not math.isfinite(created):
             raise ValueError(f"created: {created}")
+        nonce = manifest.get("nonce")
+        if not (nonce is None or isinstance(nonce, str)):
+            raise ValueError(f"nonce: {nonce!r}")
         settings = manifest.get("settings") or {}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{manifest_path}: damaged ({exc})") from None
@@ -858,6 +862,7 @@ def read_run(path: Path) -> RunView:
         where=str(path),
         created=created,
         model=model if isinstance(model, str) else None,
+        session_project=session_project(run_id, nonce),
         total=len(order),
         results=tuple(sorted(latest.values(), key=lambda r: order[r.id])),
     )
@@ -954,6 +959,7 @@ def totals_json(view: RunView) -> dict[str, Any]:
         "where": view.where,
         "created": view.created,
         "model": view.model,
+        "session_project": view.session_project,
         "total": view.total,
         "finished": view.finished,
         "failed": view.failed,
@@ -982,16 +988,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(show_json(view), indent=2, ensure_ascii=False))
     else:
-        print(summary_text(view.run_id, view.results, view.total, view.where))
+        print(summary_text(view.run_id, view.results, view.total, view.where, view.session_project))
     return 0
 
 
 def _read_postgres_run(url: str, run_id: str) -> RunView:
     import trio
 
-    from ..batch import check_task_id, open_postgres_ledger
+    from ..batch import open_postgres_ledger
+    from ..batch._records import check_run_id
 
-    check_task_id(run_id, "RUN")
+    check_run_id(run_id, "RUN")
 
     async def main() -> RunView:
         async with open_postgres_ledger(url, run_id, create=False) as ledger:
@@ -1003,6 +1010,7 @@ def _read_postgres_run(url: str, run_id: str) -> RunView:
                 where=repr(ledger),
                 created=ledger.created,
                 model=model if isinstance(model, str) else None,
+                session_project=ledger.session_project,
                 total=counts.total,
                 results=tuple(results),
             )
@@ -1027,10 +1035,14 @@ def show_json(view: RunView) -> dict[str, Any]:
 
 
 def summary_text(
-    run_id: str, results: Sequence[TaskResult], total: int, where: Path | str | None
+    run_id: str,
+    results: Sequence[TaskResult],
+    total: int,
+    where: Path | str | None,
+    session_project: str,
 ) -> str:
-    """``BatchSummary.table``, how many tasks finished, and each that did not end
-    ``final`` with its one-line error."""
+    """``BatchSummary.table``, how many tasks finished, where the run and its tasks'
+    sessions are, and each task that did not end ``final`` with its one-line error."""
     from ..batch import BatchSummary
 
     finished = sum(r.finished for r in results)
@@ -1038,6 +1050,7 @@ def summary_text(
     lines.append(f"  finished    {finished} of {total} tasks")
     if where is not None:
         lines.append(f"  run         {where}")
+    lines.append(f"  sessions    project {session_project}")
     failed = [r for r in results if r.reason != "final"]
     if failed:
         lines += ["", f"  not final ({len(failed)}):"]
