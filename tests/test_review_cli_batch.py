@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel.batch import TaskResult, converter
+from kernel.batch._records import MAX_RUN_ID
 from tests.test_cli_batch import transcript_path
 
 
@@ -247,6 +248,13 @@ def test_a_run_id_from_an_unusable_name_names_that_name(tmp_path: Path) -> None:
     result = tak(tmp_path / "home", "batch", str(tasks), "--out", str(tmp_path / "評価"))
     assert result.returncode == 2 and one_line(result, "tak batch: "), result
     assert "評価" in result.stderr and "--run-id" in result.stderr, result.stderr
+    # a long name is cut to the longest run id, whose tasks run
+    long = write_tasks(tmp_path / f"{'x' * 200}.jsonl", [{"id": "a", "prompt": "hi"}])
+    ran = tak(tmp_path / "home", "batch", str(long))
+    assert ran.returncode == 0, ran.stderr
+    assert [r.reason for r in results(tmp_path / "home" / "batch" / ("x" * MAX_RUN_ID))] == [
+        "final"
+    ]
 
 
 def test_another_tasks_file_of_the_same_name_is_not_merged_into_the_run(
