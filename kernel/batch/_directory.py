@@ -526,10 +526,15 @@ class DirectoryLedger:
         return [task_id for task_id in task_ids if self._running.get(task_id) != worker]
 
     async def finish(self, worker: str, result: TaskResult) -> bool:
-        """Record ``result`` (guarantees 3 and 4); False when the task had finished already.
+        """Record ``result`` (guarantees 3 and 4); False when the task had finished
+        already, or another finished result of it is being written.
+
+        The task counts as finished once the line is written, not before; a
+        result that could not be written releases the task's claim.
 
         Raises:
             UsageError: ``result`` is for a task not in the run.
+            OSError: the write failed (naming the file).
         """
         state = self._state
         if result.id not in state.tasks:

@@ -404,6 +404,7 @@ class _Runner:
                     with lease:
                         result = await self.attempt(claim, turn, started)
                 except _TurnBusy as exc:
+                    span.set_error("released")
                     busy = True
                     result = self.result(task, "cancelled", turn, claim, started, error=str(exc))
                 except BaseException as exc:
@@ -616,6 +617,8 @@ async def run_batch(
         UsageError: ``max_concurrency`` below 1, a bad model string, tool pattern
             or setting, a task that conflicts with the ledger's.
         SandboxError: ``workspace_root`` is where a workspace may not be.
+        OSError, StoreError: the ledger failed (a full disk, a lost database):
+            the first such error, once (guarantee 7).
         trio.Cancelled: the run was cancelled; running tasks were recorded ``cancelled``.
     """
     if (
