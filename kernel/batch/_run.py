@@ -448,6 +448,7 @@ class _Runner:
             )
         self.progress()
         if busy:  # the turn running here goes on; this runner comes back later
+            logger.info("task %s: %s", task.id, result.error)
             await trio.sleep(POLL_S)
 
     def result(
