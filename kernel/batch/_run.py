@@ -25,8 +25,10 @@ Guarantees (each test in tests/batch/test_run.py names the one it checks):
    Sessions are the run's own (``Ledger.session_project``): a new run never
    continues an old run's transcripts.
 5. Cancellation: the tasks running when ``run_batch`` is cancelled are
-   recorded ``cancelled`` (shielded, for at most ``CANCEL_RECORD_S``), which
-   releases them for a resume; then the cancellation goes on.
+   recorded ``cancelled`` (shielded, for at most ``CANCEL_RECORD_S``; a run
+   directory's write, which is not cut short once begun, is bounded by its
+   ``WRITE_S`` of real time instead), which releases them for a resume; then
+   the cancellation goes on.
 6. Leases: a task whose lease this worker lost (``Ledger.renew`` says so: it
    lapsed and another worker took the task over) is stopped at once and
    nothing is recorded for it. A task whose session has a turn running in
