@@ -672,7 +672,7 @@ async def test_a_batch_task_stopped_before_its_prompt_is_asked_it_on_resume(
         k.agent.model = model
         # What the first run left when it was killed (or cancelled, which releases the
         # task) between appending the task's earlier messages and its prompt.
-        seeded = k.session(task.id, project=f"batch.{ledger.run_id}")
+        seeded = k.session(task.id, project=ledger.session_project)
         await seeded.append(Message("user", [Text("hi")]), hello)
         await run_batch(k, [task], ledger=ledger, max_concurrency=1)
         [result] = await ledger.results()

@@ -306,6 +306,9 @@ class PostgresStore(ClosableStore):
         self._clock = clock
         self._retry_delays = RETRY_DELAYS if retry_lost_connections else ()
         self._limiter = trio.CapacityLimiter(max_connections)
+        # Cancelling a running statement needs a thread of its own: threads hung in
+        # other work (trio's shared limiter) must never keep a cancel from being sent.
+        self._cancel_limiter = trio.CapacityLimiter(max_connections)
         self._locks: KeyedLocks[str] = KeyedLocks()  # by SessionKey.name
         self._pool: ConnectionPool[Any] | None = None
         self._opening = trio.Lock()
@@ -491,7 +494,7 @@ class PostgresStore(ClosableStore):
             except trio.Cancelled:
                 with trio.CancelScope(shield=True):
                     if not done.is_set():
-                        await trio.to_thread.run_sync(running.cancel)
+                        await trio.to_thread.run_sync(running.cancel, limiter=self._cancel_limiter)
                     await done.wait()
                 result = box[0]
                 if isinstance(result, outcome.Value):
