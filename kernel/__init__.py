@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     # errors
     "KernelError": "errors",
     "UsageError": "errors",
+    "TurnRunning": "errors",
     "StoreError": "errors",
     "CorruptTranscript": "errors",
     "SandboxError": "errors",
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from .errors import ProtocolError as ProtocolError
     from .errors import SandboxError as SandboxError
     from .errors import StoreError as StoreError
+    from .errors import TurnRunning as TurnRunning
     from .errors import UsageError as UsageError
     from .executor import BatchHandle as BatchHandle
     from .executor import CallEvent as CallEvent

@@ -4,6 +4,7 @@
 
     KernelError
     ├── UsageError            a caller's mistake: bad arguments, duplicate tool names, bad keys
+    │   └── TurnRunning       a turn of the session already runs in this process
     ├── StoreError            the session store could not do what was asked
     │   └── CorruptTranscript a transcript is damaged somewhere other than its last line
     ├── SandboxError          the sandbox refused something, or could not confine
@@ -23,6 +24,10 @@ class KernelError(Exception):
 
 class UsageError(KernelError):
     """The caller used the API wrongly; the message says what and where."""
+
+
+class TurnRunning(UsageError):
+    """A turn of the session is already running in this process (a resume refuses)."""
 
 
 class StoreError(KernelError):

@@ -41,7 +41,7 @@ from typing import Any
 
 import trio
 
-from .errors import StoreError, UsageError
+from .errors import StoreError, TurnRunning, UsageError
 from .messages import Message, Observation, Text, ToolCall, ToolError, converter
 from .messages import describe_structure_error as _describe
 from .store import SessionKey, SessionStore
@@ -390,7 +390,7 @@ class HistoryCache:
                 try:
                     held.lock.acquire_nowait()
                 except trio.WouldBlock:
-                    raise UsageError(
+                    raise TurnRunning(
                         f"session {name}: a turn of this session is running in this process"
                     ) from None
             try:

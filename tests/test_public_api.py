@@ -16,7 +16,7 @@ EXPECTED = {
     "Plugin", "Permissions", "ToolContext", "context",
     "Kernel", "open_kernel", "Agent", "RunLimits", "TurnFinished", "Session",
     "open_client",
-    "KernelError", "UsageError", "StoreError", "CorruptTranscript", "SandboxError",
+    "KernelError", "UsageError", "TurnRunning", "StoreError", "CorruptTranscript", "SandboxError",
     "ModelAPIError", "ProtocolError",
     "__version__",
 }  # fmt: skip

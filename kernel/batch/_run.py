@@ -60,7 +60,7 @@ import trio
 
 import kernel.tracing as tracing
 from kernel.agent import AgentEvent, RunLimits, TurnFinished
-from kernel.errors import UsageError
+from kernel.errors import TurnRunning, UsageError
 from kernel.models import Usage
 from kernel.settings import ModelSettings
 
@@ -88,9 +88,6 @@ DEFAULT_LEASE_S = 30.0
 #: Renewals in flight at once: one is started every third of a lease, and a
 #: renewal older than a lease no longer matters.
 RENEWALS_IN_FLIGHT = 3
-# What Kernel.resume_turn says (a UsageError) when a turn of the session runs in
-# this process (kernel/history.py): the task is someone else's for now.
-_TURN_RUNNING = "a turn of this session is running in this process"
 
 
 class _TurnBusy(Exception):
@@ -544,9 +541,8 @@ class _Runner:
                 # A run stopped mid-task: go on from its transcript, never from scratch.
                 try:
                     finished = await kernel.resume_turn(session, workspace=workspace, **common)
-                except UsageError as exc:
-                    if _TURN_RUNNING not in str(exc):
-                        raise
+                except TurnRunning as exc:
+                    # Another run_batch of this process holds the task's session.
                     raise _TurnBusy(
                         f"released: {one_line(exc)} (another run_batch holds the task's "
                         "session); it is claimed again later"
