@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernel.batch import TaskResult, converter
-from kernel.batch._records import MAX_RUN_ID
+from kernel.batch import MAX_RUN_ID, TaskResult, converter
 from tests.test_cli_batch import transcript_path
 
 

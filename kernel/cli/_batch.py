@@ -258,7 +258,7 @@ def _run_dir(home: str | None, run: str) -> Path:
     Raises:
         UsageError: there is no such run.
     """
-    from ..batch._records import check_run_id
+    from ..batch import check_run_id
 
     under_home = runs_dir(home) / run
     if os.sep not in run and run not in (".", "..") and (under_home / "manifest.json").is_file():
@@ -282,7 +282,7 @@ def _default_run_id(args: argparse.Namespace) -> str:
     """
     import re
 
-    from ..batch._records import MAX_RUN_ID, check_run_id
+    from ..batch import MAX_RUN_ID, check_run_id
 
     if args.run_id is not None:
         check_run_id(args.run_id, "--run-id")
@@ -438,7 +438,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 @one_line_errors("tak batch worker")
 def cmd_worker(args: argparse.Namespace) -> int:
-    from ..batch._records import check_run_id
+    from ..batch import check_run_id
 
     _check_concurrency(args.concurrency)
     _check_progress_every(args.progress_every)
@@ -820,7 +820,7 @@ def read_run(path: Path) -> RunView:
         UsageError: a file is damaged (one line naming it, and the line).
         OSError: a file cannot be read.
     """
-    from ..batch._records import session_project
+    from ..batch import session_project
 
     manifest_path = path / "manifest.json"
     try:
@@ -995,8 +995,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _read_postgres_run(url: str, run_id: str) -> RunView:
     import trio
 
-    from ..batch import open_postgres_ledger
-    from ..batch._records import check_run_id
+    from ..batch import check_run_id, open_postgres_ledger
 
     check_run_id(run_id, "RUN")
 
