@@ -16,8 +16,8 @@ from ..messages import Message, Observation
 from ..settings import check_tool_choice
 from ..tools import ToolDefinition, ToolRegistry
 from ._assemble import ResponseBuilder, token_count
-from ._budget import ModelBudget
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, StopReason, Usage
+from ._budget import ModelBudget
 from ._http import HTTPModel, load_json, refuse_settings
 from ._prices import Price
 from ._retry import RetryPolicy
