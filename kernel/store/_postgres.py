@@ -506,7 +506,6 @@ class PostgresStore(ClosableStore):
             except psycopg.Error as exc:
                 raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
 
-
     async def _select(self, query: str, params: Sequence[object]) -> list[Any]:
         """The rows of a read, made again while its connection is lost (guarantee 9)."""
 
