@@ -40,7 +40,7 @@ demo: $(STAMP)-base
 # A batch eval, offline (docs/batch.md): 200 tasks, 50 at a time, failing tools, a
 # failing model and a hang; run it again and it has nothing to do.
 batch-demo: $(STAMP)-base
-	$(BIN)/python examples/batch_eval.py $(VENV)/batch-demo
+	$(BIN)/python examples/batch_eval.py "$${XDG_CACHE_HOME:-$$HOME/.cache}/tak-batch-demo"
 
 # The PostgresStore tests (and bench) start their own server from Debian's
 # binaries, and the browser tests (tests/web) drive Debian's chromium: install

@@ -25,10 +25,8 @@ from typing import Any
 import trio
 
 from kernel import open_kernel, tool
-from kernel.batch._directory import open_run_dir
-from kernel.batch._records import BatchTask, TaskLimits
-from kernel.batch._run import TaskOutcome, run_batch
-from kernel.errors import ModelAPIError
+from kernel.batch import BatchTask, TaskLimits, TaskOutcome, open_run_dir, run_batch
+from kernel.errors import KernelError, ModelAPIError
 from kernel.models import ModelRequest, ScriptedModel, Usage
 from kernel.plugin import context
 
@@ -130,4 +128,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 if __name__ == "__main__":
     args = parse(sys.argv[1:])
-    trio.run(lambda: main(args.out, delay=args.delay, concurrency=args.concurrency, n=args.tasks))
+    try:
+        trio.run(
+            lambda: main(args.out, delay=args.delay, concurrency=args.concurrency, n=args.tasks)
+        )
+    except KernelError as exc:  # a bad OUT (inside the checkout, say): one line
+        sys.exit(f"batch_eval: {type(exc).__name__}: {exc}")
