@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,32 @@ def test_plugin_after_the_command_says_where_it_goes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     ran: Any = tak(home, "batch", str(tasks), "--model", "scripted:demo", "--plugin", "demo")
     assert ran.returncode == 0 or "tak --plugin" in one_line(ran)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tak serve --port 99999 listens on port 34463 (99999 mod 65536); not refused",
+)
+def test_serve_refuses_a_port_out_of_range(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home")]
+    server = subprocess.Popen(
+        [*argv, "serve", "--port", "99999"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()  # a URL when it listens; "" when it refused
+        assert first == "", f"listening: {first.strip()}"
+        assert server.wait(timeout=60) == 2
+        assert server.stderr is not None
+        assert "--port" in server.stderr.read().splitlines()[-1]
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)  # stops cleanly, its workers too
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
