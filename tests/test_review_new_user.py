@@ -188,3 +188,23 @@ def test_serve_refuses_a_port_out_of_range(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="mcp ls offers `tak mcp trust NAME` for a missing program; the hint then fails",
+)
+def test_mcp_ls_hint_for_a_missing_program_works_as_printed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    missing = tmp_path / "no-such-server"
+    write_config(home, f"[mcp.servers.gone]\ncommand = {json.dumps(str(missing))}\n")
+    listed = tak(home, "mcp", "ls")
+    hints = [
+        line.split("approve it:", 1)[1].strip()
+        for line in listed.stdout.splitlines()
+        if "approve it:" in line
+    ]
+    for hint in hints:  # a hint printed must work as printed
+        ran = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+    assert str(missing) in listed.stdout + listed.stderr  # says what is wrong instead
