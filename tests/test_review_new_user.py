@@ -208,3 +208,33 @@ def test_mcp_ls_hint_for_a_missing_program_works_as_printed(tmp_path: Path) -> N
         ran = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=120)
         assert ran.returncode == 0, ran.stderr
     assert str(missing) in listed.stdout + listed.stderr  # says what is wrong instead
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Ctrl-C of tak run says only 'tak run: interrupted': no transcript / show-it hint",
+)
+def test_run_interrupted_says_where_its_transcript_is(tmp_path: Path) -> None:
+    prompt = '/call sleep {"seconds": 60}\n/call echo {"text": "x"}'
+    argv = [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home")]
+    argv += ["--plugin", "demo", "run", prompt, "--model", "scripted:demo"]
+    run = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as on a terminal
+    )
+    try:
+        assert run.stdout is not None
+        for line in run.stdout:
+            if line.startswith("✓ [1] echo"):  # the sleep runs on
+                break
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 130
+    assert "sessions show" in out + err, err
