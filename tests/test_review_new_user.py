@@ -238,3 +238,39 @@ def test_run_interrupted_says_where_its_transcript_is(tmp_path: Path) -> None:
             run.wait()
     assert run.returncode == 130
     assert "sessions show" in out + err, err
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tak repl of a URL without ?token= says 'send hello with the token', protocol-speak",
+)
+def test_repl_without_a_token_says_to_use_the_printed_url(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    argv = [sys.executable, "-m", "kernel.cli", "--home", str(home)]
+    server = subprocess.Popen(
+        [*argv, "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        ws = server.stdout.readline().strip()
+        assert ws.startswith("ws://"), ws
+        repl = subprocess.run(
+            [*argv, "repl", ws.split("?", 1)[0]],
+            input="hi\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    assert repl.returncode != 0
+    line = one_line(repl)
+    assert line.startswith("tak repl:") and "token" in line
