@@ -274,3 +274,20 @@ def test_repl_without_a_token_says_to_use_the_printed_url(tmp_path: Path) -> Non
     assert repl.returncode != 0
     line = one_line(repl)
     assert line.startswith("tak repl:") and "token" in line
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="tak batch show of an unfinished run heads its table 'run R: 2 tasks' for 3 tasks",
+)
+def test_batch_show_heads_an_unfinished_run_with_its_task_count(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "prompt": "hi"}) + "\n" for i in range(3)))
+    ran = tak(home, "--plugin", "demo", "batch", str(tasks), "--model", "scripted:demo")
+    assert ran.returncode == 0, ran.stderr
+    results = home / "batch" / "tasks" / "results.jsonl"
+    results.write_text("".join(results.read_text().splitlines(keepends=True)[:2]))
+    shown = tak(home, "batch", "show", "tasks")
+    assert "finished    2 of 3 tasks" in shown.stdout  # the run is unfinished: t2 is left
+    assert shown.stdout.splitlines()[0] == "run tasks: 3 tasks"
