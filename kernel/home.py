@@ -418,6 +418,89 @@ class McpConfig:
     servers: dict[str, McpServerConfig] = attrs.field(factory=dict)
 
 
+#: The providers ``[budget]`` may name: ``kernel.models.resolve_model``'s but
+#: ``scripted``, which sends nothing (a misspelt one would never apply).
+#: tests/test_config.py checks that the two agree.
+BUDGET_PROVIDERS: Final = ("openai", "anthropic", "gemini")
+#: The limits of one ``[budget.<provider>]`` table, each an integer >= 1.
+BUDGET_LIMITS: Final = ("max_connections", "requests_per_minute", "tokens_per_minute")
+_BUDGET_SECONDS: Final = ("backoff", "max_pause")
+
+
+@attrs.frozen(kw_only=True)
+class BudgetTable:
+    """``[budget]`` checked (``kernel.models.ModelBudget.from_table`` builds from it).
+
+    Attributes:
+        default: ``[budget.default]``'s limits, ``None`` when not given.
+        providers: ``[budget.<provider>]``'s limits, by provider.
+        models: ``[budget."provider:model"]``'s limits, by ``provider:model``.
+        seconds: ``backoff`` and ``max_pause``, those given.
+    """
+
+    default: dict[str, int] | None = None
+    providers: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    models: dict[str, dict[str, int]] = attrs.field(factory=dict)
+    seconds: dict[str, float] = attrs.field(factory=dict)
+
+    @classmethod
+    def from_table(cls, table: object, *, where: str = "$.budget") -> BudgetTable:
+        """``table`` (a parsed ``[budget]``) checked.
+
+        Raises:
+            UsageError: ``{where}.key: reason`` for the first thing wrong.
+        """
+        if not isinstance(table, Mapping):
+            raise UsageError(f"{where}: expected a table, got {_shown(table)}")
+        default: dict[str, int] | None = None
+        providers: dict[str, dict[str, int]] = {}
+        models: dict[str, dict[str, int]] = {}
+        seconds: dict[str, float] = {}
+        for key, value in table.items():
+            if not isinstance(key, str):
+                raise UsageError(f"{where}: expected a provider name as key, got {key!r}")
+            if key in _BUDGET_SECONDS:
+                number = value
+                if isinstance(number, bool) or not isinstance(number, int | float):
+                    raise UsageError(f"{where}.{key}: expected seconds >= 0, got {_shown(value)}")
+                if not 0 <= number < math.inf:
+                    raise UsageError(f"{where}.{key}: expected seconds >= 0, got {_shown(value)}")
+                seconds[key] = float(number)
+                continue
+            inner = f"{where}.{key}" if ":" not in key else f'{where}."{key}"'
+            limits = _budget_limits(value, inner)
+            provider, colon, name = key.partition(":")
+            if key == "default":
+                default = limits
+                continue
+            if colon and not (provider and name):
+                raise UsageError(f"{inner}: expected provider:model")
+            if provider not in BUDGET_PROVIDERS:
+                raise UsageError(
+                    f"{inner}: unknown provider {_shown(provider)} "
+                    f"(known: default, {', '.join(BUDGET_PROVIDERS)})"
+                )
+            (models if colon else providers)[key] = limits
+        return cls(default=default, providers=providers, models=models, seconds=seconds)
+
+
+def _budget_limits(value: object, where: str) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise UsageError(f"{where}: expected a table of limits, got {_shown(value)}")
+    for key in value:
+        if key not in BUDGET_LIMITS:
+            raise UsageError(
+                f"{where}: unknown setting {key!r} (known: {', '.join(BUDGET_LIMITS)})"
+            )
+    for key, limit in value.items():
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise UsageError(
+                f"{where}.{key}: expected an integer >= 1, got {_shown(limit)}; "
+                "leave the key out for no limit"
+            )
+    return dict(value)
+
+
 @attrs.frozen(kw_only=True)
 class Config:
     """``tak.toml``: what ``TakHome.read_config`` gives.
@@ -431,8 +514,9 @@ class Config:
         plugins: ``[plugins.<name>]``: each plugin's own settings (what its
             tools see as ``context().config``), checked by the plugin.
         budget: ``[budget]``: the model budget every session of a kernel shares,
-            checked by ``kernel.models.ModelBudget.from_table`` when the kernel
-            opens (docs/models.md).
+            checked here (``BudgetTable``) and built by
+            ``kernel.models.ModelBudget.from_table`` when a kernel opens
+            (docs/models.md).
     """
 
     sandbox: SandboxConfig = SandboxConfig()
@@ -461,6 +545,10 @@ class Config:
             problems = structure_error_paths(exc, "$", _format_problem)
             detail = "; ".join(f"{path}: {reason}" for path, reason in problems)
             raise UsageError(f"{source}: {detail}") from None
+        try:
+            BudgetTable.from_table(config.budget)
+        except UsageError as exc:
+            raise UsageError(f"{source}: {exc}") from None
         return config
 
     def to_toml(self) -> dict[str, Any]:

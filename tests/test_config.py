@@ -130,3 +130,10 @@ async def test_the_kernel_holds_the_settings_in_force(tmp_path: Path) -> None:
         assert k.config.sandbox.allow_unsandboxed is False
         assert k.config.plugins == {"web": {"allow_hosts": []}, "notes": {"x": 1}}
         assert k.plugins.plugin_config("notes") == {"x": 1}
+
+
+def test_budget_providers_are_resolve_models_but_scripted() -> None:
+    from kernel.home import BUDGET_PROVIDERS
+    from kernel.models._resolve import PROVIDERS
+
+    assert set(BUDGET_PROVIDERS) == set(PROVIDERS) - {"scripted"}

@@ -93,11 +93,6 @@ def test_a_budget_typo_is_refused_by_tak_run_in_one_line(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("command", [["tools"], ["mcp", "ls"], ["call", "echo", '{"text": "x"}']])
-@pytest.mark.xfail(
-    strict=True,
-    reason="[budget] is checked only when a kernel opens; every other tak.toml typo stops "
-    "tak tools / mcp ls / call",
-)
 def test_a_budget_typo_is_refused_where_other_tak_toml_typos_are(
     tmp_path: Path, command: list[str]
 ) -> None:
@@ -110,10 +105,6 @@ def test_a_budget_typo_is_refused_where_other_tak_toml_typos_are(
     assert "requests_per_minut" in one_line(refused)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the [budget] error says 'or none for no limit': TOML has no none (leave it out)",
-)
 def test_a_bad_budget_value_says_what_tak_toml_can_hold(tmp_path: Path) -> None:
     home = tmp_path / "home"
     write_config(home, "[budget.openai]\nmax_connections = 0\n")

@@ -95,7 +95,7 @@ def _positive_int_or_none(owner: str) -> Any:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(
-                f"{owner}.{attribute.name}: expected an integer >= 1 (or none for no limit), "
+                f"{owner}.{attribute.name}: expected an integer >= 1 (or None for no limit), "
                 f"got {value!r}"
             )
 
@@ -428,38 +428,16 @@ class ModelBudget:
         Raises:
             UsageError: one line naming the table and key that is wrong.
         """
-        if not isinstance(table, Mapping):
-            raise UsageError(f"{where}: expected a table, got {table!r}")
-        providers: dict[str, BudgetLimits] = {}
-        models: dict[str, BudgetLimits] = {}
-        default = NO_LIMITS
-        seconds: dict[str, float] = {}
-        from ._resolve import PROVIDERS  # resolve_model's names (it imports this module)
+        from ..home import BudgetTable
 
-        known = [p for p in PROVIDERS if p != "scripted"]  # scripted models send nothing
-        for key, value in table.items():
-            if not isinstance(key, str):
-                raise UsageError(f"{where}: expected a provider name as key, got {key!r}")
-            if key in ("backoff", "max_pause"):
-                seconds[key] = _seconds(f"{where}.{key}", value)
-                continue
-            inner = f"{where}.{key}" if ":" not in key else f'{where}."{key}"'
-            limits = _limits_from(value, inner)
-            provider, colon, name = key.partition(":")
-            if key == "default":
-                default = limits
-                continue
-            if colon and not (provider and name):
-                raise UsageError(f"{inner}: expected provider:model")
-            if provider not in known:
-                raise UsageError(
-                    f"{inner}: unknown provider {provider!r}; known: default, {', '.join(known)}"
-                )
-            if colon:
-                models[key] = limits
-            else:
-                providers[key] = limits
-        return cls(providers=providers, models=models, default=default, **seconds)
+        checked = BudgetTable.from_table(table, where=where)
+        return cls(
+            providers={key: BudgetLimits(**v) for key, v in checked.providers.items()},
+            models={key: BudgetLimits(**v) for key, v in checked.models.items()},
+            default=NO_LIMITS if checked.default is None else BudgetLimits(**checked.default),
+            backoff=checked.seconds.get("backoff", 1.0),
+            max_pause=checked.seconds.get("max_pause", 60.0),
+        )
 
     def __repr__(self) -> str:
         return (
