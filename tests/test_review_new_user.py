@@ -61,10 +61,6 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 BUDGET_TYPO = "[budget.openai]\nmax_connections = 50\nrequests_per_minut = 500\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tak tools ignores MCP servers; docs/mcp.md says start = eager is for `tak tools`",
-)
 def test_tak_tools_lists_an_eager_mcp_servers_tools(tmp_path: Path) -> None:
     home = tmp_path / "home"
     approved_mcp_home(home, start="eager")
@@ -73,10 +69,6 @@ def test_tak_tools_lists_an_eager_mcp_servers_tools(tmp_path: Path) -> None:
     assert "testsrv.echo" in listed.stdout.splitlines()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tak call SERVER.TOOL is unknown_tool: tak call never starts MCP servers",
-)
 def test_tak_call_calls_an_mcp_tool(tmp_path: Path) -> None:
     home = tmp_path / "home"
     approved_mcp_home(home, start="lazy")

@@ -18,9 +18,16 @@ from ..errors import KernelError
 from . import _single_leaf as single_leaf
 
 if TYPE_CHECKING:
-    from plugins import LoadedPlugin, PluginHost, PluginLoadError, PluginSource, SkipReport
+    from plugins import (
+        LoadedPlugin,
+        McpServers,
+        PluginHost,
+        PluginLoadError,
+        PluginSource,
+        SkipReport,
+    )
 
-    from ..home import TakHome
+    from ..home import Config, TakHome
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -188,14 +195,65 @@ async def open_cli_host(
     """
     import trio
 
-    from plugins import open_plugin_host
-
     from ..home import TakHome
 
     tak_home = TakHome.locate(home)
     with os_errors_as(f"TAK_HOME {tak_home.root}"):
         # file I/O: off the Trio thread
         config = await trio.to_thread.run_sync(tak_home.read_config)
+    async with _open_host(tak_home, config, workspace, extra_plugins, report=report) as host:
+        yield host
+
+
+@contextlib.asynccontextmanager
+async def open_cli_tools(
+    home: str | None, workspace: Path, extra_plugins: Sequence[str] = ()
+) -> AsyncIterator[tuple[PluginHost, McpServers | None]]:
+    """``open_cli_host``, and the MCP servers of ``[mcp.servers]`` (``None`` when there
+    are none: ``mcp`` is not imported), their tools joining the host's as ``NAME.tool``.
+
+    Eager servers are started and listed here; a lazy one when ``list_tools_for``
+    names one of its tools. Stdio servers run confined in ``workspace``, once
+    approved (``tak mcp trust``).
+
+    Raises:
+        KernelError: as ``open_cli_host``.
+    """
+    import trio
+
+    from ..home import TakHome
+
+    tak_home = TakHome.locate(home)
+    with os_errors_as(f"TAK_HOME {tak_home.root}"):
+        config = await trio.to_thread.run_sync(tak_home.read_config)
+    async with _open_host(tak_home, config, workspace, extra_plugins) as host:
+        if not config.mcp.servers:
+            yield host, None
+            return
+        from plugins import open_mcp_servers
+
+        async with open_mcp_servers(
+            config.mcp.servers,
+            host.tools,
+            log_dir=tak_home.data / "mcp",
+            workspace=workspace,
+            home=tak_home,
+            allow_unsandboxed=config.sandbox.allow_unsandboxed,
+        ) as servers:
+            yield host, servers
+
+
+@contextlib.asynccontextmanager
+async def _open_host(
+    tak_home: TakHome,
+    config: Config,
+    workspace: Path,
+    extra_plugins: Sequence[str],
+    *,
+    report: SkipReport = "line",
+) -> AsyncIterator[PluginHost]:
+    from plugins import open_plugin_host
+
     async with contextlib.AsyncExitStack() as stack:
         # Only while it opens: an OSError of the caller's own is not the workspace's.
         with os_errors_as(f"workspace {workspace}"):

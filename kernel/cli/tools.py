@@ -2,7 +2,9 @@
 
 ``tak tools`` and ``tak call`` see what ``tak run`` offers a model: the demo
 tools and every plugin's tools (built-ins and discovered plugins), loaded by a
-plugin host on the workspace.
+plugin host on the workspace, and the tools of the MCP servers of ``[mcp.servers]``
+as ``NAME.tool`` (``tak tools`` lists an eager server's; ``tak call NAME.tool``
+starts the lazy server it names).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import KernelError
 from .plugins import one_line_errors
 
 if TYPE_CHECKING:
+    from plugins import McpServerInfo
+
     from ..tools import ToolRegistry
 
 PROVIDER_FORMATS = ("openai", "anthropic", "gemini")
@@ -48,14 +53,17 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def cmd_tools(args: argparse.Namespace) -> int:
     import trio
 
-    from .plugins import open_cli_host, workspace_or_exit
+    from .plugins import open_cli_tools, workspace_or_exit
 
     workspace = workspace_or_exit("tak tools", args)
     if workspace is None:
         return 2
 
     async def main() -> ToolRegistry:
-        async with open_cli_host(args.home, workspace, args.plugin) as host:
+        async with open_cli_tools(args.home, workspace, args.plugin) as (host, mcp):
+            for info in mcp.info() if mcp is not None else []:
+                if info.state != "running":
+                    print(f"tak tools: {_not_listed(info)}", file=sys.stderr)
             return host.tools
 
     registry = trio.run(main)
@@ -91,7 +99,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     from ..executor import CallLimits, run_tool_calls
     from ..messages import Observation, ToolCall, converter
     from ..plugin import use_context
-    from .plugins import open_cli_host, os_errors_as, workspace_or_exit
+    from .plugins import open_cli_tools, os_errors_as, workspace_or_exit
 
     workspace = workspace_or_exit("tak call", args)
     if workspace is None:
@@ -103,7 +111,14 @@ def cmd_call(args: argparse.Namespace) -> int:
 
     async def main() -> Observation:
         with os_errors_as(f"workspace {workspace}"):
-            async with open_cli_host(args.home, workspace, args.plugin) as host:
+            async with open_cli_tools(args.home, workspace, args.plugin) as (host, mcp):
+                if mcp is not None:
+                    # A lazy MCP server starts when the call names one of its tools.
+                    await mcp.list_tools_for([call.name])
+                    server = call.name.partition(".")[0]
+                    for info in mcp.info():
+                        if info.name == server and info.state != "running":
+                            raise KernelError(_not_listed(info))
                 with use_context(host.context()):
                     observations = await run_tool_calls(
                         [call], host.tools, limits=CallLimits(timeout=args.timeout)
@@ -116,6 +131,17 @@ def cmd_call(args: argparse.Namespace) -> int:
     else:
         print(observation.content)
     return 1 if observation.is_error else 0
+
+
+def _not_listed(info: McpServerInfo) -> str:
+    """Why the tools of an MCP server are not among those listed, in one line."""
+    if info.state == "not started":
+        return (
+            f"MCP server {info.name!r} is lazy: its tools are listed when a call names one "
+            f"(`tak mcp ls` starts it)"
+        )
+    why = f": {info.errors[0]}" if info.errors else ""
+    return f"MCP server {info.name!r} is {info.state}{why} (see `tak mcp ls`)"
 
 
 @one_line_errors("tak demo")
