@@ -107,10 +107,6 @@ def test_a_bad_budget_value_says_what_tak_toml_can_hold(tmp_path: Path) -> None:
     assert "none" not in line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tak batch ls prints 'no batch runs' on stdout beside 'ID: left out' on stderr",
-)
 def test_batch_ls_does_not_say_no_runs_when_it_left_one_out(tmp_path: Path) -> None:
     home = tmp_path / "home"
     tasks = tmp_path / "tasks.jsonl"
@@ -259,10 +255,6 @@ def test_repl_without_a_token_says_to_use_the_printed_url(tmp_path: Path) -> Non
     assert line.startswith("tak repl:") and "token" in line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tak batch show of an unfinished run heads its table 'run R: 2 tasks' for 3 tasks",
-)
 def test_batch_show_heads_an_unfinished_run_with_its_task_count(tmp_path: Path) -> None:
     home = tmp_path / "home"
     tasks = tmp_path / "tasks.jsonl"

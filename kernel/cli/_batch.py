@@ -192,8 +192,11 @@ def _check_concurrency(value: int | None) -> None:
 
 
 def _check_progress_every(value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise UsageError(f"--progress-every: expected 0 or more seconds, got {value}")
+    # Lines come at most every TTY_REDRAW_S: less (0 too) would not be what it says.
+    if not (math.isfinite(value) and value >= TTY_REDRAW_S):
+        raise UsageError(
+            f"--progress-every: expected at least {TTY_REDRAW_S:g} seconds, got {value:g}"
+        )
 
 
 def _plugin_specs(specs: Sequence[str]) -> list[str]:
@@ -859,7 +862,7 @@ def read_run(path: Path) -> RunView:
             latest[result.id] = result
     return RunView(
         run_id=run_id,
-        where=str(path),
+        where=os.path.realpath(path),  # the run's own directory (--out), not its link
         created=created,
         model=model if isinstance(model, str) else None,
         session_project=session_project(run_id, nonce),
@@ -926,8 +929,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
     runs.sort(key=lambda r: (-(r.created or 0), r.run_id))
     if args.json:
         print(json.dumps([totals_json(r) for r in runs], indent=2, ensure_ascii=False))
-    elif not runs:
+    elif not runs and not unreadable:
         print(f"no batch runs under {root}")
+    elif not runs:
+        pass  # the runs there are named on stderr, each with why it was left out
     else:
         width = max(len("ID"), *(len(r.run_id) for r in runs))
         print(
@@ -1045,7 +1050,10 @@ def summary_text(
     from ..batch import BatchSummary
 
     finished = sum(r.finished for r in results)
-    lines = [BatchSummary(run_id=run_id, results=tuple(results)).table().rstrip("\n"), ""]
+    table = BatchSummary(run_id=run_id, results=tuple(results)).table().rstrip("\n")
+    # The table counts the results; the run has ``total`` tasks, unfinished ones too.
+    _, _, rest = table.partition("\n")
+    lines = [f"run {run_id}: {total} tasks\n{rest}", ""]
     lines.append(f"  finished    {finished} of {total} tasks")
     if where is not None:
         lines.append(f"  run         {where}")

@@ -171,7 +171,8 @@ def _progress_option(p: argparse.ArgumentParser) -> None:
         type=float,
         default=LINE_EVERY_S,
         metavar="SECONDS",
-        help=f"when stderr is not a terminal: a progress line this often (default {LINE_EVERY_S:g})",
+        help="when stderr is not a terminal: a progress line this often, at least 0.1 "
+        f"(default {LINE_EVERY_S:g})",
     )
 
 
