@@ -27,7 +27,27 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
+        hint = _plugin_hint(message)
+        if hint is not None:
+            self.exit(2, f"{self.prog}: {message}: {hint}\n")
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _plugin_hint(message: str) -> str | None:
+    """Where ``--plugin`` goes, when it came after the command (``tak batch T --plugin
+    demo``): it is ``tak``'s own option, before the command."""
+    if not message.startswith("unrecognized arguments:"):
+        return None
+    words = message.removeprefix("unrecognized arguments:").split()
+    names = [
+        words[i + 1] if word == "--plugin" else word.removeprefix("--plugin=")
+        for i, word in enumerate(words)
+        if (word == "--plugin" and i + 1 < len(words)) or word.startswith("--plugin=")
+    ]
+    if not names:
+        return None
+    before = " ".join(f"--plugin {name}" for name in names)
+    return f"--plugin is an option of tak, before the command: tak {before} COMMAND ..."
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -105,6 +105,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 
+    if not 0 <= args.port <= 65535:
+        print(f"tak serve: --port: expected 0 to 65535 (0: any), got {args.port}", file=sys.stderr)
+        return 2
     # Before serving: a home or token file the OS refuses is not a port problem.
     ensure_home(args.home)
     try:
