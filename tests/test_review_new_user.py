@@ -160,10 +160,6 @@ def test_serve_refuses_a_port_out_of_range(tmp_path: Path) -> None:
                 server.wait()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mcp ls offers `tak mcp trust NAME` for a missing program; the hint then fails",
-)
 def test_mcp_ls_hint_for_a_missing_program_works_as_printed(tmp_path: Path) -> None:
     home = tmp_path / "home"
     missing = tmp_path / "no-such-server"

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from typing import TYPE_CHECKING
 
 from .plugins import ensure_home, home_option, one_line_errors, tak_command
+
+if TYPE_CHECKING:
+    from ..home import McpServerConfig
 
 
 @one_line_errors("tak mcp ls")
@@ -28,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
 
     home = ensure_home(args.home)
     config = home.read_config()
+    # Each server's errors are printed below, with the right hint: not the servers'
+    # own warnings too (a trust hint for a program that is not there).
+    logging.getLogger("tak.mcp").addHandler(logging.NullHandler())
     if not config.mcp.servers:
         if args.json:
             print("[]")
@@ -72,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  confinement: {i.confinement}")
             for name in i.tools:
                 print(f"  {name}")
-            if i.state == "not approved":
+            missing = _missing_program(config.mcp.servers[i.name])
+            if i.state == "not approved" and missing is not None:
+                # approving it would fail: say what is wrong instead
+                print(f"  error: {missing} (its command in {home.config_file})")
+            elif i.state == "not approved":
                 print(
                     f"  approve it: {tak_command(*home_option(args.home), 'mcp', 'trust', i.name)}"
                 )
@@ -82,6 +94,24 @@ def run(args: argparse.Namespace) -> int:
             if i.state not in ("running", "not approved") and i.transport == "stdio":
                 print(f"  its stderr: {home.data / 'mcp' / (i.name + '.log')}")
     return 0 if all(i.state == "running" for i in infos) else 1
+
+
+def _missing_program(server: McpServerConfig) -> str | None:
+    """Why the program of a stdio server cannot run (not found, not executable), or
+    ``None``; ``tak mcp trust`` would refuse it for the same reason."""
+    from plugins._mcp import server_environment
+    from sandbox.exec import resolve_program
+
+    from ..errors import SandboxError
+
+    if server.command is None:
+        return None
+    path = server_environment(server).get("PATH")
+    try:
+        resolve_program(server.command, path=path, cwd=server.cwd)
+    except SandboxError as exc:
+        return str(exc)
+    return None
 
 
 @one_line_errors("tak mcp trust")
