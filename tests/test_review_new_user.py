@@ -176,10 +176,6 @@ def test_mcp_ls_hint_for_a_missing_program_works_as_printed(tmp_path: Path) -> N
     assert str(missing) in listed.stdout + listed.stderr  # says what is wrong instead
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Ctrl-C of tak run says only 'tak run: interrupted': no transcript / show-it hint",
-)
 def test_run_interrupted_says_where_its_transcript_is(tmp_path: Path) -> None:
     prompt = '/call sleep {"seconds": 60}\n/call echo {"text": "x"}'
     argv = [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home")]

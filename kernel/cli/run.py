@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
 from . import DEFAULT_PROJECT
+from . import _single_leaf as single_leaf
 from .plugins import ensure_home, home_option, tak_command
 
 if TYPE_CHECKING:
@@ -159,6 +160,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tak run: {exc}", file=sys.stderr)
         return 2
 
+    opened: list[tuple[Kernel, Session]] = []  # for Ctrl-C's message: where the transcript is
+
     async def main() -> int:
         async with open_kernel(
             home=args.home,
@@ -170,6 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             limits=limits,
         ) as k:
             session = k.session(args.session, project=args.project)
+            opened.append((k, session))
             finished = await stream_turn(
                 k,
                 session,
@@ -187,8 +191,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KernelError as exc:
         print(f"tak run: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        # Ctrl-C comes out of the kernel's nurseries in groups of one: this message,
+        # not tak's generic "interrupted", since it can say where the transcript is.
+        if not isinstance(single_leaf(exc), KeyboardInterrupt):
+            raise
         print("\ntak run: interrupted; the transcript holds what finished", file=sys.stderr)
+        if opened:
+            print_transcript_location(*opened[0], sys.stderr, home=args.home)
         return 130
 
 
