@@ -503,13 +503,30 @@ async def run_repl(
             return 1 if repl.failed else 0
     except RequestFailed as exc:
         # hello refused: a wrong token in the URL or $TAK_TOKEN, or a full server
-        error = exc.error
-        why = f"({error.code}): {error.message}" if error is not None else exc.status
-        print(f"refused {why}", file=err, flush=True)
+        print(f"tak repl: {_refusal(url, exc)}", file=err, flush=True)
         return 1
     except (OSError, ProtocolError) as exc:
         print(f"tak repl: cannot talk to {_without_token(url)}: {_why(exc)}", file=err, flush=True)
         return 1
+
+
+def _refusal(url: str, exc: RequestFailed) -> str:
+    """Why the server refused ``hello``, as a person reads it: what to do next."""
+    error = exc.error
+    where = _without_token(url)
+    if error is not None and error.code == "unauthorized":
+        if _token_from(url) is None:
+            return (
+                f"{where} wants a token: give the whole ws://...?token=... line "
+                "tak serve printed (or set $TAK_TOKEN)"
+            )
+        return (
+            f"{where} refused the token (the URL's, or $TAK_TOKEN's): give the line "
+            "this server's tak serve printed"
+        )
+    if error is not None:
+        return f"{where} refused the connection ({error.code}): {error.message}"
+    return f"{where} refused the connection: {exc.status}"
 
 
 def url_problem(url: str) -> str | None:

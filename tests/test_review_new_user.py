@@ -202,10 +202,6 @@ def test_run_interrupted_says_where_its_transcript_is(tmp_path: Path) -> None:
     assert "sessions show" in out + err, err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tak repl of a URL without ?token= says 'send hello with the token', protocol-speak",
-)
 def test_repl_without_a_token_says_to_use_the_printed_url(tmp_path: Path) -> None:
     home = tmp_path / "home"
     argv = [sys.executable, "-m", "kernel.cli", "--home", str(home)]
