@@ -62,7 +62,7 @@ postgresql: system-packages
 
 # TAK_WEB_REQUIRED: where chromium is installed, the browser tests (tests/web) must run, not skip.
 test: $(STAMP)-test system-packages
-	TAK_WEB_REQUIRED=$$(command -v chromium >/dev/null 2>&1 && echo 1) $(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider
+	TAK_WEB_REQUIRED=$$(command -v chromium >/dev/null 2>&1 && echo 1) $(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider --durations=15
 
 stress: $(STAMP)-test system-packages
 	$(BIN)/python -m pytest -q --stress -p no:cacheprovider
