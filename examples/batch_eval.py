@@ -4,9 +4,9 @@
     python examples/batch_eval.py OUT            # again: nothing to do
     (kill it midway, run it again: it finishes the rest, running no task twice)
 
-Each task is its own session (``batch.<run>/<task id>``) with its own workspace
-holding ``question.json``; the model (a script standing in for a provider)
-calls ``read_question`` and answers with the sum. To show that one task's
+Each task is its own session (``<task id>`` of project ``batch.<run>.<nonce>``)
+with its own workspace holding ``question.json``; the model (a script standing
+in for a provider) calls ``read_question`` and answers with the sum. To show that one task's
 trouble stays its own: 10% of the questions are corrupt (the tool raises; the
 model sees the error and gives up: score 0), 5% of the tasks meet a model that
 fails (``model_error``), and one task's model hangs past its 2-second wall

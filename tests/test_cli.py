@@ -234,3 +234,21 @@ def test_run_help_lists_the_model_settings_flags(home: Path) -> None:
         "--tools",
     ):  # fmt: skip
         assert flag in result.stdout, flag
+
+
+def test_tak_tools_without_mcp_servers_does_not_import_mcp(tmp_path: Path) -> None:
+    # tak tools opens [mcp.servers] when there are some; none: the mcp package stays out.
+    probe = (
+        "import sys\n"
+        "from kernel.cli import main\n"
+        "code = main(['--home', sys.argv[1], 'tools'])\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'mcp'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "home")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "0 []"

@@ -1,8 +1,8 @@
 """A new user's pass over README.md and docs/{batch,web,mcp,tracing,models}.md.
 
 Every command was run as the docs give it, with a temporary home; these are the
-places where the behaviour and the docs (or the printed hints) disagree. Each is a
-strict xfail until it is fixed. Real ``tak`` subprocesses, a temporary home, the
+places where the behaviour and the docs (or the printed hints) disagreed, each a
+strict xfail until it was fixed. Real ``tak`` subprocesses, a temporary home, the
 scripted model; the MCP server is tests/mcp/server.py, approved with the
 ``tak mcp trust`` hint ``tak mcp ls`` prints.
 """
