@@ -578,3 +578,20 @@ def test_ctrl_c_on_postgresql_prints_the_worker_that_finishes_the_run(
     assert {r["id"]: r["attempt"] for r in shown["results"]} == {
         "t1": 1, "t2": 1, "t3": 2, "t4": 2, "t5": 1, "t6": 1,
     }  # fmt: skip
+
+
+def test_show_json_names_a_runs_own_directory_not_its_link(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "evals.jsonl", [{"id": "a", "prompt": "hi"}])
+    out = tmp_path / "out"
+    home = tmp_path / "home"
+    assert tak(home, "batch", str(tasks), "--out", str(out)).returncode == 0
+    shown = tak(home, "batch", "show", "out", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["where"] == str(out.resolve())
+
+
+def test_progress_every_below_a_tenth_of_a_second_is_refused(tmp_path: Path) -> None:
+    tasks = write_tasks(tmp_path / "evals.jsonl", [{"id": "a", "prompt": "hi"}])
+    ran = tak(tmp_path / "home", "batch", str(tasks), "--progress-every", "0")
+    assert ran.returncode == 2
+    assert ran.stderr == "tak batch: --progress-every: expected at least 0.1 seconds, got 0\n"
