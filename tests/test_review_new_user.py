@@ -69,6 +69,15 @@ def test_tak_tools_lists_an_eager_mcp_servers_tools(tmp_path: Path) -> None:
     assert "testsrv.echo" in listed.stdout.splitlines()
 
 
+def test_tak_tools_names_a_lazy_mcp_server_it_did_not_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    approved_mcp_home(home, start="lazy")
+    listed = tak(home, "tools")
+    assert listed.returncode == 0, listed.stderr
+    assert "testsrv.echo" not in listed.stdout.splitlines()
+    assert "tak tools: MCP server 'testsrv' is lazy" in listed.stderr
+
+
 def test_tak_call_calls_an_mcp_tool(tmp_path: Path) -> None:
     home = tmp_path / "home"
     approved_mcp_home(home, start="lazy")
