@@ -245,6 +245,16 @@ class _Launch:
     allow_unsandboxed: bool = False
 
 
+def _missing_program(config: McpServerConfig) -> str | None:
+    """Why a stdio server's program cannot be found, or ``None`` when it can."""
+    assert config.command is not None
+    try:
+        resolve_program(config.command, path=server_environment(config).get("PATH"), cwd=config.cwd)
+    except SandboxError as exc:
+        return str(exc)
+    return None
+
+
 def server_environment(config: McpServerConfig) -> dict[str, str]:
     """A stdio server's environment: a few safe variables (``PATH``, ``HOME``, ...) and
     its ``env``, never the kernel's whole environment (keys, tokens)."""
@@ -433,6 +443,12 @@ class McpServer:
             assert recorded is not None
             self._approved_read = recorded.permissions.read
             return
+        missing = await trio.to_thread.run_sync(_missing_program, self.config)
+        if missing is not None:
+            # No approval could help: say what is missing, not a trust command that fails.
+            self._state = "failed"
+            self._start_error = missing
+            raise ToolFailure("crashed", f"MCP server {self.name!r}: {missing}", type="McpStart")
         if self._state != "not approved":
             logger.warning(
                 "MCP server %r: %s: run `%s`", self.name, words, trust_hint(home, self.name)

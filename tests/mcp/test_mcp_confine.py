@@ -320,6 +320,22 @@ async def test_an_unapproved_server_is_denied_with_a_hint_that_works(
         assert s.mcp.info()[0].approval == "approved"
 
 
+async def test_a_missing_program_is_named_not_offered_for_approval(
+    workspace: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """7: approving a program that is not there cannot help: a call says it is missing,
+    and no `tak mcp trust` hint is given (run as printed, it would fail)."""
+    home = _home(tmp_path, {"t": McpServerConfig(command=str(tmp_path / "gone"))})
+    configs = home.read_config().mcp.servers
+    async with serving(configs, workspace, home=home) as s:
+        with pytest.raises(ToolFailure) as caught:
+            await s.mcp.servers["t"].call("t.echo", {"text": "hi"})
+        assert caught.value.kind == "crashed"
+        assert "gone" in str(caught.value) and "trust" not in str(caught.value)
+        assert s.mcp.info()[0].state == "failed"
+    assert "mcp trust" not in caplog.text
+
+
 async def test_a_changed_program_or_permission_voids_the_approval(
     workspace: Path, tmp_path: Path
 ) -> None:
