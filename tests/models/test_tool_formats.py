@@ -69,10 +69,10 @@ def printed_tools(
     """What ``tak tools --format <provider>`` prints, for a host holding REGISTRY's tools."""
 
     @contextlib.asynccontextmanager
-    async def fake_host(*args: Any) -> AsyncIterator[Any]:
-        yield argparse.Namespace(tools=REGISTRY)
+    async def fake_tools(*args: Any) -> AsyncIterator[Any]:
+        yield argparse.Namespace(tools=REGISTRY), None  # the host, no MCP servers
 
-    monkeypatch.setattr(cli_plugins, "open_cli_host", fake_host)
+    monkeypatch.setattr(cli_plugins, "open_cli_tools", fake_tools)
     args = argparse.Namespace(home=None, workspace=tmp_path, plugin=[], format=provider)
     assert cmd_tools(args) == 0
     return json.loads(capsys.readouterr().out)
