@@ -13,26 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from kernel.terminal import ESCAPES
+
 #: Longest text one record may carry, in characters, after escaping.
 MAX_LOG_TEXT = 8192
 
-_NAMED = {"\n": "\\n", "\r": "\\r", "\x1b": "\\e"}
-
-
-def _escape_table() -> dict[int, str]:
-    table: dict[int, str] = {}
-    # C0 but tab, DEL, C1 (NEL and CSI among them).
-    for code in [*range(0x20), 0x7F, *range(0x80, 0xA0)]:
-        if code != 0x09:
-            table[code] = _NAMED.get(chr(code), f"\\x{code:02x}")
-    # Line and paragraph separators end a line for some viewers; bidi controls
-    # reorder what a reader sees (the "Trojan Source" trick).
-    for code in [0x2028, 0x2029, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]:
-        table[code] = f"\\u{code:04x}"
-    return table
-
-
-_TABLE = _escape_table()
+# One table with the terminal's (kernel.terminal): what a terminal acts on, a log
+# reader does too.
+_TABLE = ESCAPES
 
 
 def escape_log_text(text: str, *, limit: int = MAX_LOG_TEXT) -> str:
