@@ -20,8 +20,9 @@ A command that itself judges a path or value it was given to be wrong raises
 
 ``error_line`` says an error in one line, escaped for the terminal (an error
 that quotes a hostile file or tool name must not carry its controls), and
-``report`` prints it and returns the code: the commands and ``tak``'s own
-handler (``kernel.cli.main``) use the same two.
+``report`` prints it and returns the code. ``one_line_errors`` wraps a command's
+handler with them; ``tak``'s own handler (``kernel.cli.main``) uses them for
+whatever a handler let through.
 
 This module imports only ``kernel.errors`` and ``kernel.terminal``: ``tak
 --help`` stays cheap.
@@ -29,7 +30,11 @@ This module imports only ``kernel.errors`` and ``kernel.terminal``: ``tak
 
 from __future__ import annotations
 
+import argparse
+import functools
+import os
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 from ..errors import KernelError, UsageError
@@ -42,6 +47,8 @@ __all__ = [
     "OK",
     "error_line",
     "exit_code",
+    "one_line_errors",
+    "os_error_line",
     "report",
     "single_leaf",
 ]
@@ -93,8 +100,7 @@ def error_line(prog: str, exc: BaseException) -> str:
     elif isinstance(exc, KernelError):
         reason = str(exc)
     elif isinstance(exc, OSError):
-        where = f": {exc.filename}" if exc.filename else ""
-        reason = f"{exc.strerror or exc}{where}"
+        reason = os_error_line(exc)
     else:
         reason = f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"
     return f"{prog}: {escape_terminal(reason)}"
@@ -104,3 +110,49 @@ def report(prog: str, exc: BaseException, *, file: TextIO | None = None) -> int:
     """Print ``error_line(prog, exc)`` to ``file`` (stderr) and return ``exit_code(exc)``."""
     print(error_line(prog, exc), file=sys.stderr if file is None else file)
     return exit_code(exc)
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OS error in one line: the path (or paths) and the system's reason (not escaped:
+    ``error_line`` escapes the whole line)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    if exc.filename is None:
+        return reason
+    path = os.fsdecode(exc.filename)
+    if exc.filename2 is not None:
+        path += f" -> {os.fsdecode(exc.filename2)}"
+    return f"{path}: {reason}"
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def one_line_errors(prog: str) -> Callable[[Handler], Handler]:
+    """Make a handler fail in one line on stderr that names the command (``prog``,
+    e.g. ``"tak sessions show"``), never a traceback (unless ``tak --debug``), with
+    the code of ``exit_code``.
+
+    A ``KernelError`` or an ``OSError`` (even inside a Trio nursery's group) is
+    reported here; Ctrl-C, a broken pipe and anything else go on to ``tak``'s own
+    handler. The output is flushed here, so a reader that closed the pipe (``tak
+    tools | head -1``) is seen while that handler can still end the command quietly.
+    """
+
+    def decorate(func: Handler) -> Handler:
+        @functools.wraps(func)
+        def handler(args: argparse.Namespace) -> int:
+            try:
+                code = func(args)
+                sys.stdout.flush()
+                return code
+            except BaseException as exc:
+                leaf = single_leaf(exc)
+                if getattr(args, "debug", False) or isinstance(leaf, BrokenPipeError):
+                    raise
+                if isinstance(leaf, (KernelError, OSError)):
+                    return report(prog, leaf)
+                raise
+
+        return handler
+
+    return decorate
