@@ -160,7 +160,14 @@ class FileStore(BaseStore):
     # -- opening and closing -------------------------------------------------
 
     def _key_idle(self, name: str) -> None:
-        if self._waiting_for_room and name in self._open:
+        # Every way a slot frees ends here: a transcript left open is now a
+        # victim, and one taken out of the open table (delete, repair, a file
+        # found replaced, a buried session) was taken out under some key's
+        # lock, whose release comes here too. Waking only for the first left
+        # an opener parked for good after a delete closed the last slot.
+        if self._waiting_for_room and (
+            name in self._open or len(self._open) + self._opening < self.max_open
+        ):
             self._room.unpark_all()
 
     async def _make_room(self) -> None:
