@@ -985,8 +985,10 @@ def guarded_paths(home: TakHome) -> tuple[list[tuple[str, str]], list[tuple[str,
     ``kernel``, ``plugins`` and ``sandbox`` packages are imported from (the source
     tree of an editable install), ``$TAK_HOME/config`` (trust, settings) and
     ``$TAK_HOME/data`` (sessions, approved plugin copies). Not contained (the
-    workspace may lie inside them): every other ``sys.path`` directory, and
-    ``$TAK_HOME`` itself, whose ``workspace/`` is the default workspace.
+    workspace may lie inside them): every other ``sys.path`` entry, and
+    ``$TAK_HOME`` itself, whose ``workspace/`` is the default workspace. An entry
+    that only a path hook serves (an editable install's ``__path_hook__`` name) is
+    not a path and does not count.
     """
     disjoint = [
         ("sys.prefix", sys.prefix),
@@ -1000,6 +1002,8 @@ def guarded_paths(home: TakHome) -> tuple[list[tuple[str, str]], list[tuple[str,
     not_inside = [("$TAK_HOME", str(home.root))]
     for entry in sys.path:
         path = entry or os.getcwd()  # "" is the current directory
+        if _is_path_hook_entry(path):
+            continue
         # Whether or not it exists yet, and whatever it is (a directory, a zip, an egg):
         # a tool could create or rewrite it, and the next start would import from it.
         not_inside.append(("an entry of sys.path", path))
@@ -1014,6 +1018,27 @@ def guarded_paths(home: TakHome) -> tuple[list[tuple[str, str]], list[tuple[str,
             disjoint.append((f"the directory of the {package} package", _parent_of(file)))
     disjoint += [("$TAK_HOME/config", str(home.config)), ("$TAK_HOME/data", str(home.data))]
     return disjoint, not_inside
+
+
+def _is_path_hook_entry(entry: str) -> bool:
+    """Whether a ``sys.path`` entry is a name a path hook serves, not a file or directory.
+
+    An editable install (``pip install -e``, setuptools) appends
+    ``__editable__.NAME.finder.__path_hook__``: no file of that name exists, and its
+    own hook answers for it. Read as a path it would be a name in the current
+    directory, refusing every ``--workspace .``. Such an entry names nothing a tool
+    could write; should a tool create a directory of that name, it is a real
+    directory again and counts (the next start refuses the workspace).
+    """
+    if os.path.lexists(entry) or os.path.isabs(entry):
+        return False
+    for hook in sys.path_hooks:
+        try:
+            hook(entry)
+        except Exception:  # ImportError is the usual "not mine"; a hook may raise anything
+            continue
+        return True  # the file system's hooks refuse a path that does not exist
+    return False
 
 
 def _parent_of(package_init: str) -> str:
