@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import FIXTURES, fixture_plugin
+from tests.plugins.fixture_kit import FIXTURES, fixture_plugin
 
 
 def tak(*args: str) -> subprocess.CompletedProcess[str]:

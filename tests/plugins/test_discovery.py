@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
 
 from kernel.home import TakHome
 from plugins import ENTRY_POINT_GROUP, discover_plugins, open_plugin_host
 from plugins._host import trust_plugin
+from tests.plugins.fixture_kit import FIXTURES
 
 
 def test_entry_points_of_installed_distributions(

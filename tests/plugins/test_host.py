@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import fixture_plugin, import_fixture
 
 from kernel import ToolCall, open_kernel
 from kernel.executor import run_tool_calls
 from kernel.plugin import use_context
 from kernel.testing import plugin_harness
 from plugins import open_plugin_host
+from tests.plugins.fixture_kit import fixture_plugin, import_fixture
 
 
 async def test_bad_plugins_are_reported_and_skipped(workspace: Path) -> None:
