@@ -22,6 +22,13 @@ transcripts, workers, pipes). At the ceiling it drops the oldest
 unauthenticated connection to make room, or, when every connection is
 authenticated, stops accepting until one closes: new connections wait in the
 kernel's listen backlog instead of failing with ``EMFILE``.
+
+A dropped connection's handler is cancelled, but cancellation lands at its next
+checkpoint: a reader already woken with a ``hello`` (or a handshake already
+read) still runs until then, and asks to ``authenticate`` a slot that has left
+the budget. So a slot remembers that it was dropped, and ``authenticate``
+answers ``"dropped"`` for it: the connection is closed (its scope is cancelled),
+and nothing about it is an internal error.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import math
 import os
 import resource
 from collections.abc import Awaitable, Callable
+from typing import Literal, TypeAlias
 
 import attrs
 import trio
@@ -43,6 +51,11 @@ _CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EN
 _CAPACITY_PAUSE = 0.1
 # A flood drops many connections a second: one summary line per this many seconds.
 _REPORT_EVERY = 10.0
+
+#: What ``Admission.authenticate`` made of a slot: authenticated now (or before),
+#: refused because ``max_connections`` are authenticated, or dropped already
+#: (for room, while its handler had not yet reached a checkpoint).
+Verdict: TypeAlias = Literal["authenticated", "full", "dropped"]
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -85,6 +98,8 @@ class Slot:
     token_deadline: float
     scope: trio.CancelScope
     authenticated: bool = False
+    #: Dropped to make room (its scope is cancelled): it can no longer authenticate.
+    dropped: bool = False
     released: bool = False
 
 
@@ -134,21 +149,25 @@ class Admission:
         self._open += 1
         return slot
 
-    def authenticate(self, slot: Slot) -> bool:
-        """Move ``slot`` to the authenticated budget; ``False`` when that one is full.
+    def authenticate(self, slot: Slot) -> Verdict:
+        """Move ``slot`` to the authenticated budget, if it is still unauthenticated
+        (not dropped) and that budget has room.
 
         Once authenticated a connection has no deadline and is never dropped for
-        room: only its own limits (idle, ping, slow reader) close it.
+        room: only its own limits (idle, ping, slow reader) close it. A slot
+        dropped meanwhile stays dropped (see the module docstring).
         """
         if slot.authenticated:
-            return True
+            return "authenticated"
+        if slot.dropped or slot.released:
+            return "dropped"
         if self.authenticated >= self.max_connections:
-            return False
+            return "full"
         del self._unauthenticated[slot]
         slot.authenticated = True
         slot.scope.deadline = math.inf
         self.authenticated += 1
-        return True
+        return "authenticated"
 
     def release(self, slot: Slot) -> None:
         """The connection's socket is closed: give its place back."""
@@ -173,6 +192,7 @@ class Admission:
     def _drop_oldest(self, why: str) -> None:
         slot = next(iter(self._unauthenticated))
         del self._unauthenticated[slot]
+        slot.dropped = True
         slot.scope.cancel()
         self._dropped += 1
         self._report(f"dropped unauthenticated connections ({why})")

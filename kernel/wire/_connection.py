@@ -259,7 +259,18 @@ class Connection:
             self._refuse(request.id, "wrong token")
         elif not self._authenticated and token is None:
             self._refuse(request.id, "authenticate first: send hello with the token")
-        elif not self._gate.admission.authenticate(self._slot):
+        elif (verdict := self._gate.admission.authenticate(self._slot)) == "dropped":
+            # Dropped for room after this hello was read: the connection is being
+            # cut (its scope is cancelled), so this refusal is said, rarely sent.
+            logger.info("%s: hello after the connection was dropped for room", self._label)
+            self._error(
+                "too_many_connections",
+                "this connection was dropped before its hello was read: too many "
+                "connections were waiting to show the token; connect again",
+                re=request.id,
+            )
+            self._close(CLOSE_TRY_AGAIN, "dropped: too many unauthenticated connections")
+        elif verdict == "full":
             logger.warning("%s refused: too many connections", self._label)
             self._error(
                 "too_many_connections",

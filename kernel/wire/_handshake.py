@@ -225,7 +225,11 @@ class Gate:
             return None
         if not offered:
             slot.scope.deadline = slot.token_deadline + self.limits.close_grace
-        elif not self.admission.authenticate(slot):
+        elif (verdict := self.admission.authenticate(slot)) == "dropped":
+            # Dropped for room after its request was read: its scope is cancelled.
+            logger.info("%s: handshake after the connection was dropped for room", label)
+            return None
+        elif verdict == "full":
             await self._reject(request, label, Refused(503, "too many connections"), checked)
             return None
         return await request.accept()
