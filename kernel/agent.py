@@ -81,6 +81,16 @@ COMPACTION_PROMPT = (
 )
 
 
+def _cut_calls(message: Message, max_tokens: int | None) -> str:
+    """What a turn cut by the token limit among its tool calls says."""
+    names = ", ".join(dict.fromkeys(call.name for call in message.tool_calls))
+    limit = f" (max_tokens {max_tokens})" if max_tokens is not None else ""
+    return (
+        f"the reply was cut by the token limit{limit} inside its tool calls ({names}): "
+        "none ran; raise max_tokens"
+    )
+
+
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and not value > 0:
         raise UsageError(f"RunLimits.{attribute.name} must be positive, got {value!r}")
@@ -476,13 +486,19 @@ class Agent:
             message = recordable(response.message)
             if message.text:
                 state.text = message.text
-            if not message.tool_calls:
+            cut = response.stop_reason == "max_tokens"
+            if not message.tool_calls or cut:
                 # Cut by the token limit: not an answer the model finished (and
-                # recorded so, for a resume to tell).
-                cut = response.stop_reason == "max_tokens"
+                # recorded so, for a resume to tell). Cut among its calls, their
+                # arguments may be cut too: none runs, and only the text is kept
+                # (a call recorded without its result is what providers refuse).
+                error = None
+                if message.tool_calls:
+                    error = _cut_calls(message, request.effective_settings().max_tokens)
+                    message = Message("assistant", [Text(message.text)] if message.text else [])
                 await _persist_whole(self._record(session, response, message, cut=cut))
                 history.append(message)
-                return state.finish("max_tokens" if cut else "final")
+                return state.finish("max_tokens" if cut else "final", error=error)
             observations = await self._run_calls(session, response, message, registry, emit)
             history.append(message)
             history.append(Message("tool", observations))

@@ -13,7 +13,9 @@ from ._base import Model, ModelEvent, ModelRequest, ModelResponse, ProviderError
 
 
 class FallbackModel:
-    """Try ``models`` in order; move to the next on a retryable failure.
+    """Try ``models`` in order; move to the next on a retryable failure, or when
+    its server cannot be reached (a local server that is not running: refused
+    at once, not retried).
 
     Each model has already retried as its own policy says before it counts
     as failed. A non-retryable error (a bad request, a bad key) is raised at
@@ -101,7 +103,8 @@ class FallbackModel:
             await stack.aclose()
 
     def _give_up_unless_next(self, position: int, exc: ProviderError, failures: list[str]) -> None:
-        if exc.retryable and position + 1 < len(self.models):
+        unreachable = exc.error_type == "connection_error"
+        if (exc.retryable or unreachable) and position + 1 < len(self.models):
             return
         for failure in failures:
             exc.add_note(failure)

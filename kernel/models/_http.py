@@ -11,7 +11,9 @@ block, normally or by cancellation, closes the HTTP response at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import ipaddress
 import json
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
@@ -26,7 +28,7 @@ from ._assemble import events_of
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, ResponseComplete
 from ._budget import Grant, ModelBudget, estimate_tokens
 from ._prices import Price
-from ._retry import RETRYABLE_STATUSES, RetryPolicy, parse_retry_after
+from ._retry import RETRYABLE_STATUSES, RetryPolicy, parse_retry_after, says_malformed_output
 from ._sse import SSEDecoder, SSEEvent
 
 # Closing a response must finish even when the caller was cancelled; this
@@ -270,6 +272,15 @@ class HTTPModel:
         return response
 
     def connection_error(self, exc: httpx.TransportError) -> ProviderError:
+        if _refused_on_loopback(exc):
+            # Nothing listens there: a local server that is not running, which
+            # waiting seconds between attempts will not start.
+            return ProviderError(
+                self.provider,
+                f"nothing listens at {self.base_url} (connection refused); "
+                "start the server or point the base URL elsewhere",
+                error_type="connection_error",
+            )
         detail = str(exc) or type(exc).__name__
         return ProviderError(
             self.provider,
@@ -296,6 +307,9 @@ class HTTPModel:
         should_retry = response.headers.get("x-should-retry")
         if should_retry in ("true", "false"):
             retryable = should_retry == "true"
+        if retryable and says_malformed_output(message, error_type):
+            retryable = False
+            message += " (the model's output could not be parsed: asking again gets the same)"
         retry_after = parse_retry_after(response.headers)
         return ProviderError(
             self.provider,
@@ -305,6 +319,36 @@ class HTTPModel:
             retryable=retryable,
             retry_after=retry_after if retry_after is not None else hint,
         )
+
+
+def _refused_on_loopback(exc: httpx.TransportError) -> bool:
+    """Whether ``exc`` is a connection refused (ECONNREFUSED) by a loopback address."""
+    if not isinstance(exc, httpx.ConnectError):
+        return False
+    try:
+        host = exc.request.url.host
+    except RuntimeError:  # no request attached
+        return False
+    if host != "localhost":
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return _refused(exc, depth=0)
+
+
+def _refused(exc: BaseException, *, depth: int) -> bool:
+    """ECONNREFUSED, found down the causes; a group (Trio tries each address) only
+    when every attempt in it was refused."""
+    if depth > 10:
+        return False
+    if isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED:
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_refused(e, depth=depth + 1) for e in exc.exceptions)
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and _refused(cause, depth=depth + 1)
 
 
 def _estimate(request: ModelRequest, content: bytes) -> int:

@@ -22,6 +22,27 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 """Statuses worth trying again: timeouts, conflicts, rate limits, server errors and
 Anthropic's "overloaded" (and only before the first event of a stream)."""
 
+#: Words of an error (any status) that say the model's own output could not be
+#: parsed, as generated or as sent back in the history: asking again sends the
+#: same history and, at temperature 0, gets the same output. Never retried.
+MALFORMED_OUTPUT_SIGNS = (
+    # llama.cpp's llama-server, HTTP 500: a call's arguments in the history (cut
+    # by max_tokens, say) are not JSON.
+    "failed to parse tool call",
+    # Ollama, HTTP 500: "error parsing tool call: raw='...', err=..."
+    "error parsing tool call",
+    # OpenAI, HTTP 500 model_error.
+    "the model produced invalid content",
+)
+
+
+def says_malformed_output(message: str | None, error_type: str | None = None) -> bool:
+    """Whether an error says the model's output could not be parsed (see ``MALFORMED_OUTPUT_SIGNS``)."""
+    if error_type == "model_error":  # OpenAI's word for it
+        return True
+    lowered = (message or "").lower()
+    return any(sign in lowered for sign in MALFORMED_OUTPUT_SIGNS)
+
 
 def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value >= 0:
@@ -43,7 +64,10 @@ class RetryPolicy:
     """When to try a failed request again.
 
     Retried: HTTP 408, 429, 500, 502, 503, 504, 529, connection errors, and a
-    stream that fails before its first event reaches the caller. The wait
+    stream that fails before its first event reaches the caller. Never
+    retried: an error saying the model's output could not be parsed
+    (``says_malformed_output``), and a connection refused on a loopback
+    address (nothing listens there: a local server that is not running). The wait
     before retry ``n`` (1, 2, ...) is ``Retry-After`` when the provider sent
     one, else ``base_delay * 2**(n-1)``; either way at most ``max_delay``.
     ``jitter`` is the fraction of a backoff wait drawn at random, so clients
