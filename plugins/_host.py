@@ -944,7 +944,7 @@ async def trust_plugin(
         imported = PluginSource("path", str(copy), source.label, (str(copy.parent),))
     else:
         digest = await trio.to_thread.run_sync(digest_source, source, workspace)
-        imported = PluginSource("module", source.target, source.label)
+        imported = PluginSource("module", source.target, source.label, source.path)
     scratch = await trio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="tak-trust-"))
     try:
         async with open_plugin_host(

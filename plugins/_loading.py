@@ -9,16 +9,25 @@ an optional ``:attribute`` (the entry-point form ``module:plugin``). The served
 ``Plugin`` is that attribute, else the module's ``plugin``, else its only
 ``Plugin``; modules without one keep the older forms (``TOOLS``, or every
 ``Tool`` attribute).
+
+A plugin's own package (or module, or file) is imported from its source files
+only (``source_only``): the bytes an approval hashed are the bytes compiled,
+never a ``.pyc`` beside them (``__pycache__`` is not hashed), nor bytecode
+without source, nor a zip archive.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import sys
+import zipimport
 from collections.abc import Sequence
-from types import ModuleType
+from importlib.machinery import ModuleSpec
+from types import CodeType, ModuleType
 from typing import Any
 
 import attrs
@@ -81,6 +90,81 @@ def split_target(target: str) -> tuple[str, str | None]:
     return target, None
 
 
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Runs the code compiled from the bytes it reads now: never a cached ``.pyc``.
+
+    An approval is of source bytes (``plugins._trust``); the default loader runs
+    ``__pycache__/NAME.pyc`` instead whenever its header records the source's
+    mtime and size, which anyone who can write there (or a wheel that ships one)
+    chooses. Nothing is written back either.
+    """
+
+    def get_code(self, fullname: str) -> CodeType:
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+def _source_only(spec: ModuleSpec) -> ModuleSpec:
+    """``spec`` with its loader made ``_SourceOnlyLoader``.
+
+    Raises:
+        ImportError: bytecode without its source, or code from a zip archive (its
+            pycs are trusted by timestamp, and its files were not hashed).
+    """
+    loader = spec.loader
+    if isinstance(loader, importlib.machinery.SourceFileLoader):
+        if not isinstance(loader, _SourceOnlyLoader):
+            spec.loader = _SourceOnlyLoader(loader.name, loader.path)
+    elif isinstance(loader, importlib.machinery.SourcelessFileLoader):
+        raise ImportError(
+            f"{spec.name}: {spec.origin} is bytecode without its source; a plugin's code "
+            "is imported from source only"
+        )
+    elif isinstance(loader, zipimport.zipimporter):
+        raise ImportError(
+            f"{spec.name}: {spec.origin} lies in a zip archive; a plugin's code is imported "
+            "from source files only"
+        )
+    return spec
+
+
+class _SourceOnlyFinder(importlib.abc.MetaPathFinder):
+    """First on ``sys.meta_path``: the modules of one top-level package are found as
+    usual (the other finders, editable installs' included), then loaded from source."""
+
+    def __init__(self, top: str) -> None:
+        self.top = top
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> ModuleSpec | None:
+        if fullname != self.top and not fullname.startswith(self.top + "."):
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                return _source_only(spec)
+        return None
+
+
+def source_only(top: str) -> None:
+    """Import the package (or module) ``top`` and its submodules from source only.
+
+    A package already imported (the kernel's own, in a worker) is left as it is.
+    """
+    if top in sys.modules or any(
+        isinstance(f, _SourceOnlyFinder) and f.top == top for f in sys.meta_path
+    ):
+        return
+    sys.meta_path.insert(0, _SourceOnlyFinder(top))
+
+
 def _import_plugin(plugin: str) -> ModuleType:
     if plugin.endswith(".py") or os.sep in plugin:
         path = os.path.abspath(plugin)
@@ -94,10 +178,14 @@ def _import_plugin(plugin: str) -> ModuleType:
             spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"cannot load a plugin from {path}")
+        spec = _source_only(spec)
+        source_only(name)  # the submodules of a package directory
+        assert spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
         return module
+    source_only(plugin.partition(".")[0])
     return importlib.import_module(plugin)
 
 

@@ -461,6 +461,11 @@ def _package_files(target: str) -> list[tuple[str, str]]:
         return [(os.path.basename(spec.origin), spec.origin)]
     found: list[tuple[str, str]] = []
     for index, location in enumerate(locations):
+        if not os.path.isdir(location):  # a zip archive: nothing here could be walked
+            raise TrustError(
+                f"entry point {target}: {location} is not a directory; only a package "
+                "installed as files can be hashed"
+            )
         for rel, path in _walk(location):
             found.append((f"{index}/{rel}", path))
             if len(found) > MAX_FILES:
