@@ -110,8 +110,17 @@ class TakHome:
                 return tomllib.load(f)
         except FileNotFoundError:
             return None
+        except NotADirectoryError:
+            self._refuse_a_file()
+            raise
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{self.config_file}: {exc}") from None
+
+    def _refuse_a_file(self) -> None:
+        """Say what is wrong with a root that is a file (the system says "File exists" or
+        "Not a directory" about a path below it)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise UsageError(f"TAK_HOME {self.root} is a file, not a directory")
 
     @property
     def data(self) -> Path:
@@ -126,7 +135,13 @@ class TakHome:
         return self.root / "workspace"
 
     def ensure(self) -> TakHome:
-        """Create the directories (mode 0700 for the root) and return self."""
+        """Create the directories (mode 0700 for the root) and return self.
+
+        Raises:
+            UsageError: the root is a file.
+            OSError: a directory cannot be created.
+        """
+        self._refuse_a_file()
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         for d in (self.config, self.data, self.sessions, self.workspace):
             d.mkdir(parents=True, exist_ok=True)

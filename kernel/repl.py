@@ -19,9 +19,15 @@ pipe: lines then run one after another, and the REPL exits at the end of
 input once the last request has replied. Lines are appended to
 ``$TAK_HOME/data/repl_history`` (loaded into readline on a terminal).
 
-Exit status: 0; 1 when a request failed or the connection was lost, or the
-server could not be reached (one line says why); a mistyped command is
-reported and, at a terminal, does not change the status.
+Exit status (``tak``'s rule, kernel/cli/_exit.py): 0; 1 when a request failed
+or the connection was lost, or the server could not be reached or refused the
+connection (one line says why); 2 for a URL that is not one ``tak serve``
+prints. A mistyped command is reported and, at a terminal, does not change the
+status.
+
+Everything the server sends (model text, tool names and output, titles, error
+messages) is shown through ``kernel.terminal.escape_terminal``: a field of one
+line with its newlines escaped too, model text and tool output keeping theirs.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import trio
 from . import __version__
 from .errors import ProtocolError
 from .messages import Observation, ToolCall
+from .terminal import escape_terminal
 from .wire import (
     DEFAULT_PROJECT,
     CallFinishedEvent,
@@ -248,6 +255,8 @@ class Repl:
     # --- output ------------------------------------------------------------------
 
     def _write(self, text: str) -> None:
+        # The last guard: whatever reached here, no control but a newline is written.
+        text = escape_terminal(text, keep_newlines=True)
         self.out.write(text)
         self._mid_line = bool(text) and not text.endswith("\n")
 
@@ -263,7 +272,7 @@ class Repl:
     def _diag(self, text: str) -> None:
         self._end_line()
         self.out.flush()
-        print(text, file=self.err, flush=True)
+        print(escape_terminal(text), file=self.err, flush=True)
 
     def show_unrouted(self, frame: ServerFrame) -> None:
         if isinstance(frame, ErrorFrame):
@@ -290,21 +299,22 @@ class Repl:
             shown = (
                 call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
             )
-            self._line(f"→ [{event.index}] {call.name} {_clip(shown, 120)}")
+            self._line(f"→ [{event.index}] {_one_line(call.name)} {_one_line(_clip(shown, 120))}")
         elif isinstance(event, CallFinishedEvent):
             self._line(_observation_line(event.observation))
         elif isinstance(event, TurnFinishedEvent):
             self._end_line()
             if event.reason != "final":
-                error = f": {event.error}" if event.error else ""
+                error = f": {_one_line(event.error)}" if event.error else ""
                 self._line(f"(turn ended: {event.reason}{error})")
         # An event of a kind this REPL does not know (a newer server): nothing to show.
 
     def _show_result(self, request: Request, reply: Reply) -> None:
         if isinstance(request, Tools):
             for spec in reply.result_as(ToolsResult).tools:
-                description = (spec.get("description") or "").strip().splitlines()
-                self._line(f"{spec.get('name')}  {description[0] if description else ''}")
+                description = str(spec.get("description") or "").strip().split("\n")
+                name = _one_line(str(spec.get("name")))
+                self._line(f"{name}  {_one_line(description[0])}")
         elif isinstance(request, Sessions):
             # Newest first, as `tak sessions ls` lists them.
             sessions = sorted(
@@ -314,14 +324,20 @@ class Repl:
             if not sessions:
                 self._line(f"no sessions in project {self.project!r}")
             for summary in sessions:
-                title = summary.data.title or ""
-                self._line(f"{summary.session_id}  {summary.data.entry_count} entries  {title}")
+                title = _one_line(summary.data.title or "")
+                shown = _one_line(summary.session_id)
+                self._line(f"{shown}  {summary.data.entry_count} entries  {title}")
         elif isinstance(request, History):
             entries = reply.result_as(HistoryResult).entries
             if not entries:
                 self._line(f"session {self.session} is empty")
             for entry in entries:
                 self._line(_entry_text(entry))
+
+
+def _one_line(text: str) -> str:
+    """A field the server sent, shown on one line: every control escaped, newlines too."""
+    return escape_terminal(text)
 
 
 def _clip(text: str, width: int) -> str:
@@ -336,19 +352,23 @@ def _observation_line(o: Observation) -> str:
 def _result_line(
     index: object, name: object, error_kind: object, content: str, duration_s: float
 ) -> str:
+    name, error_kind = _one_line(str(name)), _one_line(str(error_kind)) if error_kind else None
     mark = f"✗ [{index}] {name} {error_kind}" if error_kind else f"✓ [{index}] {name}"
     return f"{mark} ({duration_s:.2f}s): {_indent_rest(content)}"
 
 
 def _indent_rest(text: str) -> str:
-    return text.replace("\n", "\n    ")
+    """Multi-line content (escaped) with every line after the first indented: no line
+    of it can pass for one of the REPL's own."""
+    return escape_terminal(text, keep_newlines=True).replace("\n", "\n    ")
 
 
 def _entry_text(entry: dict[str, Any]) -> str:
     kind = entry.get("type")
     message = entry.get("message")
+    kind = _one_line(str(kind))
     if not isinstance(message, dict):
-        return f"[{kind}]" + (f" {entry['title']}" if kind == "title" else "")
+        return f"[{kind}]" + (f" {_one_line(str(entry['title']))}" if kind == "title" else "")
     pieces = []
     for part in message.get("parts", []):
         if part.get("type") == "text":
@@ -356,7 +376,7 @@ def _entry_text(entry: dict[str, Any]) -> str:
         elif part.get("type") == "tool_call":
             arguments = part.get("arguments")
             shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
-            pieces.append(f"→ {part.get('name')} {_clip(shown, 120)}")
+            pieces.append(f"→ {_one_line(str(part.get('name')))} {_one_line(_clip(shown, 120))}")
         elif part.get("type") == "observation":
             # Transcript entries are the store's dicts, not records: read them by key.
             error = part.get("error")
@@ -456,13 +476,13 @@ async def run_repl(
     (``main`` starts reading input then: a thread blocked reading stdin must not
     outlive a REPL that could not connect).
 
-    A URL that is not ``ws://`` or ``wss://``, or a server that cannot be
-    reached, is one line on ``err`` and status 1.
+    A URL that is not ``ws://`` or ``wss://`` is one line on ``err`` and status 2;
+    a server that cannot be reached, one line and status 1.
     """
     problem = url_problem(url)
     if problem is not None:
-        print(f"tak repl: {problem}", file=err, flush=True)
-        return 1
+        print(escape_terminal(f"tak repl: {problem}"), file=err, flush=True)
+        return 2  # bad input (kernel/cli/_exit.py: BAD_INPUT; kernel.cli is a floor above)
     try:
         async with open_client(
             url,
@@ -503,10 +523,11 @@ async def run_repl(
             return 1 if repl.failed else 0
     except RequestFailed as exc:
         # hello refused: a wrong token in the URL or $TAK_TOKEN, or a full server
-        print(f"tak repl: {_refusal(url, exc)}", file=err, flush=True)
+        print(escape_terminal(f"tak repl: {_refusal(url, exc)}"), file=err, flush=True)
         return 1
     except (OSError, ProtocolError) as exc:
-        print(f"tak repl: cannot talk to {_without_token(url)}: {_why(exc)}", file=err, flush=True)
+        line = f"tak repl: cannot talk to {_without_token(url)}: {_why(exc)}"
+        print(escape_terminal(line), file=err, flush=True)
         return 1
 
 

@@ -43,7 +43,7 @@ def test_an_os_error_names_the_reason_and_the_path(
 
     monkeypatch.setattr(tools, "cmd_tools", denied)
     assert main(["tools"]) == 1
-    assert capsys.readouterr().err == "tak tools: Permission denied: /srv/tak/data\n"
+    assert capsys.readouterr().err == "tak tools: /srv/tak/data: Permission denied\n"
 
 
 def test_a_closed_pipe_is_not_a_traceback(tmp_path: Path) -> None:

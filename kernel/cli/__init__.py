@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ..errors import KernelError
+from ._exit import BAD_INPUT, INTERRUPTED, OK, report, single_leaf
 
 #: ``kernel.home.DEFAULT_PROJECT``, spelled here: importing ``kernel.home`` (attrs,
 #: tomllib) would cost ``tak --help`` a fifth of its time. tests/test_cli.py checks
@@ -50,6 +50,10 @@ def _plugin_hint(message: str) -> str | None:
     return f"--plugin is an option of tak, before the command: tak {before} COMMAND ..."
 
 
+#: Kept for the command modules that import it from here (use ``._exit.single_leaf``).
+_single_leaf = single_leaf
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -80,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return 2
+        return BAD_INPUT
     try:
         code: int = func(args)
     except BaseException as exc:
@@ -88,29 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         leaf = _single_leaf(exc)
         if isinstance(leaf, KeyboardInterrupt):
             print(f"\ntak {args.command}: interrupted", file=sys.stderr)
-            return 130
+            return INTERRUPTED
         if isinstance(leaf, BrokenPipeError) and _stdout_closed():
             # `tak tools | head`: the reader has what it wanted. Further writes
             # (the interpreter's own flush at exit) go nowhere. (A broken pipe to
             # a worker or a server is an error like any other, below.)
             _quiet_stdout()
-            return 0
+            return OK
         if args.debug or isinstance(leaf, SystemExit):
             raise
-        if isinstance(leaf, KernelError):
-            print(f"tak {args.command}: {leaf}", file=sys.stderr)
-            return 2
-        if isinstance(leaf, OSError):
-            where = f": {leaf.filename}" if leaf.filename else ""
-            reason = leaf.strerror or str(leaf)
-            print(f"tak {args.command}: {reason}{where}", file=sys.stderr)
-            return 1
-        print(
-            f"tak {args.command}: internal error: {type(leaf).__name__}: {leaf} "
-            "(run with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        return report(f"tak {args.command}", leaf)
     return code
 
 
@@ -142,13 +133,6 @@ def _quiet_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
-
-
-def _single_leaf(exc: BaseException) -> BaseException:
-    """The one exception inside (nested) groups of one, or ``exc`` itself."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 if __name__ == "__main__":

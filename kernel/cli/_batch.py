@@ -29,8 +29,11 @@ import cattrs
 
 from ..errors import UsageError
 from ..home import STORE_URL_ENV, TakHome
+from ..terminal import escape_terminal
+from ._exit import one_line_errors, os_error_line
+from ._terminal_json import terminal_json
 from .batch import MAX_CONCURRENCY
-from .plugins import ensure_home, home_option, one_line_errors, os_error_line, tak_command
+from .plugins import ensure_home, home_option, tak_command
 from .run import model_settings, tool_patterns
 
 if TYPE_CHECKING:
@@ -611,7 +614,7 @@ async def _run_with_progress(
     if stopped_by is not None:
         resume = _resume_command(args, ledger.run_id, run_dir, command)
         how = "interrupted" if stopped_by == signal.SIGINT else "terminated"
-        print(f"tak batch: {how}; to finish the run: {resume}", file=sys.stderr)
+        print(escape_terminal(f"tak batch: {how}; to finish the run: {resume}"), file=sys.stderr)
         return 128 + stopped_by
     return 0
 
@@ -679,7 +682,7 @@ class ProgressView:
     def note(self, text: str) -> None:
         """A line of its own (the progress line is drawn again below it)."""
         self._clear()
-        self.out.write(f"{text}\n")
+        self.out.write(f"{escape_terminal(text)}\n")
         self.out.flush()
 
     def finish(self, *, show: bool = True) -> None:
@@ -733,7 +736,7 @@ class ProgressView:
             parts.append(f"ETA {eta}")
         line = f"{p.run_id}: " + ", ".join(parts)
         load = self._budget()
-        return f"{line} | {load}" if load else line
+        return escape_terminal(f"{line} | {load}" if load else line)
 
     def _eta(self, p: BatchProgress, now: float) -> str | None:
         """From the pace since this command started (earlier runs' tasks aside)."""
@@ -928,7 +931,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     gone = [e for e in entries if e.is_symlink() and not e.exists()]
     runs.sort(key=lambda r: (-(r.created or 0), r.run_id))
     if args.json:
-        print(json.dumps([totals_json(r) for r in runs], indent=2, ensure_ascii=False))
+        print(terminal_json([totals_json(r) for r in runs], indent=2))
     elif not runs and not unreadable:
         print(f"no batch runs under {root}")
     elif not runs:
@@ -942,16 +945,19 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for r in runs:
             created = _local_time(r.created) if r.created is not None else "?"
             cost = f"${r.cost_usd:.4f}" if r.cost_usd is not None else "-"
+            # run_id and model are a manifest's, which anyone can have written
             print(
-                f"{r.run_id:<{width}}  {created:<19}  {r.total:>6}  {r.finished:>8}  "
-                f"{r.failed:>6}  {cost:>9}  {r.model or '?'}"
+                escape_terminal(
+                    f"{r.run_id:<{width}}  {created:<19}  {r.total:>6}  {r.finished:>8}  "
+                    f"{r.failed:>6}  {cost:>9}  {r.model or '?'}"
+                )
             )
     sys.stdout.flush()
     for line in unreadable:
-        print(line, file=sys.stderr)
+        print(escape_terminal(line), file=sys.stderr)
     for link in gone:
-        print(f"tak batch ls: {link.name}: its directory is gone ({link.readlink()})",
-              file=sys.stderr)  # fmt: skip
+        print(escape_terminal(f"tak batch ls: {link.name}: its directory is gone "
+                              f"({link.readlink()})"), file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -991,7 +997,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         view = read_run(_run_dir(args.home, args.run))
     if args.json:
-        print(json.dumps(show_json(view), indent=2, ensure_ascii=False))
+        print(terminal_json(show_json(view), indent=2))
     else:
         print(summary_text(view.run_id, view.results, view.total, view.where, view.session_project))
     return 0
@@ -1046,11 +1052,16 @@ def summary_text(
     session_project: str,
 ) -> str:
     """``BatchSummary.table``, how many tasks finished, where the run and its tasks'
-    sessions are, and each task that did not end ``final`` with its one-line error."""
+    sessions are, and each task that did not end ``final`` with its one-line error:
+    escaped for the terminal (a task's error quotes a model or a tool; a run's id and
+    directory are a manifest's)."""
     from ..batch import BatchSummary
 
     finished = sum(r.finished for r in results)
     table = BatchSummary(run_id=run_id, results=tuple(results)).table().rstrip("\n")
+    table = escape_terminal(table, keep_newlines=True)
+    run_id = escape_terminal(run_id)
+    where = None if where is None else escape_terminal(str(where))
     # The table counts the results; the run has ``total`` tasks, unfinished ones too.
     _, _, rest = table.partition("\n")
     lines = [f"run {run_id}: {total} tasks\n{rest}", ""]
@@ -1063,7 +1074,7 @@ def summary_text(
         lines += ["", f"  not final ({len(failed)}):"]
         width = max(len(r.id) for r in failed)
         for r in failed:
-            error = " ".join((r.error or "").split())
+            error = escape_terminal(" ".join((r.error or "").split()))
             if len(error) > 160:
                 error = error[:157] + "..."
             lines.append(f"    {r.id:<{width}}  {r.reason:<11}  {error}".rstrip())

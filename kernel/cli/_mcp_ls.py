@@ -12,12 +12,14 @@ is configured, or withdraw the approval (``plugins._mcp``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import TYPE_CHECKING
 
-from .plugins import ensure_home, home_option, one_line_errors, tak_command
+from ..terminal import escape_terminal
+from ._exit import BAD_INPUT, FAILED, OK, one_line_errors
+from ._terminal_json import terminal_json
+from .plugins import ensure_home, home_option, tak_command
 
 if TYPE_CHECKING:
     from ..home import McpServerConfig
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             print("[]")
         else:
             print(f"no MCP servers: add [mcp.servers.NAME] to {home.config_file} (docs/mcp.md)")
-        return 0
+        return OK
 
     async def main() -> list[McpServerInfo]:
         async with open_mcp_servers(
@@ -69,31 +71,32 @@ def run(args: argparse.Namespace) -> int:
             }
             for i in infos
         ]
-        print(json.dumps(rows, indent=2))
+        print(terminal_json(rows, indent=2))
     else:
+        # A server's tool names and its errors (which quote what it wrote) are its own.
         for i in infos:
             count = f"{len(i.tools)} tool" + ("" if len(i.tools) == 1 else "s")
             print(f"{i.name}  {i.transport}  {i.state}  {count}")
             if i.transport == "stdio":
-                print(f"  approval: {i.approval}")
+                print(f"  approval: {escape_terminal(i.approval)}")
                 if i.confinement is not None:
-                    print(f"  confinement: {i.confinement}")
+                    print(f"  confinement: {escape_terminal(i.confinement)}")
             for name in i.tools:
-                print(f"  {name}")
+                print(f"  {escape_terminal(name)}")
             missing = _missing_program(config.mcp.servers[i.name])
             if i.state == "not approved" and missing is not None:
                 # approving it would fail: say what is wrong instead
-                print(f"  error: {missing} (its command in {home.config_file})")
+                print(escape_terminal(f"  error: {missing} (its command in {home.config_file})"))
             elif i.state == "not approved":
                 print(
                     f"  approve it: {tak_command(*home_option(args.home), 'mcp', 'trust', i.name)}"
                 )
             else:
                 for error in i.errors:
-                    print(f"  error: {error}")
+                    print(f"  error: {escape_terminal(error)}")
             if i.state not in ("running", "not approved") and i.transport == "stdio":
                 print(f"  its stderr: {home.data / 'mcp' / (i.name + '.log')}")
-    return 0 if all(i.state == "running" for i in infos) else 1
+    return OK if all(i.state == "running" for i in infos) else FAILED
 
 
 def _missing_program(server: McpServerConfig) -> str | None:
@@ -128,16 +131,17 @@ def trust(args: argparse.Namespace) -> int:
             f"tak mcp trust: no server {args.name!r} in {home.config_file} (known: {known})",
             file=sys.stderr,
         )
-        return 2
+        return BAD_INPUT
     approval = trust_mcp_server(home, args.name, server)
-    print(f"trusted: {args.name}")
-    print(f"  command:     {' '.join([approval.command, *approval.args])}")
+    # A server's command and arguments may name files of a cloned repository.
+    print(f"trusted: {escape_terminal(args.name)}")
+    print(f"  command:     {escape_terminal(' '.join([approval.command, *approval.args]))}")
     for path in approval.executables:
-        print(f"  runs:        {path}")
+        print(f"  runs:        {escape_terminal(str(path))}")
     print(f"  sha256:      {approval.sha256}")
-    print(f"  permissions: {approval.permissions.describe()}")
-    print(f"  recorded in: {home.config / MCP_TRUST_FILE}")
-    return 0
+    print(f"  permissions: {escape_terminal(approval.permissions.describe())}")
+    print(f"  recorded in: {escape_terminal(str(home.config / MCP_TRUST_FILE))}")
+    return OK
 
 
 @one_line_errors("tak mcp untrust")
@@ -148,7 +152,7 @@ def untrust(args: argparse.Namespace) -> int:
 
     removed = McpTrustStore(TakHome.locate(args.home).config / MCP_TRUST_FILE).revoke(args.name)
     if removed is None:
-        print(f"tak mcp untrust: {args.name} was not trusted", file=sys.stderr)
-        return 1
-    print(f"untrusted: {args.name}")
-    return 0
+        print(escape_terminal(f"tak mcp untrust: {args.name} was not trusted"), file=sys.stderr)
+        return BAD_INPUT  # the name given holds no approval
+    print(f"untrusted: {escape_terminal(args.name)}")
+    return OK

@@ -44,9 +44,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import _single_leaf as single_leaf
-from .plugins import ensure_home, one_line_errors, os_error_line
-from .serve import read_token
+from ..terminal import escape_terminal
+from ._exit import FAILED, OK, one_line_errors, os_error_line, report, single_leaf
+from .plugins import ensure_home
+from .serve import log_to_stderr, read_token, refuse_remote_bind
 
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -65,29 +66,31 @@ MCP_PATH = "/mcp"
 
 @one_line_errors("tak mcp serve")
 def run(args: argparse.Namespace) -> int:
+    import functools
+
     from ..errors import KernelError, UsageError
 
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     if args.http is None and (args.token_file is not None or args.allow_remote):
         raise UsageError("--token-file and --allow-remote go with --http HOST:PORT")
-    ensure_home(args.home)
     token: str | None = None
     host, port = "", 0
     if args.http is not None:
         host, port = parse_host_port(args.http)
+        # Refused before anything starts or logs.
+        trio.run(functools.partial(refuse_remote_bind, host, allow_remote=args.allow_remote))
+    ensure_home(args.home)
+    if args.http is not None:
         try:
             token = read_token(args.token_file) if args.token_file else None
         except OSError as exc:
-            print(f"tak mcp serve: --token-file: {os_error_line(exc)}", file=sys.stderr)
-            return 1
+            line = f"tak mcp serve: --token-file: {os_error_line(exc)}"
+            print(escape_terminal(line), file=sys.stderr)
+            return FAILED
         if token is None:
             import secrets
 
             token = secrets.token_urlsafe(32)
+    log_to_stderr()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -111,13 +114,13 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as exc:
         cause = single_leaf(exc)
         if isinstance(cause, KernelError):
-            print(f"tak mcp serve: {cause}", file=sys.stderr)
-            return 2
+            return report("tak mcp serve", cause)
         if isinstance(cause, OSError) and token is not None:
-            print(f"tak mcp serve: cannot listen on {host}:{port}: {cause}", file=sys.stderr)
-            return 1
+            line = f"tak mcp serve: cannot listen on {host}:{port}: {cause}"
+            print(escape_terminal(line), file=sys.stderr)
+            return FAILED
         raise
-    return 0
+    return OK
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -300,13 +303,7 @@ async def serve_http(
     from hypercorn.trio import serve
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-    from ..errors import UsageError
-    from ..wire._handshake import is_loopback_address
-
-    if not args.allow_remote and not await is_loopback_address(host):
-        raise UsageError(
-            f"refusing to bind {host!r}: not a loopback address (--allow-remote to allow it)"
-        )
+    await refuse_remote_bind(host, allow_remote=args.allow_remote)
     manager = StreamableHTTPSessionManager(app=server)
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]

@@ -15,11 +15,13 @@ A run lives in a directory: ``--out DIR`` (new, empty, or a run's), else
 continues the same run, and finished tasks are not run again. Another tasks
 file's tasks are not added to a run (give that file's run its own ``--run-id``).
 
-Exit status: 0 when the command ran to its end (every task it could claim has a
-result; a task that failed is a result, see ``tak batch show``); 2 when what it
-was given is wrong (a bad tasks file, flag or run); 1 on an OS error; 130 when
-stopped with Ctrl-C, 143 with SIGTERM (running tasks are recorded ``cancelled``
-and the printed ``tak batch resume`` command finishes them).
+Exit status (``tak``'s one rule, ``kernel.cli._exit``): 0 when the command ran to
+its end (every task it could claim has a result; a task that failed is a result,
+see ``tak batch show``); 2 when what it was given is wrong (a bad tasks file,
+flag or run); 1 when it could not run it (an OS error, the database failed or
+stalled, a ``StoreError``); 130 when stopped with Ctrl-C, 143 with SIGTERM
+(running tasks are recorded ``cancelled`` and the printed ``tak batch resume``
+command finishes them).
 """
 
 from __future__ import annotations
@@ -91,8 +93,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "task, concurrent, resumable (docs/batch.md). `tak batch TASKS.jsonl ...` is "
         "short for `tak batch run TASKS.jsonl ...`.",
         epilog="exit status: 0 the command ran to its end (failed tasks are results: see "
-        "`tak batch show`), 2 bad input, 1 an OS error, 130 stopped by Ctrl-C, 143 by "
-        "SIGTERM (resume with the command it prints)",
+        "`tak batch show`), 2 bad input, 1 it could not run (an OS error, the store), "
+        "130 stopped by Ctrl-C, 143 by SIGTERM (resume with the command it prints)",
     )
     commands = group.add_subparsers(
         dest="batch_command",

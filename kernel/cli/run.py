@@ -9,8 +9,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
+from ..terminal import escape_terminal
 from . import DEFAULT_PROJECT
-from . import _single_leaf as single_leaf
+from ._exit import FAILED, INTERRUPTED, OK, report, single_leaf
 from .plugins import ensure_home, home_option, tak_command
 
 if TYPE_CHECKING:
@@ -157,8 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         limits = RunLimits(max_steps=args.max_steps, wall_time=args.wall_time)
         settings = model_settings(args)
     except KernelError as exc:
-        print(f"tak run: {exc}", file=sys.stderr)
-        return 2
+        return report("tak run", exc)
 
     opened: list[tuple[Kernel, Session]] = []  # for Ctrl-C's message: where the transcript is
 
@@ -183,23 +183,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                 tools=tool_patterns(args),
             )
             print_transcript_location(k, session, sys.stdout, home=args.home)
-            return 0 if finished.reason == "final" else 1
+            return OK if finished.reason == "final" else FAILED
 
     try:
         ensure_home(args.home)  # one line naming TAK_HOME when it cannot be used
         return trio.run(main)
-    except KernelError as exc:
-        print(f"tak run: {exc}", file=sys.stderr)
-        return 2
     except BaseException as exc:
         # Ctrl-C comes out of the kernel's nurseries in groups of one: this message,
         # not tak's generic "interrupted", since it can say where the transcript is.
-        if not isinstance(single_leaf(exc), KeyboardInterrupt):
+        leaf = single_leaf(exc)
+        if isinstance(leaf, KernelError):
+            return report("tak run", leaf)
+        if not isinstance(leaf, KeyboardInterrupt):
             raise
         print("\ntak run: interrupted; the transcript holds what finished", file=sys.stderr)
         if opened:
             print_transcript_location(*opened[0], sys.stderr, home=args.home)
-        return 130
+        return INTERRUPTED
 
 
 async def stream_turn(
@@ -260,7 +260,12 @@ def print_transcript_location(
 
 
 class _TurnView:
-    """Prints a turn; on a terminal, a spinner line shows the calls still running."""
+    """Prints a turn; on a terminal, a spinner line shows the calls still running.
+
+    What the model wrote (its text, the names and arguments of its calls) and what
+    the tools returned is escaped for the terminal: only this view's own colours
+    and redraws are controls.
+    """
 
     def __init__(self, out: IO[str]) -> None:
         self.out = out
@@ -293,16 +298,19 @@ class _TurnView:
 
     def text(self, text: str) -> None:
         self._clear_status()
-        self.out.write(text)
+        # Streamed in pieces: an escape sequence split across two deltas is escaped
+        # piece by piece all the same (every control is a single character).
+        self.out.write(escape_terminal(text, keep_newlines=True))
         self.mid_line = not text.endswith("\n")
         self.out.flush()
 
     def started(self, index: int, name: str, arguments: object) -> None:
+        name = escape_terminal(name)
         self.running[index] = (name, time.monotonic())
         shown = arguments if isinstance(arguments, str) else json.dumps(arguments)
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        self._line(self._color("2", f"→ [{index}] {name} {shown}"))
+        self._line(self._color("2", f"→ [{index}] {name} {escape_terminal(shown)}"))
 
     def finished(self, event: CallFinished) -> None:
         self.running.pop(event.index, None)
@@ -310,10 +318,11 @@ class _TurnView:
         content = o.content.replace("\n", " ")
         if len(content) > 100:
             content = content[:97] + "..."
+        content, name = escape_terminal(content), escape_terminal(o.name)
         if o.error is not None:
-            mark = self._color("31", f"✗ [{o.index}] {o.name} {o.error.kind}")
+            mark = self._color("31", f"✗ [{o.index}] {name} {o.error.kind}")
         else:
-            mark = self._color("32", f"✓ [{o.index}] {o.name}")
+            mark = self._color("32", f"✓ [{o.index}] {name}")
         self._line(f"{mark} ({o.duration_s:.2f}s) {content}")
 
     async def spin(self) -> None:
@@ -334,8 +343,8 @@ class _TurnView:
             f"turn ended: {finished.reason} after {finished.steps} step(s), "
             f"{usage.total_input_tokens} in / {usage.output_tokens} out tokens{cost}"
         )
-        if finished.error:
-            summary += f"\nerror: {finished.error}"
+        if finished.error:  # a provider's error quotes its reply
+            summary += f"\nerror: {escape_terminal(finished.error)}"
         color = "32" if finished.reason == "final" else "33"
         self.out.write(self._color(color, summary) + "\n")
         self.out.flush()

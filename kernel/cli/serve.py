@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
 from pathlib import Path
 
+from ..terminal import escape_terminal
 from . import DEFAULT_PROJECT
-from . import _single_leaf as single_leaf
-from .plugins import one_line_errors
+from ._exit import BAD_INPUT, FAILED, OK, one_line_errors, os_error_line, report, single_leaf
 
 DEFAULT_PORT = 8765
 
@@ -87,6 +88,37 @@ def read_token(path: Path) -> str:
     return token
 
 
+async def refuse_remote_bind(host: str, *, allow_remote: bool) -> None:
+    """Refuse a ``host`` that would expose a server to other machines, unless allowed.
+
+    Called before anything starts (``tak serve``, ``tak mcp serve --http``), so the
+    refusal is the command's only output: no log line of a kernel that was opened
+    for nothing.
+
+    Raises:
+        UsageError: ``host`` is not a loopback address and ``allow_remote`` is false.
+    """
+    from ..errors import UsageError
+    from ..wire._handshake import is_loopback_address
+
+    if not allow_remote and not await is_loopback_address(host):
+        raise UsageError(
+            f"refusing to bind {host!r}: not a loopback address (--allow-remote to serve "
+            "other machines, and put TLS in front)"
+        )
+
+
+def log_to_stderr() -> None:
+    """The servers' log lines on stderr, from INFO up (once the command's input is checked)."""
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
 @one_line_errors("tak serve")
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
@@ -97,24 +129,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..kernel import open_kernel
     from ..wire import serve_websocket
     from ..wire._server import page_url
-    from .plugins import ensure_home, os_error_line
-
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from .plugins import ensure_home
 
     if not 0 <= args.port <= 65535:
         print(f"tak serve: --port: expected 0 to 65535 (0: any), got {args.port}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
+    trio.run(functools.partial(refuse_remote_bind, args.host, allow_remote=args.allow_remote))
     # Before serving: a home or token file the OS refuses is not a port problem.
     ensure_home(args.home)
     try:
         token = read_token(args.token_file) if args.token_file else None
     except OSError as exc:
-        print(f"tak serve: --token-file: {os_error_line(exc)}", file=sys.stderr)
-        return 1
+        print(f"tak serve: --token-file: {escape_terminal(os_error_line(exc))}", file=sys.stderr)
+        return FAILED
+    log_to_stderr()
 
     async def main() -> None:
         async with open_kernel(
@@ -147,13 +175,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except BaseException as exc:
         cause = single_leaf(exc)
         if isinstance(cause, KernelError):
-            print(f"tak serve: {cause}", file=sys.stderr)
-            return 2
+            return report("tak serve", cause)
         if isinstance(cause, OSError):
-            print(f"tak serve: cannot listen on {args.host}:{args.port}: {cause}", file=sys.stderr)
-            return 1
+            line = f"tak serve: cannot listen on {args.host}:{args.port}: {cause}"
+            print(escape_terminal(line), file=sys.stderr)
+            return FAILED
         raise
-    return 0
+    return OK
 
 
 async def _until_stopped() -> None:

@@ -9,10 +9,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CorruptTranscript, KernelError, UsageError
+from ..errors import CorruptTranscript, KernelError
+from ..terminal import escape_terminal
 from . import DEFAULT_PROJECT
-from . import _single_leaf as single_leaf
-from .plugins import home_option, one_line_errors, os_errors_as, tak_command
+from ._exit import BAD_INPUT, FAILED, OK, error_line, exit_code, one_line_errors, single_leaf
+from .plugins import home_option, os_errors_as, tak_command
 
 if TYPE_CHECKING:
     from ..store import FileStore, PostgresStore, RepairReport, SessionKey
@@ -71,7 +72,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _help(parser: argparse.ArgumentParser) -> int:
     parser.print_help()
-    return 2
+    return BAD_INPUT
 
 
 def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -> int:
@@ -93,17 +94,14 @@ def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -
         return trio.run(main)
     except BaseException as exc:
         error = single_leaf(exc)
-        if isinstance(error, UsageError):
-            print(f"tak: error: {error}", file=sys.stderr)
-            return 2
+        if not isinstance(error, KernelError):
+            raise
+        line = error_line("tak: error", error)
         if isinstance(error, CorruptTranscript):
             repair = _repair_command(args, getattr(args, "id", "ID"))
-            print(f"tak: error: {error}; `{repair}` sets it aside", file=sys.stderr)
-            return 1
-        if isinstance(error, KernelError):
-            print(f"tak: error: {error}", file=sys.stderr)
-            return 1
-        raise
+            line += f"; `{escape_terminal(repair)}` sets it aside"
+        print(line, file=sys.stderr)
+        return exit_code(error)
 
 
 def _repair_command(args: argparse.Namespace, session_id: str) -> str:
@@ -131,12 +129,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
         summaries = await store.list_session_summaries(args.project)
         if not summaries:
             print(f"no sessions in project {args.project!r}")
-            return 0
+            return OK
         summaries.sort(key=lambda s: (-s.mtime_ms, s.session_id))
         width = max(len("ID"), *(len(s.session_id) for s in summaries))
         print(f"{'ID':<{width}}  {'MODIFIED':<19}  {'ENTRIES':>7}  TITLE")
         for s in summaries:
             title = f"DAMAGED: {s.problem}" if s.problem else (s.data.title or "")
+            title = escape_terminal(title)  # a prompt's first words: the model's, anyone's
             print(
                 f"{s.session_id:<{width}}  {_local_time(s.mtime_ms)}  "
                 f"{s.data.entry_count:>7}  {title}"
@@ -148,18 +147,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 f"tak sessions ls: damaged: {', '.join(damaged)}; `{repair}` sets one aside",
                 file=sys.stderr,
             )
-            return 1
-        return 0
+            return FAILED
+        return OK
 
     return _run(args, body)
 
 
 def _indent(text: str, prefix: str) -> str:
-    return "\n".join(prefix + line for line in text.splitlines() or [""])
+    """``text`` (hostile: a model's, a tool's) escaped line by line, each line indented,
+    so that no line of it can pass for one of ours."""
+    text = escape_terminal(text, keep_newlines=True)
+    return "\n".join(prefix + line for line in text.split("\n"))
 
 
 def format_entry(entry: dict[str, Any]) -> str:
-    """One transcript entry as people read it."""
+    """One transcript entry as people read it: every text of it escaped for the terminal
+    (a transcript holds what models, tools and workspaces wrote)."""
     from ..messages import Observation, Text, ToolCall
     from ..session import message_from_entry
 
@@ -171,8 +174,8 @@ def format_entry(entry: dict[str, Any]) -> str:
         message = None
     if message is None:
         rest = {k: v for k, v in entry.items() if k not in ("type", "uuid", "timestamp")}
-        return f"{head}{entry.get('type')}: {json.dumps(rest, ensure_ascii=False)}"
-    lines = [f"{head}{message.role}:"]
+        return escape_terminal(f"{head}{entry.get('type')}: {json.dumps(rest, ensure_ascii=False)}")
+    lines = [escape_terminal(f"{head}{message.role}:")]
     for part in message.parts:
         if isinstance(part, Text):
             lines.append(_indent(part.text, "  "))
@@ -182,10 +185,10 @@ def format_entry(entry: dict[str, Any]) -> str:
                 if isinstance(part.arguments, str)
                 else json.dumps(part.arguments, ensure_ascii=False)
             )
-            lines.append(f"  -> {part.name}({arguments})  [call {part.id}]")
+            lines.append(escape_terminal(f"  -> {part.name}({arguments})  [call {part.id}]"))
         elif isinstance(part, Observation):
             mark = " (error)" if part.is_error else ""
-            lines.append(f"  <- {part.name}{mark}  [call {part.call_id}]")
+            lines.append(escape_terminal(f"  <- {part.name}{mark}  [call {part.call_id}]"))
             lines.append(_indent(part.content, "     "))
     return "\n".join(lines)
 
@@ -234,16 +237,16 @@ def cmd_show(args: argparse.Namespace) -> int:
             last_assistant = _track_answers(entry, unanswered, last_assistant)
         for calls in unanswered.values():
             for name, call_id in calls:
-                print(f"  <- {name} (error)  [call {call_id}]")
+                print(escape_terminal(f"  <- {name} (error)  [call {call_id}]"))
                 print(f"     Error (crashed): {KERNEL_STOPPED.message}")
         if count == 0:
             print(f"tak: error: no session {key}", file=sys.stderr)
-            return 1
+            return BAD_INPUT  # the id given names no session
         if key.subpath is None:
             subs = await store.list_subkeys(key)
             if subs:
                 print(f"\nchild transcripts (show with --sub): {', '.join(subs)}")
-        return 0
+        return OK
 
     return _run(args, body)
 
@@ -259,7 +262,7 @@ async def _busy(store: AnyStore, key: SessionKey, wait_s: float) -> int:
         "try again, or stop that process",
         file=sys.stderr,
     )
-    return 1
+    return FAILED
 
 
 @one_line_errors("tak sessions rm")
@@ -275,9 +278,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
             return await _busy(store, key, args.wait)
         if not deleted:
             print(f"tak: error: no session {key}", file=sys.stderr)
-            return 1
+            return BAD_INPUT  # the id given names no session
         print(f"removed {key}")
-        return 0
+        return OK
 
     return _run(args, body)
 
@@ -309,7 +312,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
                 "tak: error: repair applies to the file store; PostgreSQL keeps its own integrity",
                 file=sys.stderr,
             )
-            return 2
+            return BAD_INPUT
         key = _key(args)
         keys = [key] + [key.child(s) for s in await store.list_subkeys(key)]
         found = False
@@ -326,7 +329,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             print(f"{k}: {_repaired(report)}")
         if not found:
             print(f"tak: error: no session {key}", file=sys.stderr)
-            return 1
-        return 0
+            return BAD_INPUT  # the id given names no session
+        return OK
 
     return _run(args, body)

@@ -10,13 +10,14 @@ starts the lazy server it names).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelError
-from .plugins import one_line_errors
+from ..terminal import escape_terminal
+from ._exit import BAD_INPUT, FAILED, OK, one_line_errors
+from ._terminal_json import terminal_json
 
 if TYPE_CHECKING:
     from plugins import McpServerInfo
@@ -57,26 +58,28 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
     workspace = workspace_or_exit("tak tools", args)
     if workspace is None:
-        return 2
+        return BAD_INPUT
 
     async def main() -> ToolRegistry:
         async with open_cli_tools(args.home, workspace, args.plugin) as (host, mcp):
             for info in mcp.info() if mcp is not None else []:
                 if info.state != "running":
-                    print(f"tak tools: {_not_listed(info)}", file=sys.stderr)
+                    print(escape_terminal(f"tak tools: {_not_listed(info)}"), file=sys.stderr)
             return host.tools
 
     registry = trio.run(main)
     if args.format in PROVIDER_FORMATS:
-        print(json.dumps(provider_tools(registry, args.format), indent=2))
-        return 0
+        print(terminal_json(provider_tools(registry, args.format), indent=2))
+        return OK
+    # A tool's name, description and schema are its plugin's or its MCP server's.
     for t in registry:
         flags = [f"timeout={t.timeout:g}s"] if t.timeout is not None else []
         flags += ["exclusive"] if t.exclusive else []
         extra = f"  [{', '.join(flags)}]" if flags else ""
-        print(f"{t.name}{extra}\n  {t.description.splitlines()[0] if t.description else ''}")
-        print("  " + json.dumps(t.parameters))
-    return 0
+        first = t.description.split("\n", 1)[0] if t.description else ""
+        print(f"{escape_terminal(t.name)}{extra}\n  {escape_terminal(first)}")
+        print("  " + terminal_json(t.parameters))
+    return OK
 
 
 def provider_tools(registry: ToolRegistry, provider: str) -> list[dict[str, Any]]:
@@ -103,10 +106,10 @@ def cmd_call(args: argparse.Namespace) -> int:
 
     workspace = workspace_or_exit("tak call", args)
     if workspace is None:
-        return 2
+        return BAD_INPUT
     if not args.timeout > 0:
         print(f"tak call: --timeout must be positive, got {args.timeout:g}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     call = ToolCall("cli-1", args.tool, args.arguments, 0)
 
     async def main() -> Observation:
@@ -126,11 +129,12 @@ def cmd_call(args: argparse.Namespace) -> int:
         return observations[0]
 
     observation = trio.run(main)
+    # What the tool returned (or its error, which may quote the call): hostile.
     if args.json:
-        print(json.dumps(converter.unstructure(observation), ensure_ascii=False))
+        print(terminal_json(converter.unstructure(observation)))
     else:
-        print(observation.content)
-    return 1 if observation.is_error else 0
+        print(escape_terminal(observation.content, keep_newlines=True))
+    return FAILED if observation.is_error else OK
 
 
 def _not_listed(info: McpServerInfo) -> str:
@@ -168,7 +172,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 k.home.sessions / session.key.project / session.key.session_id / "transcript.jsonl"
             )
         print("One turn, five calls declared by the model, run concurrently:\n")
-        print(format_table(observations))
+        print(escape_terminal(format_table(observations), keep_newlines=True))
         total = sum(o.duration_s for o in observations)
         print(f"\ncompletion order: {finished}   (results above are in declared order)")
         print(f"wall time {wall:.3f} s   vs   sum of call durations {total:.3f} s")

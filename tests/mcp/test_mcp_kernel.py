@@ -114,4 +114,4 @@ def test_tak_mcp_ls(tmp_path: Path) -> None:
     untrusted = subprocess.run([*tak, "untrust", "t"], capture_output=True, text=True, env=env)
     assert (untrusted.returncode, untrusted.stdout) == (0, "untrusted: t\n")
     again = subprocess.run([*tak, "untrust", "t"], capture_output=True, text=True, env=env)
-    assert (again.returncode, again.stderr) == (1, "tak mcp untrust: t was not trusted\n")
+    assert (again.returncode, again.stderr) == (2, "tak mcp untrust: t was not trusted\n")

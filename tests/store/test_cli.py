@@ -66,12 +66,12 @@ def test_show(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_errors(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert tak(home, "sessions", "show", "nope") == 1
+    assert tak(home, "sessions", "show", "nope") == 2  # an id that names no session: bad input
     assert "no session default/nope" in capsys.readouterr().err
     assert tak(home, "sessions", "show", "../etc") == 2
     assert "session_id" in capsys.readouterr().err
-    assert tak(home, "sessions", "rm", "nope") == 1
-    assert tak(home, "sessions", "repair", "nope") == 1
+    assert tak(home, "sessions", "rm", "nope") == 2
+    assert tak(home, "sessions", "repair", "nope") == 2
     assert tak(home, "sessions") == 2
 
 
@@ -79,7 +79,7 @@ def test_rm(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tak(home, "sessions", "rm", "chat1") == 0
     assert "removed default/chat1" in capsys.readouterr().out
     assert not (TakHome(home).sessions / "default" / "chat1").exists()
-    assert tak(home, "sessions", "show", "chat1") == 1
+    assert tak(home, "sessions", "show", "chat1") == 2  # no longer a session: bad input
 
 
 def test_repair_and_show_damage(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
