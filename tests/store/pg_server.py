@@ -7,18 +7,41 @@ removes everything on exit. ``initdb`` refuses to run as root, so as root the
 server runs as a dedicated system user (``tak-pg-test``, created when
 missing). ``unavailable_reason()`` says why a server cannot be started here,
 for a skip message.
+
+``shared_server(name)`` is one server per test process and name, started on
+first use and stopped when the process exits: the store and batch tests use
+``shared_server()``; the few that stop, freeze or restart their server share
+``shared_server("faults")``, so their faults never cut another test's
+connections. Under pytest-xdist each worker process has its own.
+
+A server dies with the process that started it, however that process ends
+(SIGKILL included): a supervisor (this file, run as ``python pg_server.py
+supervise``, in a session of its own so that a signal to the test's process
+group does not reach it) starts the server, then reads its stdin, a pipe
+whose only writer is the test process. The kernel closes that pipe when the
+test process dies; the supervisor then wakes any frozen server process
+(SIGCONT), stops the server (``pg_ctl stop -m immediate``, then SIGKILL of
+its process group) and removes its directory. The server is found by its
+data directory's ``postmaster.pid``, so a server a test restarted with
+``pg_ctl`` is stopped as well.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
+import json
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +59,22 @@ class PgServer:
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    def postmaster_pid(self) -> int | None:
+        """The running postmaster's pid."""
+        return _postmaster_pid(self.data)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the whole server: the postmaster and every process it
+        started (each of which is in a session of its own, so no process group
+        holds them all), the postmaster first (it starts no new one meanwhile)."""
+        pid = self.postmaster_pid()
+        if pid is not None:
+            _signal_server(pid, signum)
 
 
 def bin_dir() -> Path | None:
@@ -88,9 +127,147 @@ def _free_port() -> int:
         return port
 
 
+def server_options(port: int, directory: Path, *, fsync: bool = False) -> str:
+    """``postgres`` options of a test server (``pg_ctl -o``), for a restart too."""
+    settings = [
+        f"-p {port}",
+        "-c listen_addresses=127.0.0.1",
+        f"-k {directory}",
+        "-c max_connections=200",
+        "-c shared_buffers=64MB",
+    ]
+    if not fsync:
+        settings += ["-c fsync=off", "-c full_page_writes=off"]
+    return " ".join(settings)
+
+
+def pg_ctl(server: PgServer, *args: str, check: bool = True) -> None:
+    """``pg_ctl -D <data> ARGS`` as the server's user (``-l``: its log, for a start)."""
+    bins = bin_dir()
+    assert bins is not None
+    subprocess.run(
+        _as_server_user([str(bins / "pg_ctl"), "-D", str(server.data), *args]),
+        check=check,
+        stdout=subprocess.DEVNULL,  # else a started server writes to our pipe, held open
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _signal_server(postmaster: int, signum: int) -> None:
+    pids = [postmaster]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
+                pids.append(int(entry))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def _postmaster_pid(data: Path) -> int | None:
+    try:
+        first = (data / "postmaster.pid").read_text().split("\n", 1)[0]
+    except (FileNotFoundError, PermissionError):
+        return None
+    return int(first) if first.strip().isdigit() else None
+
+
+# -- the supervisor (its own process) -----------------------------------------
+
+
+def _start(directory: Path, fsync: bool) -> int:
+    """initdb into ``directory``, start the server; its port.
+
+    Raises:
+        RuntimeError: with the tool's output or the server's log.
+    """
+    bins = bin_dir()
+    if bins is None:
+        raise RuntimeError("PostgreSQL binaries not found")
+    data, log = directory / "data", directory / "server.log"
+    if os.geteuid() == 0:
+        _ensure_user()
+        user = pwd.getpwnam(USER)
+        os.chown(directory, user.pw_uid, user.pw_gid)
+    initdb = [str(bins / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"]
+    initdb += ["-E", "UTF8", "--locale=C", "--no-sync"]
+    made = subprocess.run(_as_server_user(initdb), capture_output=True, text=True)
+    if made.returncode != 0:
+        raise RuntimeError(f"initdb failed: {made.stderr[-2000:]}")
+    for attempt in range(5):
+        port = _free_port()
+        started = subprocess.run(
+            _as_server_user(
+                [
+                    *(str(bins / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "30"),
+                    *("-o", server_options(port, directory, fsync=fsync), "start"),
+                ]
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        if started.returncode == 0:
+            return port
+        if attempt == 4:  # the port may have been taken meanwhile: retry, then give up
+            text = log.read_text() if log.exists() else ""
+            raise RuntimeError(f"pg_ctl start failed: {started.stderr}{text[-2000:]}")
+    raise AssertionError("unreachable")
+
+
+def _stop(directory: Path) -> None:
+    """Stop whatever server runs from ``directory`` (frozen or restarted), remove it."""
+    data = directory / "data"
+    pid = _postmaster_pid(data)
+    if pid is not None:
+        _signal_server(pid, signal.SIGCONT)  # a frozen server cannot act on a stop
+        bins = bin_dir()
+        if bins is not None:
+            subprocess.run(
+                _as_server_user(
+                    [str(bins / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
+                ),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+            )
+        if _postmaster_pid(data) == pid:  # it did not stop
+            _signal_server(pid, signal.SIGKILL)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _supervise(fsync: bool) -> None:
+    """Start a server, say where (one JSON line), then stop it when stdin ends."""
+    # stdin is the test process's pipe: its end (the process exiting or killed) is
+    # the signal to stop. A SIGTERM stops the server too; SIGINT is not ours.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    directory = Path(tempfile.mkdtemp(prefix="tak-pg-"))
+    try:
+        try:
+            port = _start(directory, fsync)
+        except Exception as exc:
+            print(json.dumps({"error": str(exc)}), flush=True)
+            return
+        print(json.dumps({"port": port, "directory": str(directory)}), flush=True)
+        while sys.stdin.buffer.read(4096):
+            pass
+    finally:
+        _stop(directory)
+
+
+# -- the test process's side ---------------------------------------------------
+
+
 @contextlib.contextmanager
 def running_server(*, fsync: bool = False) -> Iterator[PgServer]:
-    """Start a server in a temporary directory; stop it and remove the directory on exit.
+    """Start a server in a temporary directory; stop it and remove the directory on
+    exit, or when this process dies (see the module docstring).
 
     ``fsync=False`` (the tests) trades crash safety of the server itself for
     speed; a killed client process is unaffected either way.
@@ -98,83 +275,62 @@ def running_server(*, fsync: bool = False) -> Iterator[PgServer]:
     Raises:
         RuntimeError: the server could not be started (with its log).
     """
-    bins = bin_dir()
-    if bins is None:
-        raise RuntimeError("PostgreSQL binaries not found")
-    if os.geteuid() == 0:
-        _ensure_user()
-    directory = Path(tempfile.mkdtemp(prefix="tak-pg-"))
-    data, log = directory / "data", directory / "server.log"
-    if os.geteuid() == 0:
-        user = pwd.getpwnam(USER)
-        os.chown(directory, user.pw_uid, user.pw_gid)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-I", os.path.abspath(__file__), "supervise", json.dumps(fsync)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,  # a signal to our process group must not stop it early
+    )
+    assert supervisor.stdin is not None and supervisor.stdout is not None
     try:
-        subprocess.run(
-            _as_server_user(
-                [
-                    str(bins / "initdb"),
-                    "-D",
-                    str(data),
-                    "-U",
-                    "postgres",
-                    "-A",
-                    "trust",
-                    "-E",
-                    "UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
-        settings = [
-            "-c listen_addresses=127.0.0.1",
-            f"-k {directory}",
-            "-c max_connections=200",
-            "-c shared_buffers=64MB",
-        ]
-        if not fsync:
-            settings += ["-c fsync=off", "-c full_page_writes=off"]
-        for attempt in range(5):
-            port = _free_port()
-            started = subprocess.run(
-                _as_server_user(
-                    [
-                        str(bins / "pg_ctl"),
-                        "-D",
-                        str(data),
-                        "-l",
-                        str(log),
-                        "-w",
-                        "-t",
-                        "30",
-                        "-o",
-                        " ".join([f"-p {port}", *settings]),
-                        "start",
-                    ]
-                ),
-                capture_output=True,
-                text=True,
-            )
-            if started.returncode == 0:
-                break
-            if attempt == 4:  # the port may have been taken meanwhile: retry, then give up
-                text = log.read_text() if log.exists() else ""
-                raise RuntimeError(f"pg_ctl start failed: {started.stderr}{text[-2000:]}")
-        try:
-            yield PgServer(port=port, directory=directory)
-        finally:
-            subprocess.run(
-                _as_server_user(
-                    [str(bins / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
-                ),
-                capture_output=True,
-            )
-    except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"{exc.cmd[0]} failed: {exc.stderr!r}") from None
+        line = supervisor.stdout.readline()
+        said = json.loads(line) if line.strip() else {"error": "the supervisor said nothing"}
+        if "error" in said:
+            raise RuntimeError(said["error"])
+        yield PgServer(port=int(said["port"]), directory=Path(said["directory"]))
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        supervisor.stdin.close()  # the supervisor stops the server
+        try:
+            supervisor.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            supervisor.kill()
+            supervisor.wait()
+        supervisor.stdout.close()
+
+
+_shared: dict[str, PgServer] = {}
+_shared_lock = threading.Lock()
+_exits = contextlib.ExitStack()
+atexit.register(_exits.close)
+
+
+def shared_server(name: str = "main") -> PgServer:
+    """This process's server called ``name``, started on first use, stopped at exit.
+
+    Raises:
+        RuntimeError: the server could not be started (with its log).
+    """
+    with _shared_lock:
+        server = _shared.get(name)
+        if server is None:
+            server = _shared[name] = _exits.enter_context(running_server())
+        return server
+
+
+def revive(server: PgServer) -> None:
+    """Leave ``server`` running, whatever a test did to it (froze it, stopped it)."""
+    server.signal(signal.SIGCONT)
+    bins = bin_dir()
+    assert bins is not None
+    status = subprocess.run(
+        _as_server_user([str(bins / "pg_ctl"), "-D", str(server.data), "status"]),
+        capture_output=True,
+    )
+    if status.returncode != 0:  # 3: not running
+        log = str(server.directory / "server.log")
+        pg_ctl(
+            server, "-l", log, "-w", "-o", server_options(server.port, server.directory), "start"
+        )
 
 
 def create_database(server: PgServer, name: str) -> str:
@@ -184,3 +340,17 @@ def create_database(server: PgServer, name: str) -> str:
     with psycopg.connect(server.url(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     return server.url(name)
+
+
+def wait_until(what: str, check: object, timeout: float = 60.0) -> None:
+    """Poll ``check()`` until it is true; AssertionError naming ``what`` after ``timeout``."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["supervise"]:
+    _supervise(json.loads(sys.argv[2]))

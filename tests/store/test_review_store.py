@@ -16,7 +16,6 @@ import sys
 import textwrap
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -556,13 +555,9 @@ def _restart(server: pg_server.PgServer) -> None:
 
 
 @pytest.fixture
-def own_server() -> Iterator[pg_server.PgServer]:
-    """A server of this test's own, to kill."""
-    reason = pg_server.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with pg_server.running_server() as server:
-        yield server
+def own_server(pg_to_break: pg_server.PgServer) -> pg_server.PgServer:
+    """A server other tests do not use, to kill (running again after the test)."""
+    return pg_to_break
 
 
 async def test_pg_killed_server_mid_append_is_a_store_error_and_loses_nothing(
