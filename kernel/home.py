@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     import cattrs
 
 STORE_URL_ENV = "TAK_STORE_URL"
+#: ``[store] request_timeout_s`` when unset: the longest one call to a PostgreSQL
+#: store (its retries included) may take.
+DEFAULT_STORE_REQUEST_TIMEOUT_S: Final = 30.0
 
 #: The project a session belongs to when none is named (``data/sessions/<project>/``):
 #: the kernel, the CLI and the WebSocket protocol all default to it.
@@ -97,6 +100,7 @@ class TakHome:
             return {}
         workspace_max_bytes(config, self.config_file)  # refused here, at start, not later
         store_url(config, self.config_file)
+        store_request_timeout_s(config, self.config_file)
         return config
 
     def _read_toml(self) -> dict[str, Any] | None:
@@ -185,9 +189,11 @@ def store_url(config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.t
     section = config.get("store", {})
     if not isinstance(section, Mapping):
         raise UsageError(f"{source}: [store] must be a table, got {section!r}")
-    unknown = sorted(set(section) - {"url"})
+    unknown = sorted(set(section) - {"url", "request_timeout_s"})
     if unknown:
-        raise UsageError(f"{source}: [store] has no setting {unknown[0]!r} (known: url)")
+        raise UsageError(
+            f"{source}: [store] has no setting {unknown[0]!r} (known: request_timeout_s, url)"
+        )
     url = section.get("url")
     where = f"{source}: [store] url"
     env = os.environ.get(STORE_URL_ENV)
@@ -199,6 +205,26 @@ def store_url(config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.t
         shown = url.split("://", 1)[0] + "://..." if isinstance(url, str) and "://" in url else url
         raise UsageError(f"{where} must be a postgresql:// URL, got {shown!r}")
     return url
+
+
+def store_request_timeout_s(
+    config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.toml"
+) -> float:
+    """``[store] request_timeout_s``: the longest one store call may take (seconds).
+
+    Raises:
+        UsageError: ``[store]`` is not a table, or the value is not a positive
+            number of seconds (one line naming ``source`` and the key).
+    """
+    section = config.get("store", {})
+    if not isinstance(section, Mapping):
+        raise UsageError(f"{source}: [store] must be a table, got {section!r}")
+    value = section.get("request_timeout_s", DEFAULT_STORE_REQUEST_TIMEOUT_S)
+    try:
+        _check_seconds(value)
+    except _BadValue as exc:
+        raise UsageError(f"{source}: [store] request_timeout_s: {exc}") from None
+    return float(value)
 
 
 # -- tak.toml as a record ------------------------------------------------------------
@@ -246,9 +272,16 @@ class StoreConfig:
         url: a ``postgresql://`` URL: sessions live in PostgreSQL (``$TAK_STORE_URL``
             wins over it); ``None``: files under ``data/sessions``. Only the shape is
             checked here; the store checks the rest when it is made.
+        request_timeout_s: the longest one call to a PostgreSQL store may take,
+            its retries included, before it fails with ``StoreError`` (seconds).
     """
 
     url: str | None = attrs.field(default=None, validator=_validator(_check_url))
+    # (a lambda: _check_seconds is defined further down)
+    request_timeout_s: float = attrs.field(
+        default=DEFAULT_STORE_REQUEST_TIMEOUT_S,
+        validator=_validator(lambda value: _check_seconds(value)),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -671,9 +704,6 @@ def _config_converter() -> cattrs.Converter:
 
     conv.register_structure_hook(SandboxConfig, section(SandboxConfig))
     conv.register_structure_hook(
-        StoreConfig, section(StoreConfig, url=override(struct_hook=strict(str, _check_url)))
-    )
-    conv.register_structure_hook(
         WorkspaceConfig,
         section(WorkspaceConfig, max_bytes=override(struct_hook=strict(int, _check_bytes))),
     )
@@ -712,6 +742,15 @@ def _config_converter() -> cattrs.Converter:
     def seconds(value: Any, _: Any) -> float:
         _check_seconds(value)
         return float(value)
+
+    conv.register_structure_hook(
+        StoreConfig,
+        section(
+            StoreConfig,
+            url=override(struct_hook=strict(str, _check_url)),
+            request_timeout_s=override(struct_hook=seconds),
+        ),
+    )
 
     conv.register_structure_hook_func(lambda t: t == list[str], strings)
     conv.register_structure_hook_func(lambda t: t == dict[str, str], string_table)

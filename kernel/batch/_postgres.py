@@ -31,12 +31,16 @@ It keeps the four guarantees of ``kernel.batch._ledger`` this way:
 
 And one of its own:
 
-5. A worker outlives a short database restart: its store is made with
+5. A worker outlives a database restart shorter than its
+   ``request_timeout_s`` (30 s by default): its store is made with
    ``retry_lost_connections`` (the store's guarantee 9), so a call whose
    connection was lost (the server restarting, the network dropping it) is
-   made again, after each of the store's ``RETRY_DELAYS`` (about 9 s in
-   all), each retry logged; then it fails with the last one-line
-   ``StoreError``, saying it gave up. Only a lost connection is retried: a
+   made again, after each of the store's ``RETRY_DELAYS``, each retry
+   logged, waiting for the server to be back within the call's deadline;
+   then it fails with the last one-line ``StoreError``, saying it gave up.
+   A server that stops answering (frozen, its host gone) fails the call at
+   its deadline: ``StoreError: ... claim of run 'r' timed out after 30 s``
+   (the store's guarantee 10). Only a lost connection is retried: a
    statement timeout or an error the server answered would come again.
    Every call is safe to make again: ``add_tasks`` skips what is stored,
    ``renew`` only extends, and ``finish`` made again first looks whether its
@@ -66,7 +70,7 @@ import attrs
 
 from kernel.errors import UsageError
 from kernel.store import PostgresStore
-from kernel.store._postgres import migrate_schema
+from kernel.store._postgres import DEFAULT_REQUEST_TIMEOUT_S, migrate_schema
 
 # The records' boundary, both ways: "WHERE: $.path: reason", and "WHAT cannot be stored".
 from ._directory import MAX_LINE_BYTES, _encode, _structure
@@ -264,17 +268,22 @@ class PostgresLedger:
 
     async def _run(
         self,
+        what: str,
         fn: Callable[[Connection[Any]], T],
         *,
         again: Callable[[Connection[Any]], T] | None = None,
     ) -> T:
-        """``fn`` in the store's thread (its pool, cancellation and errors), made
-        again (``again`` instead, if given) while its connection is lost (guarantee 5).
+        """``fn`` in the store's thread (its pool, cancellation, deadline and errors),
+        made again (``again`` instead, if given) while its connection is lost
+        (guarantee 5). ``what`` names the call in a timeout's message.
 
         Raises:
-            StoreError: a database error, or the connection lost on every try.
+            StoreError: a database error, the connection lost on every try, or
+                ``WHERE: WHAT of run R timed out after N s``.
         """
-        return await self._store.run_in_thread(fn, again=again or fn)
+        return await self._store.run_in_thread(
+            fn, again=again or fn, what=f"{what} of run {self._run_id!r}"
+        )
 
     async def add_tasks(self, tasks: Sequence[BatchTask]) -> None:
         """See ``Ledger.add_tasks`` (guarantee 1).
@@ -299,7 +308,7 @@ class PostgresLedger:
             if known != text and json.loads(known) != json.loads(text):
                 raise UsageError(f"tasks[{i}]: task {task.id!r} is given twice, differently")
         if encoded:
-            await self._run(lambda conn: _add_tasks(conn, self._run_id, encoded))
+            await self._run("add_tasks", lambda conn: _add_tasks(conn, self._run_id, encoded))
 
     async def claim(self, worker: str, limit: int) -> list[Claim]:
         """See ``Ledger.claim`` (guarantee 2)."""
@@ -308,7 +317,7 @@ class PostgresLedger:
             raise UsageError(f"claim: limit must be a positive int, got {limit!r}")
         params = {"run": self._run_id, "limit": limit, "worker": worker, "lease": self._lease}
         rows: list[tuple[int, str, str, int]] = await self._run(
-            lambda conn: conn.execute(_CLAIM, params).fetchall()
+            "claim", lambda conn: conn.execute(_CLAIM, params).fetchall()
         )
         rows.sort()
         return [
@@ -325,7 +334,7 @@ class PostgresLedger:
             return []
         params = {"run": self._run_id, "ids": ids, "worker": worker, "lease": self._lease}
         rows: list[tuple[str]] = await self._run(
-            lambda conn: conn.execute(_RENEW, params).fetchall()
+            "renew", lambda conn: conn.execute(_RENEW, params).fetchall()
         )
         held = {task_id for (task_id,) in rows}
         return [task_id for task_id in ids if task_id not in held]
@@ -343,6 +352,7 @@ class PostgresLedger:
         # is checked here, so a bad result fails before any round trip.
         _json_text(result, f"the result of task {result.id!r}")
         return await self._run(
+            f"finish of task {result.id!r}",
             lambda conn: _finish(conn, self._run_id, worker, result, again=False),
             again=lambda conn: _finish(conn, self._run_id, worker, result, again=True),
         )
@@ -350,18 +360,19 @@ class PostgresLedger:
     async def results(self) -> list[TaskResult]:
         """See ``Ledger.results``."""
         rows: list[tuple[str, str]] = await self._run(
+            "results",
             lambda conn: conn.execute(
                 "SELECT task_id, result::text FROM tak_batch_tasks"
                 " WHERE run_id = %s AND result IS NOT NULL ORDER BY ord",
                 (self._run_id,),
-            ).fetchall()
+            ).fetchall(),
         )
         return [self._structure(text, TaskResult, task_id) for task_id, text in rows]
 
     async def counts(self) -> LedgerCounts:
         """See ``Ledger.counts``: running is the tasks under a live lease."""
         row: tuple[int, int, int] | None = await self._run(
-            lambda conn: conn.execute(_COUNTS, (self._run_id,)).fetchone()
+            "counts", lambda conn: conn.execute(_COUNTS, (self._run_id,)).fetchone()
         )
         assert row is not None
         total, finished, running = row
@@ -380,6 +391,7 @@ async def open_postgres_ledger(
     lease_seconds: float | None = None,
     settings: Mapping[str, Any] | None = None,
     create: bool = True,
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
 ) -> AsyncIterator[PostgresLedger]:
     """Open run ``run_id`` in the PostgreSQL database at ``url``; close it on exit.
 
@@ -389,9 +401,12 @@ async def open_postgres_ledger(
     JSON object), ``lease_seconds`` (default ``DEFAULT_LEASE_S``) and a nonce
     (which names the run's sessions: ``session_project``); later opens keep the
     first settings and nonce, and take the run's lease unless given their own.
+    ``request_timeout_s`` bounds each ledger call, its retries included
+    (``[store] request_timeout_s`` of tak.toml; guarantee 10 of the store).
 
     Raises:
-        UsageError: a bad ``url``, ``run_id`` or ``lease_seconds``; settings not
+        UsageError: a bad ``url``, ``run_id``, ``lease_seconds`` or
+            ``request_timeout_s``; settings not
             storable as JSON; ``create=False`` and no such run.
         StoreError: the database cannot be reached, or its ledger schema is
             newer than this code.
@@ -404,12 +419,19 @@ async def open_postgres_ledger(
         raise UsageError(f"lease_seconds: expected a positive number, got {lease_seconds!r}")
     new_lease = DEFAULT_LEASE_S if lease_seconds is None else float(lease_seconds)
     settings_text = _json_text(dict(settings or {}), "settings")
-    store = PostgresStore(url, max_connections=_MAX_CONNECTIONS, retry_lost_connections=True)
+    store = PostgresStore(
+        url,
+        max_connections=_MAX_CONNECTIONS,
+        request_timeout_s=request_timeout_s,
+        retry_lost_connections=True,
+    )
     async with store:
         where = store.where  # "PostgreSQL host:port/db", as the store's errors say
-        row = await store.run_in_thread(
-            lambda conn: _open_run(conn, where, run_id, settings_text, new_lease, create=create)
-        )
+
+        def open_run(conn: Connection[Any]) -> tuple[float, dict[str, Any], float, str | None]:
+            return _open_run(conn, where, run_id, settings_text, new_lease, create=create)
+
+        row = await store.run_in_thread(open_run, again=open_run, what=f"opening run {run_id!r}")
         created, stored_settings, run_lease, nonce = row
         yield PostgresLedger(
             store,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..home import TakHome, store_url
+from ..home import TakHome, store_request_timeout_s, store_url
 from ._file import FileStore
 from ._postgres import PostgresStore
 
@@ -29,7 +29,7 @@ def open_store(
     url = store_url(config, home.config_file)
     if url is None:
         return FileStore(home.sessions, durability=durability)
-    return PostgresStore(url)
+    return PostgresStore(url, request_timeout_s=store_request_timeout_s(config, home.config_file))
 
 
 __all__ = ["open_store"]

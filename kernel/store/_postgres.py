@@ -26,30 +26,47 @@ Guarantees (each test in tests/store/test_postgres.py names the one it checks):
    ``statement_timeout``; when the Trio task waiting for a thread is
    cancelled, the thread's query is cancelled on the server
    (``cancel_safe``), and the task waits for the thread to give its
-   connection back before raising ``Cancelled``. If the append committed
-   before the cancel landed, it returns normally instead (the cancellation
-   is seen at the caller's next checkpoint): an append that raises
-   ``Cancelled`` stored nothing. A thread still waiting for a connection
-   (the server is down, the pool reconnecting) asks the pool in short slices
-   and stops at the next one once cancelled, so a cancel is prompt then too;
-   uncancelled, it gives up after ``connect_timeout_s`` with a StoreError.
+   connection back before raising ``Cancelled``. A server that does not
+   answer the cancel within ``CANCEL_GRACE_S`` (frozen, or its host gone) has
+   the connection's socket shut down under the thread, which then fails at
+   once; that connection is closed, never handed out again. If the append
+   committed before the cancel landed, it returns normally instead (the
+   cancellation is seen at the caller's next checkpoint): an append that
+   raises ``Cancelled`` stored nothing. A thread still waiting for a
+   connection (the server is down, the pool reconnecting) asks the pool in
+   short slices and stops at the next one once cancelled, so a cancel is
+   prompt then too; uncancelled, it gives up after ``connect_timeout_s`` with
+   a StoreError (made with ``retry_lost_connections``: at the call's deadline).
 7. Listing reads the ``tak_sessions`` table only, never an entry.
 8. The schema is versioned in the database (``tak_schema_version``); new
    versions are applied under an advisory lock, so processes starting
    together do not race, and a database newer than this code is refused.
    (``migrate_schema`` does the same for tables of other code beside the
    store's: the batch ledger's.)
-9. Made with ``retry_lost_connections=True``, the store outlives a short
-   server restart: a call whose connection was lost (the server restarting,
-   the network dropping it) is made again, after each of ``RETRY_DELAYS``
-   (about 9 s in all), each retry logged; then it fails with the last
-   one-line StoreError, saying it gave up. Only calls that are safe to make
-   twice are: reads, and appends whose entries all have a uuid (guarantee 3:
-   a second try stores nothing twice, whether the first committed or not).
-   Only a lost connection is retried: a statement timeout, an error the
-   server answered, no connection within ``connect_timeout_s`` fail at
-   once. Without it, a lost connection is a StoreError at once (the pool
-   drops the connection, so the next call may work).
+9. Made with ``retry_lost_connections=True``, the store outlives a server
+   restart shorter than its ``request_timeout_s``: a call whose connection
+   was lost (the server restarting, the network dropping it) is made again,
+   after each of ``RETRY_DELAYS`` (then every 2 s), each retry logged, and
+   waits for the pool to reconnect, all within the call's deadline (guarantee
+   10); then it fails with the last one-line StoreError, saying it gave up.
+   Only calls that are safe to make twice are: reads, and appends whose
+   entries all have a uuid (guarantee 3: a second try stores nothing twice,
+   whether the first committed or not). Only a lost connection is retried: a
+   statement timeout, an error the server answered fail at once. Without it,
+   a lost connection is a StoreError at once (the pool drops the connection,
+   so the next call may work).
+10. Every call ends within ``request_timeout_s`` (default 30 s) of real
+   time, whatever the server or the network do (plus at most
+   ``CANCEL_GRACE_S`` to take its thread back): its connection waits, its
+   queries and its retries share that deadline, and a call that reaches it
+   is cancelled (guarantee 6) and fails with ``StoreError: PostgreSQL
+   host:port/db: WHAT timed out after N s``. The deadline is the client's
+   own: a frozen server, or one whose host stopped answering, cannot hold
+   it. Connections also have TCP keepalives and ``tcp_user_timeout``, so the
+   operating system drops a connection to a host that went away (an idle
+   one within about ``KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S *
+   KEEPALIVE_COUNT`` seconds, one with unacknowledged data after
+   ``request_timeout_s``).
 
 Entries are stored as PostgreSQL ``json`` (the exact text ``FileStore``
 writes), not ``jsonb``: ``jsonb`` refuses strings with ``\\u0000``, turns
@@ -59,10 +76,13 @@ back deep-equal to what was appended.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -73,6 +93,7 @@ import outcome
 import trio
 
 from ..errors import StoreError, UsageError
+from ..home import DEFAULT_STORE_REQUEST_TIMEOUT_S
 from ._base import ClosableStore, check_start
 from ._entries import EncodedEntry, encode_entries
 from ._key import SessionKey, check_name
@@ -88,9 +109,27 @@ T = TypeVar("T")
 logger = logging.getLogger("tak.store")
 
 #: Seconds waited before each retry of a call whose connection was lost
-#: (guarantee 9): enough for ``pg_ctl restart``, and for the pool to drop the
-#: idle connections the restart broke, which calls meet one a try.
-RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0)
+#: (guarantee 9), the last one repeated until the call's deadline: the pool
+#: drops the idle connections a restart broke, which calls meet one a try.
+RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0)
+
+#: How long a call may take, all its tries included (guarantee 10): tak.toml's
+#: ``[store] request_timeout_s`` when unset.
+DEFAULT_REQUEST_TIMEOUT_S = DEFAULT_STORE_REQUEST_TIMEOUT_S
+#: How long a cancelled or timed-out call waits for the server to cancel its
+#: query before it shuts the connection's socket down (guarantee 6).
+CANCEL_GRACE_S = 2.0
+#: TCP keepalives of every connection: a host that went away is noticed on an
+#: idle connection after about KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT.
+KEEPALIVE_IDLE_S = 10
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT = 3
+
+# How long psycopg_pool keeps retrying a connection it lost before it gives
+# that attempt up. Its retries back off (1, 2, 4, 8 s...): a short attempt
+# makes a waiting call start a fresh one (first try at once), so a server
+# back from a restart is reached within about a second.
+_RECONNECT_S = 1.0
 
 # Rows per page of iter_entries: each page is one query in one thread hop.
 _PAGE = 500
@@ -210,11 +249,13 @@ class _Skipped(Exception):
 class _Running:
     """The connection a store thread is using, so a cancelled task can cancel its query."""
 
-    __slots__ = ("cancelled", "conn", "lock")
+    __slots__ = ("cancelled", "conn", "connected", "lock", "severed")
 
     def __init__(self) -> None:
         self.conn: Connection[Any] | None = None
         self.cancelled = False  # a thread still waiting for a connection then does nothing
+        self.connected = False  # the thread got a connection (for the timeout's message)
+        self.severed = False  # its socket was shut down: the thread closes the connection
         # Held while the connection is set and while a cancel is sent, so a
         # cancel never reaches the next user of a connection back in the pool.
         self.lock = threading.Lock()
@@ -224,9 +265,30 @@ class _Running:
             self.cancelled = True
             if self.conn is not None:
                 try:
-                    self.conn.cancel_safe(timeout=5.0)
+                    self.conn.cancel_safe(timeout=CANCEL_GRACE_S)
                 except Exception:  # the query ends anyway, by statement_timeout
                     pass
+
+    def sever(self) -> None:
+        """Shut the connection's socket down: the thread blocked on it fails at once.
+
+        For a server that does not answer a cancel (frozen, its host gone): the
+        socket is shut down, not closed, so its descriptor stays the thread's
+        (a closed one could be reused by another file meanwhile); libpq then
+        sees the connection lost, and the thread closes it before giving it
+        back, so the pool never hands it out again.
+        """
+        with self.lock:
+            self.severed = True
+            conn = self.conn
+            if conn is None:
+                return
+            try:
+                fd = os.dup(conn.pgconn.socket)
+            except Exception:  # closed meanwhile: nothing to wake
+                return
+            with socket.socket(fileno=fd) as sock, contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Opening:
@@ -266,9 +328,13 @@ class PostgresStore(ClosableStore):
     Args:
         url: where the database is.
         max_connections: connections (and threads) this store uses at most.
-        statement_timeout_s: longest a statement may run on the server.
+        request_timeout_s: longest a call may take, its retries included, before
+            it is cancelled and fails with StoreError (guarantee 10).
+        statement_timeout_s: longest a statement may run on the server
+            (default: ``request_timeout_s``).
         connect_timeout_s: longest an operation waits for a connection (the
-            server down or unreachable) before it fails with StoreError.
+            server down or unreachable) before it fails with StoreError (with
+            ``retry_lost_connections``: until its deadline).
         clock: for tests, the store clock (epoch ms) instead of the database's.
         retry_lost_connections: wait out a server restart (guarantee 9)
             instead of failing at once.
@@ -282,7 +348,8 @@ class PostgresStore(ClosableStore):
         url: str,
         *,
         max_connections: int = 8,
-        statement_timeout_s: float = 60.0,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        statement_timeout_s: float | None = None,
         connect_timeout_s: float = 10.0,
         clock: Callable[[], int] | None = None,
         retry_lost_connections: bool = False,
@@ -292,19 +359,19 @@ class PostgresStore(ClosableStore):
             raise UsageError("max_connections: expected a positive int")
         if max_connections < 1:
             raise UsageError("max_connections: expected a positive int")
-        if not statement_timeout_s > 0:
-            raise UsageError("statement_timeout_s: expected a positive number of seconds")
-        if isinstance(connect_timeout_s, bool) or not (
-            isinstance(connect_timeout_s, int | float) and 0 < connect_timeout_s < math.inf
-        ):
-            raise UsageError("connect_timeout_s: expected a positive number of seconds")
+        _check_seconds("request_timeout_s", request_timeout_s)
+        if statement_timeout_s is None:
+            statement_timeout_s = request_timeout_s
+        _check_seconds("statement_timeout_s", statement_timeout_s)
+        _check_seconds("connect_timeout_s", connect_timeout_s)
         self._url = url
         self._where = _describe(self._conninfo)
         self._max = max_connections
         self._timeout_ms = max(1, round(statement_timeout_s * 1000))
         self._connect_timeout_s = float(connect_timeout_s)
+        self._request_timeout_s = float(request_timeout_s)
         self._clock = clock
-        self._retry_delays = RETRY_DELAYS if retry_lost_connections else ()
+        self._retry = retry_lost_connections
         self._limiter = trio.CapacityLimiter(max_connections)
         # Cancelling a running statement needs a thread of its own: threads hung in
         # other work (trio's shared limiter) must never keep a cancel from being sent.
@@ -351,9 +418,7 @@ class PostgresStore(ClosableStore):
         from psycopg_pool import ConnectionPool
 
         try:
-            with psycopg.connect(
-                self._url, autocommit=True, connect_timeout=self._libpq_connect_timeout()
-            ) as conn:
+            with psycopg.connect(self._url, **self._connection_options()) as conn:
                 migrate_schema(conn, self._where)
         except psycopg.Error as exc:
             raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
@@ -369,10 +434,11 @@ class PostgresStore(ClosableStore):
 
         pool: ConnectionPool[Any] = ConnectionPool(
             self._url,
-            kwargs={"autocommit": True, "connect_timeout": self._libpq_connect_timeout()},
+            kwargs=self._connection_options(),
             min_size=1,
             max_size=self._max,
             timeout=self._connect_timeout_s,
+            reconnect_timeout=_RECONNECT_S,
             configure=configure,
             open=False,
             name="tak-store",
@@ -381,20 +447,31 @@ class PostgresStore(ClosableStore):
         opening.keep(pool)
         return pool
 
-    def _libpq_connect_timeout(self) -> int:
-        # libpq counts whole seconds, and takes less than 2 as 2.
-        return max(2, math.ceil(self._connect_timeout_s))
+    def _connection_options(self) -> dict[str, Any]:
+        """What every connection is opened with (guarantee 10)."""
+        return {
+            "autocommit": True,
+            # libpq counts whole seconds, and takes less than 2 as 2.
+            "connect_timeout": max(2, math.ceil(self._connect_timeout_s)),
+            "keepalives": 1,
+            "keepalives_idle": KEEPALIVE_IDLE_S,
+            "keepalives_interval": KEEPALIVE_INTERVAL_S,
+            "keepalives_count": KEEPALIVE_COUNT,
+            "tcp_user_timeout": max(1, round(self._request_timeout_s * 1000)),
+        }
 
-    def _getconn(self, pool: ConnectionPool[Any], running: _Running) -> Connection[Any]:
+    def _getconn(
+        self, pool: ConnectionPool[Any], running: _Running, wait_s: float
+    ) -> Connection[Any]:
         """A connection of ``pool``, asked for in slices so a cancel stops the wait.
 
         Raises:
-            _Skipped: the task was cancelled meanwhile.
-            StoreError: no connection within ``connect_timeout_s``.
+            _Skipped: the task was cancelled (or reached its deadline) meanwhile.
+            StoreError: no connection within ``wait_s``.
         """
         from psycopg_pool import PoolTimeout
 
-        deadline = time.monotonic() + self._connect_timeout_s
+        deadline = time.monotonic() + wait_s
         while True:
             if running.cancelled:
                 raise _Skipped
@@ -419,66 +496,97 @@ class PostgresStore(ClosableStore):
         fn: Callable[[Connection[Any]], T],
         *,
         again: Callable[[Connection[Any]], T] | None = None,
+        what: str = "a call",
     ) -> T:
-        """Run ``fn`` with a pooled connection in a thread (see guarantee 6).
+        """Run ``fn`` with a pooled connection in a thread (see guarantees 6 and 10).
 
         For code that keeps tables of its own beside the store's (the batch
-        ledger): the store's pool, its limit on threads, its cancellation and
-        its one-line errors. ``fn`` runs in autocommit mode: a transaction is
-        ``with conn.transaction():``. ``again``: what to run when ``fn`` lost
-        its connection, made again while it does (guarantee 9; ``fn`` itself
-        when it is safe to run twice); ``None``: ``fn`` is not made again.
+        ledger): the store's pool, its limit on threads, its cancellation, its
+        deadline and its one-line errors. ``fn`` runs in autocommit mode: a
+        transaction is ``with conn.transaction():``. ``again``: what to run when
+        ``fn`` lost its connection, made again while it does (guarantee 9;
+        ``fn`` itself when it is safe to run twice); ``None``: ``fn`` is not made
+        again. ``what`` names the call in a timeout's message (``claim``).
 
         Raises:
-            StoreError: a database error (connection lost, statement timeout...).
+            StoreError: a database error (connection lost, statement timeout...),
+                or ``WHERE: WHAT timed out after N s``.
         """
-        delays = self._retry_delays if again is not None else ()
+        deadline = trio.current_time() + self._request_timeout_s
+        retrying = self._retry and again is not None
         call = fn
-        for delay in delays:
+        tries = 0
+        while True:
+            tries += 1
             try:
-                return await self._run_once(call)
+                return await self._run_once(call, what=what, deadline=deadline, patient=retrying)
             except StoreError as exc:
-                if not _connection_lost(exc):
+                if not retrying or not _connection_lost(exc):
                     raise
+                delay = RETRY_DELAYS[min(tries, len(RETRY_DELAYS)) - 1]
+                if trio.current_time() + delay >= deadline:  # down for longer than a restart
+                    raise StoreError(
+                        f"{exc} (gave up after {tries} tries in {self._request_timeout_s:g} s)"
+                    ) from exc
                 logger.warning("%s; trying again in %g s", exc, delay)
             await trio.sleep(delay)
             call = again or fn
-        try:
-            return await self._run_once(call)
-        except StoreError as exc:
-            if delays and _connection_lost(exc):  # down for longer than a restart
-                raise StoreError(f"{exc} (gave up after {len(delays) + 1} tries)") from exc
-            raise
 
-    async def _run_once(self, fn: Callable[[Connection[Any]], T]) -> T:
-        """``fn`` in a thread, once (see guarantee 6).
+    def _timed_out(self, what: str, detail: str = "") -> StoreError:
+        return StoreError(
+            f"{self._where}: {what} timed out after {self._request_timeout_s:g} s{detail}"
+        )
+
+    async def _run_once(
+        self,
+        fn: Callable[[Connection[Any]], T],
+        *,
+        what: str = "a call",
+        deadline: float | None = None,
+        patient: bool = False,
+    ) -> T:
+        """``fn`` in a thread, once, by ``deadline`` (see guarantees 6 and 10).
+
+        ``patient``: wait for a connection until the deadline (the pool
+        reconnecting after a restart), not only ``connect_timeout_s``.
 
         Raises:
-            StoreError: a database error (connection lost, statement timeout...).
+            StoreError: a database error (connection lost, statement timeout...),
+                or the deadline reached.
         """
         import psycopg
 
-        pool = await self._open()
-        async with self._limiter:
+        if deadline is None:
+            deadline = trio.current_time() + self._request_timeout_s
+        with trio.move_on_at(deadline) as waiting:
+            pool = await self._open()
+            await self._limiter.acquire()  # not acquired when it raises Cancelled
+        if waiting.cancelled_caught:
+            raise self._timed_out(what, ": no connection to the server")
+        try:
             running = _Running()
             token = trio.lowlevel.current_trio_token()
             done = trio.Event()
             box: list[outcome.Outcome[T]] = []
+            wait_s = math.inf if patient else self._connect_timeout_s
 
             def work() -> T:
-                conn = self._getconn(pool, running)  # _Skipped: raises its own Cancelled
+                conn = self._getconn(pool, running, wait_s)  # _Skipped: raises its own
                 try:
                     with conn:  # as pool.connection(): ends a transaction left open
                         with running.lock:
                             if running.cancelled:
                                 raise _Skipped
                             running.conn = conn
+                            running.connected = True
                         try:
                             return fn(conn)
                         finally:
                             with running.lock:
                                 running.conn = None
                 finally:
+                    if running.severed:  # never handed out again (guarantee 6)
+                        conn.close()
                     pool.putconn(conn)
 
             def deliver(result: outcome.Outcome[T]) -> None:
@@ -490,29 +598,54 @@ class PostgresStore(ClosableStore):
 
             trio.lowlevel.start_thread_soon(work, deliver)
             try:
-                await done.wait()
+                with trio.move_on_at(deadline):
+                    await done.wait()
             except trio.Cancelled:
                 with trio.CancelScope(shield=True):
-                    if not done.is_set():
-                        await trio.to_thread.run_sync(running.cancel, limiter=self._cancel_limiter)
-                    await done.wait()
+                    await self._take_back(running, done)
                 result = box[0]
                 if isinstance(result, outcome.Value):
                     value: T = result.value
                     return value  # it finished first: it happened
                 raise
+            if not done.is_set():  # the deadline: cancelled like a Cancelled, then said
+                with trio.CancelScope(shield=True):
+                    await self._take_back(running, done)
+                result = box[0]
+                if isinstance(result, outcome.Value):
+                    late: T = result.value
+                    return late  # it finished as the deadline came: it happened
+                detail = "" if running.connected else ": no connection to the server"
+                raise self._timed_out(what, detail) from None
             try:
                 return box[0].unwrap()
             except psycopg.Error as exc:
                 raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
+            except _Skipped:  # cancelled on the server side of the race: the deadline
+                raise self._timed_out(what, ": no connection to the server") from None
+        finally:
+            self._limiter.release()
 
-    async def _select(self, query: str, params: Sequence[object]) -> list[Any]:
+    async def _take_back(self, running: _Running, done: trio.Event) -> None:
+        """Stop the thread of a call given up on, and wait until it gave its connection
+        back: a cancel on the server, then, if the server does not answer it, the
+        connection's socket shut down under the thread (guarantee 6)."""
+        if done.is_set():
+            return
+        await trio.to_thread.run_sync(running.cancel, limiter=self._cancel_limiter)
+        with trio.move_on_after(CANCEL_GRACE_S):
+            await done.wait()
+        if not done.is_set():
+            await trio.to_thread.run_sync(running.sever, limiter=self._cancel_limiter)
+            await done.wait()
+
+    async def _select(self, query: str, params: Sequence[object], what: str) -> list[Any]:
         """The rows of a read, made again while its connection is lost (guarantee 9)."""
 
         def read(conn: Connection[Any]) -> list[Any]:
             return conn.execute(query, params).fetchall()
 
-        return await self.run_in_thread(read, again=read)
+        return await self.run_in_thread(read, again=read, what=what)
 
     # -- the protocol ----------------------------------------------------------
 
@@ -534,7 +667,9 @@ class PostgresStore(ClosableStore):
 
             # With a uuid each, a second try stores only what the first did not.
             twice_safe = all(uuid is not None for _, uuid, _ in batch)
-            await self.run_in_thread(append, again=append if twice_safe else None)
+            await self.run_in_thread(
+                append, again=append if twice_safe else None, what=f"append to {key.name}"
+            )
 
     async def load(self, key: SessionKey) -> list[dict[str, Any]] | None:
         """See ``SessionStore.load``."""
@@ -555,7 +690,9 @@ class PostgresStore(ClosableStore):
         params = (key.project, key.session_id, _subpath(key))
         seq = start
         while True:
-            rows: list[tuple[int, str]] = await self._select(_SELECT_ENTRIES, (*params, seq, _PAGE))
+            rows: list[tuple[int, str]] = await self._select(
+                _SELECT_ENTRIES, (*params, seq, _PAGE), f"read of {key.name}"
+            )
             for _, text in rows:
                 yield json.loads(text)
             if len(rows) < _PAGE:
@@ -569,6 +706,7 @@ class PostgresStore(ClosableStore):
             "SELECT session_id, mtime_ms FROM tak_sessions"
             " WHERE project = %s AND subpath = '' ORDER BY session_id",
             (project,),
+            f"list_sessions of {project}",
         )
         return [SessionInfo(sid, mtime) for sid, mtime in rows]
 
@@ -579,6 +717,7 @@ class PostgresStore(ClosableStore):
             "SELECT session_id, mtime_ms, summary FROM tak_sessions"
             " WHERE project = %s AND subpath = '' ORDER BY session_id",
             (project,),
+            f"list_session_summaries of {project}",
         )
         return [
             SessionSummary(sid, mtime, _summary_data(summary) or SummaryData())
@@ -591,7 +730,9 @@ class PostgresStore(ClosableStore):
         Not made again when its connection is lost: a first try that committed
         would make the second say there was nothing to delete.
         """
-        return await self.run_in_thread(lambda conn: _delete(conn, key))
+        return await self.run_in_thread(
+            lambda conn: _delete(conn, key), what=f"delete of {key.name}"
+        )
 
     async def list_subkeys(self, key: SessionKey) -> list[str]:
         """See ``SessionStore.list_subkeys``."""
@@ -600,6 +741,7 @@ class PostgresStore(ClosableStore):
             "SELECT subpath FROM tak_sessions WHERE project = %s AND session_id = %s"
             " AND subpath <> '' AND starts_with(subpath, %s) ORDER BY subpath",
             (key.project, key.session_id, prefix),
+            f"list_subkeys of {key.name}",
         )
         return [sub for (sub,) in rows]
 
@@ -799,6 +941,12 @@ def _describe(conninfo: Mapping[str, Any]) -> str:
     port = conninfo.get("port") or 5432
     db = conninfo.get("dbname") or conninfo.get("user") or ""
     return f"PostgreSQL {host}:{port}/{db}"
+
+
+def _check_seconds(name: str, value: object) -> None:
+    # bool is an int in Python: refuse it; an endless wait is no limit at all.
+    if isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value < math.inf):
+        raise UsageError(f"{name}: expected a positive number of seconds, got {value!r}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -430,6 +430,43 @@ def test_open_store_follows_the_config_and_the_environment(
         assert "\n" not in str(info.value) and "pw" not in str(info.value)
 
 
+def test_request_timeout_comes_from_tak_toml_and_is_checked_there(tmp_path: Any) -> None:
+    """10: ``[store] request_timeout_s`` bounds every call of the store tak.toml makes
+    (30 s when unset); a value that is no positive number of seconds is refused at
+    start, in one line naming the file and the setting, by both readers of tak.toml."""
+    from kernel.home import Config, TakHome
+    from kernel.store import open_store
+
+    home = TakHome(tmp_path)
+    url = "postgresql://tak@db.example/tak"
+    store = open_store(home, {"store": {"url": url, "request_timeout_s": 4.5}})
+    assert isinstance(store, PostgresStore) and store._request_timeout_s == 4.5
+    store = open_store(home, {"store": {"url": url}})
+    assert isinstance(store, PostgresStore) and store._request_timeout_s == 30.0
+    assert Config.from_toml({"store": {"request_timeout_s": 2}}).store.request_timeout_s == 2.0
+    for bad in (0, -1, True, "5", float("inf"), float("nan")):
+        with pytest.raises(UsageError) as info:
+            open_store(home, {"store": {"url": url, "request_timeout_s": bad}})
+        assert str(info.value).startswith(
+            f"{home.config_file}: [store] request_timeout_s: expected a "
+        )
+        with pytest.raises(UsageError) as parsed:
+            Config.from_toml({"store": {"request_timeout_s": bad}})
+        assert str(parsed.value).startswith("tak.toml: $.store.request_timeout_s: expected ")
+        assert "\n" not in str(info.value) + str(parsed.value)
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "tak.toml").write_text("[store]\nrequest_timeout_s = 0\n")
+    with pytest.raises(UsageError, match=r"tak.toml: \[store\] request_timeout_s: expected"):
+        home.load_config()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "30", math.inf])
+def test_request_timeout_must_be_a_positive_number(bad: Any) -> None:
+    with pytest.raises(UsageError, match=r"^request_timeout_s: expected a positive number"):
+        PostgresStore("postgresql://tak@db/tak", request_timeout_s=bad)
+
+
 async def test_a_kernel_keeps_its_sessions_in_postgres(
     db_url: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
