@@ -29,14 +29,17 @@ entries read from the store:
 A cache is an optimisation checked against the store: what it returns is
 what the reference functions give for the transcript as the store holds it.
 It holds at most ``max_sessions`` sessions and ``max_entries`` folded
-entries; the least recently used session is dropped whole.
+entries; the least recently used session is dropped whole. ``release_idle``
+drops the sessions not used for a while (a ``Kernel`` calls it, see
+``kernel.kernel.IdleSessions``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Container, Iterable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -296,7 +299,7 @@ def history_from_entries(entries: Sequence[Mapping[str, Any]]) -> list[Message]:
 class _Folded:
     """What a ``HistoryCache`` knows of one transcript."""
 
-    __slots__ = ("count", "cut", "fold", "last", "recut", "store", "summary")
+    __slots__ = ("count", "cut", "fold", "last", "recut", "store", "summary", "used")
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
@@ -306,6 +309,7 @@ class _Folded:
         self.summary: str | None = None  # the latest compaction's summary
         self.fold = MessageFold()
         self.recut = False  # a compaction arrived: fold again from its cut before use
+        self.used = -math.inf  # trio.current_time() of the last use (release_idle)
 
     def extend(self, entries: Sequence[Mapping[str, Any]]) -> None:
         """Add the transcript's next ``entries`` (positions ``count`` on)."""
@@ -514,7 +518,32 @@ class HistoryCache:
                 state = await self._build(store, key, hint=state.cut)
             return self._used(key, state)
 
+    def release_idle(
+        self, *, keep: int, used_before: float = -math.inf, busy: Container[str] = ()
+    ) -> int:
+        """Drop the sessions last used before ``used_before`` (a ``trio.current_time()``),
+        and the least recently used beyond the ``keep`` most recent; how many.
+
+        In use, and kept: a session whose turn is held (``hold_turn``), and those
+        whose main transcript's name (``SessionKey.name``) is in ``busy`` (their
+        child transcripts too). A session dropped is read again from the store at
+        its next use.
+        """
+        excess = len(self._sessions) - keep
+        idle = [
+            name
+            for at, (name, state) in enumerate(self._sessions.items())
+            if (at < excess or state.used < used_before)
+            and name not in self._turns
+            and name.partition(":")[0] not in busy
+        ]
+        for name in idle:
+            state = self._sessions.pop(name)
+            self._entries -= state.count - state.cut
+        return len(idle)
+
     def _used(self, key: SessionKey, state: _Folded) -> _Folded:
+        state.used = trio.current_time()
         self._sessions.move_to_end(key.name)
         self._evict(keep=key.name)
         return state

@@ -56,7 +56,7 @@ from .models import Model, ModelBudget, open_http_client, resolve_model
 from .plugin import ToolContext, use_context
 from .session import Session
 from .settings import ModelSettings, merge
-from .store import SessionKey, SessionStore, open_store
+from .store import FileStore, SessionKey, SessionStore, open_store
 from .tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
@@ -64,6 +64,49 @@ if TYPE_CHECKING:
 
     from plugins import McpServers, PluginHost, PluginSpec
     from sandbox import Workspace
+
+
+@attrs.frozen(kw_only=True)
+class IdleSessions:
+    """When a kernel lets go of the sessions nobody is using (``open_kernel(idle_sessions=)``).
+
+    A long-running kernel (``tak serve``) sees sessions come and go: what it
+    keeps of each (the transcript's descriptors a ``FileStore`` holds open for
+    appending — the file, its directory and its lock file — and the cached
+    history, ``Kernel.history``) is given back once the session is idle: when
+    more than ``keep`` idle sessions hold theirs (the least recently used goes
+    first), and when one has not been used for ``after_s`` seconds (released
+    within ``after_s * 1.25``). A session in use (an append in flight, a turn
+    holding it) is never released; using a released one reads it back from the
+    store, which is all it costs.
+
+    Attributes:
+        keep: idle sessions that keep theirs (at least 0).
+        after_s: seconds after its last use that a session is released (positive).
+
+    Raises:
+        UsageError: ``keep`` is not an integer of at least 0, or ``after_s`` not a
+            positive number.
+    """
+
+    keep: int = attrs.field(default=16)
+    after_s: float = attrs.field(default=300.0)
+
+    @keep.validator
+    def _check_keep(self, attribute: attrs.Attribute[int], value: object) -> None:
+        # bool is an int in Python: refuse it, as any non-integer.
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise UsageError(f"IdleSessions.keep must be an integer of at least 0, got {value!r}")
+
+    @after_s.validator
+    def _check_after(self, attribute: attrs.Attribute[float], value: object) -> None:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < float("inf")
+        ):
+            raise UsageError(f"IdleSessions.after_s must be a positive number, got {value!r}")
+
 
 #: How many other-model agents ``Kernel.agent_for`` keeps (least recently used goes first):
 #: a client choosing a model per request must not grow the kernel without bound.
@@ -91,7 +134,14 @@ class Kernel:
         mcp: McpServers | None = None,
         allowed_tools: Sequence[str] | None = None,
         budget: ModelBudget | None = None,
+        idle_sessions: IdleSessions = IdleSessions(),
     ) -> None:
+        #: When idle sessions' descriptors and cached history are given back.
+        self.idle_sessions = idle_sessions
+        self._session_left = trio.Event()  # a call or a turn ended: look at the counts
+        # Main transcripts' names (SessionKey.name) with a call or a turn running: kept.
+        self._busy: dict[str, int] = {}
+        self._releasing = trio.Lock()  # one release_idle_sessions at a time
         #: The limits every model of this kernel shares (``open_kernel(budget=)``):
         #: ``budget.snapshot()`` shows each provider's requests in flight and waiting.
         self.budget = budget
@@ -117,6 +167,57 @@ class Kernel:
         self.history = HistoryCache()
         self._compacting: set[str] = set()
         self._compact_again: set[str] = set()  # asked for while one was running
+
+    async def release_idle_sessions(self) -> None:
+        """Give back what idle sessions hold, as ``idle_sessions`` says (see
+        ``IdleSessions``). ``open_kernel`` runs it in the kernel's nursery after
+        each call and turn that leaves more than ``keep`` idle, and every
+        ``after_s / 4`` seconds; a call waits for the one running to finish.
+        Closing is best effort (a summary not written is rebuilt at the next open).
+        """
+        async with self._releasing:
+            idle = self.idle_sessions
+            used_before = trio.current_time() - idle.after_s
+            busy = self._busy.keys()
+            self.history.release_idle(keep=idle.keep, used_before=used_before, busy=busy)
+            if isinstance(self.store, FileStore):
+                await self.store.close_idle(keep=idle.keep, used_before=used_before, busy=busy)
+
+    async def _release_idle_sessions_forever(self) -> None:
+        """The kernel's releaser: never raises (see ``open_kernel``'s nursery)."""
+        period = self.idle_sessions.after_s / 4
+        next_round = trio.current_time() + period
+        while True:
+            with trio.move_on_at(next_round):
+                await self._session_left.wait()
+            now = trio.current_time()
+            if now >= next_round:
+                next_round = now + period
+            self._session_left = trio.Event()
+            try:
+                await self.release_idle_sessions()
+            except Exception:
+                # A bug here must not end the kernel (its nursery would re-raise it).
+                logger.exception("releasing idle sessions failed; trying again later")
+
+    @contextlib.contextmanager
+    def _in_use(self, session: Session) -> Iterator[None]:
+        """``session`` is in use for the block (never released meanwhile); after
+        it, the releaser is woken if idle sessions may be more than ``keep``."""
+        name = session.key.main.name
+        self._busy[name] = self._busy.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            if self._busy[name] == 1:
+                del self._busy[name]
+            else:
+                self._busy[name] -= 1
+            keep = self.idle_sessions.keep + len(self._busy)
+            if len(self.history) > keep or (
+                isinstance(self.store, FileStore) and self.store.open_files > keep
+            ):
+                self._session_left.set()
 
     @contextlib.contextmanager
     def tool_context(
@@ -170,7 +271,7 @@ class Kernel:
         if self.mcp is not None:
             # A lazy MCP server starts when a call names one of its tools.
             await self.mcp.list_tools_for([c.name for c in calls])
-        with self.tool_context(session, workspace):
+        with self._in_use(session), self.tool_context(session, workspace):
             return await run_calls_recorded(
                 session,
                 Message("assistant", list(calls)),
@@ -227,7 +328,7 @@ class Kernel:
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
         await self._list_mcp_tools(tools)
-        with self.tool_context(session, workspace):
+        with self._in_use(session), self.tool_context(session, workspace):
             result = await agent.run_turn(
                 session, prompt, on_event=on_event, settings=settings, tools=tools
             )
@@ -286,7 +387,7 @@ class Kernel:
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
         await self._list_mcp_tools(tools)
-        with self.tool_context(session, workspace):
+        with self._in_use(session), self.tool_context(session, workspace):
             result = await agent.resume_turn(
                 session, on_event=on_event, settings=settings, tools=tools
             )
@@ -311,7 +412,7 @@ class Kernel:
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
         await self._list_mcp_tools(tools)
         # The agent's tasks start inside this block, so they inherit the context.
-        with self.tool_context(session, workspace):
+        with self._in_use(session), self.tool_context(session, workspace):
             async with agent.run(session, prompt, settings=settings, tools=tools) as events:
                 yield events
         self._compact_later(session)
@@ -451,6 +552,7 @@ async def open_kernel(
     allowed_tools: Sequence[str] | None = None,
     mcp_servers: Mapping[str, McpServerConfig] | None = None,
     budget: ModelBudget | None = None,
+    idle_sessions: IdleSessions = IdleSessions(),
 ) -> AsyncIterator[Kernel]:
     """Open a kernel: its home, store, model, tools and plugins, and a nursery for its tasks.
 
@@ -484,6 +586,9 @@ async def open_kernel(
             string's; a ``Model`` object passed in is used as it is); default:
             ``[budget]`` of ``tak.toml``, else no limits (a provider's
             ``Retry-After`` is still shared).
+        idle_sessions: when the descriptors and cached history of sessions
+            nobody uses are given back (``IdleSessions``: by default beyond 16
+            idle sessions, and after 5 minutes).
 
     Raises:
         UsageError: a bad model string, a missing API key, a workspace that is
@@ -548,7 +653,7 @@ async def open_kernel(
             )
             try:
                 async with trio.open_nursery() as nursery:
-                    yield Kernel(
+                    k = Kernel(
                         home=tak_home,
                         workspace=work,
                         store=the_store,
@@ -564,7 +669,12 @@ async def open_kernel(
                         ),
                         mcp=mcp,
                         budget=the_budget,
+                        idle_sessions=idle_sessions,
                     )
+                    nursery.start_soon(
+                        k._release_idle_sessions_forever, name="release idle sessions"
+                    )
+                    yield k
                     # Background work (compaction) is optional: don't hold the exit for it.
                     nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
@@ -582,4 +692,4 @@ async def open_kernel(
                 await the_store.aclose()
 
 
-__all__ = ["DEFAULT_PROJECT", "Kernel", "open_kernel"]
+__all__ = ["DEFAULT_PROJECT", "IdleSessions", "Kernel", "open_kernel"]

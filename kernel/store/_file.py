@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
@@ -58,6 +59,7 @@ class _OpenTranscript(TranscriptState):
         "release",
         "session",
         "size",
+        "used",
     )
 
     def __init__(
@@ -83,6 +85,7 @@ class _OpenTranscript(TranscriptState):
         self.session = session  # its flock is held from _state_for_append to _write
         self.hold = -1  # the session's hold in which this file was last checked
         self.release = release
+        self.used = trio.current_time()  # opened, then last appended to (close_idle)
 
     def fresh(self, batch: list[EncodedEntry]) -> list[EncodedEntry]:
         fresh = super().fresh(batch)
@@ -490,6 +493,7 @@ class FileStore(BaseStore):
         state.lines += len(fresh)
         state.last_len = len(fresh[-1][2])  # an append's last line has no leading space
         state.dirty = True
+        state.used = trio.current_time()
         state.commit(fresh, mtime_ms)
 
     # -- reading -------------------------------------------------------------
@@ -800,6 +804,42 @@ class FileStore(BaseStore):
 
     def _repair_sync(self, key: SessionKey) -> RepairReport | None:
         return _disk.repair_transcript(self._root, key, durable=self._durable)
+
+    async def close_idle(
+        self, *, keep: int, used_before: float = -math.inf, busy: Container[str] = ()
+    ) -> int:
+        """Close the descriptors of transcripts nobody is appending to now: those
+        last appended to (or opened) before ``used_before`` (a ``trio.current_time()``),
+        and the least recently used beyond the ``keep`` most recent. Returns how
+        many were closed. Kept, besides those with an append in flight: the
+        transcripts of the sessions whose main transcript's name
+        (``SessionKey.name``) is in ``busy``.
+
+        Their summaries and mtimes are written, as ``aclose`` does; the next
+        append to one opens it again (its checkpoint and tail are read, not the
+        whole file). ``max_open`` bounds the descriptors an append may need; this
+        lets a long-running process give back those of sessions it is done with
+        (``kernel.kernel.IdleSessions``).
+        """
+        if self._closed:
+            return 0
+        excess = len(self._open) - keep
+        victims = [
+            name
+            for at, (name, handle) in enumerate(self._open.items())
+            if (at < excess or handle.used < used_before)
+            and name not in self._locks
+            and name.partition(":")[0] not in busy
+        ]
+        if not victims:
+            return 0
+        async with contextlib.AsyncExitStack() as stack:
+            # Free locks are taken without yielding: nobody appends to these meanwhile.
+            for name in victims:
+                await stack.enter_async_context(self._locks.hold(name))
+            closing = [h for n in victims if (h := self._open.pop(n, None)) is not None]
+            await self._close_all(closing)
+        return len(closing)
 
     async def aclose(self) -> None:
         """Close every transcript, writing summaries and mtimes; refuse further use."""
