@@ -69,9 +69,10 @@ async def test_tak_serve_descriptors_stay_flat_over_many_sessions(
     seconds = float(os.environ.get("TAK_SOAK_SECONDS", "1800")) if stress else None
     sessions = 48  # bounded run: three times KEEP
     log = (tmp_path / "serve.log").open("wb")
+    home = str(tmp_path / "home")
+    command = [sys.executable, "-m", "kernel.cli", "--home", home, "--plugin", "demo"]
     server = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home"), "--plugin"]
-        + ["demo", "serve", "--port", "0"],
+        [*command, "serve", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=log,
     )
