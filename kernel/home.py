@@ -14,7 +14,7 @@ start with one line that names the file and the setting's path in it::
 
     ~/.tak/config/tak.toml: $.sandbox.allow_unsandboxed: expected a boolean, got "yes"
 
-The older readers (``TakHome.load_config``, ``workspace_max_bytes``,
+The older readers (``TakHome.load_config``, ``workspace_max_bytes``, ``workspace_max_files``,
 ``store_url``) work on the parsed TOML as a mapping, for code that still
 takes one.
 """
@@ -92,13 +92,14 @@ class TakHome:
 
         Raises:
             UsageError: the file is not valid TOML (the message names it and the line),
-                or a setting this module checks is wrong (``[workspace] max_bytes``,
-                ``[store] url``).
+                or a setting this module checks is wrong (``[workspace] max_bytes`` or
+                ``max_files``, ``[store] url``).
         """
         config = self._read_toml()
         if config is None:
             return {}
         workspace_max_bytes(config, self.config_file)  # refused here, at start, not later
+        workspace_max_files(config, self.config_file)
         store_url(config, self.config_file)
         store_request_timeout_s(config, self.config_file)
         return config
@@ -170,6 +171,28 @@ def workspace_max_bytes(
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise UsageError(
             f"{source}: [workspace] max_bytes must be a positive whole number of bytes, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def workspace_max_files(
+    config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.toml"
+) -> int | None:
+    """``[workspace] max_files``: how many names the workspace may hold, ``None`` when unset.
+
+    Raises:
+        UsageError: not a positive integer (one line naming ``source`` and the key).
+    """
+    section = config.get("workspace", {})
+    if not isinstance(section, Mapping):
+        raise UsageError(f"{source}: [workspace] must be a table, got {section!r}")
+    value = section.get("max_files")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(
+            f"{source}: [workspace] max_files must be a positive whole number of files, "
             f"got {value!r}"
         )
     return value
@@ -252,6 +275,11 @@ def _check_bytes(value: int | None) -> None:
         raise _BadValue(f"expected a positive whole number of bytes, got {_shown(value)}")
 
 
+def _check_files(value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise _BadValue(f"expected a positive whole number of files, got {_shown(value)}")
+
+
 def _validator(check: Callable[[Any], None]) -> Callable[[object, attrs.Attribute[Any], Any], None]:
     """``check`` as an attrs validator (a record made in code is checked like one read)."""
 
@@ -290,9 +318,12 @@ class WorkspaceConfig:
 
     Attributes:
         max_bytes: the workspace's disk budget (``None``: the plugin host's default).
+        max_files: how many names (files, directories, links) it may hold (``None``:
+            the plugin host's default, ``sandbox.DEFAULT_MAX_FILES``).
     """
 
     max_bytes: int | None = attrs.field(default=None, validator=_validator(_check_bytes))
+    max_files: int | None = attrs.field(default=None, validator=_validator(_check_files))
 
 
 @attrs.frozen(kw_only=True)
@@ -705,7 +736,11 @@ def _config_converter() -> cattrs.Converter:
     conv.register_structure_hook(SandboxConfig, section(SandboxConfig))
     conv.register_structure_hook(
         WorkspaceConfig,
-        section(WorkspaceConfig, max_bytes=override(struct_hook=strict(int, _check_bytes))),
+        section(
+            WorkspaceConfig,
+            max_bytes=override(struct_hook=strict(int, _check_bytes)),
+            max_files=override(struct_hook=strict(int, _check_files)),
+        ),
     )
 
     def model_settings(value: Any, _: Any) -> ModelSettings:

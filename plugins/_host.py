@@ -62,12 +62,13 @@ import cattrs
 import trio
 
 from kernel.errors import KernelError, SandboxError, UsageError
-from kernel.home import TakHome, workspace_max_bytes
+from kernel.home import TakHome, workspace_max_bytes, workspace_max_files
 from kernel.messages import converter, describe_structure_error
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
 from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolFailure, ToolRegistry
 from sandbox import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FILES,
     IsolationSupport,
     Policy,
     ToolSpec,
@@ -76,6 +77,7 @@ from sandbox import (
     Workspace,
     check_workspace_overlap,
     escape_log_text,
+    measure_budget,
     open_worker_pool,
 )
 
@@ -287,17 +289,21 @@ class PluginHost:
                 environment, the kernel's code or ``$TAK_HOME`` (see ``guarded_paths``).
         """
         await self.check_workspace(path)
-        max_bytes = self.workspace.max_bytes
-        ws = await trio.to_thread.run_sync(_open_lent, path, max_bytes)
+        budget = self.workspace.max_bytes, self.workspace.max_files
+        ws = await trio.to_thread.run_sync(_open_lent, path, *budget)
         lent = _TaskWorkspace(ws)
         self._lent[id(ws)] = lent
         try:
-            yield ws
+            async with self.pool.watch_budget(ws):
+                try:
+                    yield ws
+                finally:
+                    del self._lent[id(ws)]
+                    with trio.CancelScope(shield=True):
+                        for worker in lent.workers.values():
+                            await self.pool.close_worker(worker)
         finally:
-            del self._lent[id(ws)]
-            with trio.CancelScope(shield=True):
-                for worker in lent.workers.values():
-                    await self.pool.close_worker(worker)
+            self._lent.pop(id(ws), None)
             ws.close()
 
     async def check_workspace(self, path: str | os.PathLike[str]) -> None:
@@ -616,12 +622,15 @@ class PluginHost:
         """After each call of a plugin that may write the workspace: measure it again.
 
         A worker's writes do not go through ``self.workspace``: its usage is bounded
-        by the file system's free space (``Workspace.bounded_usage``), and the tree is
-        walked, in a thread and with every worker frozen (``WorkerPool.frozen``), only
-        when that bound could pass the budget. fs tools then refuse
-        writes past the budget, and the call that took the workspace over it fails and
-        says so; so does a call after which the usage could not be measured (fail
-        closed: a worker that keeps the tree changing must not escape the budget).
+        by the file system's free space and free inodes (``Workspace.bounded_usage``),
+        and the tree is walked, in a thread and with every worker frozen
+        (``sandbox._diskwatch.measure``), only when that bound could pass the budget.
+        fs tools then refuse writes past the budget, and the call that took the
+        workspace over it (bytes or files) fails and says so; so does a call after
+        which the usage could not be measured (fail closed: a worker that keeps the
+        tree changing must not escape the budget). While the call runs, and after it
+        for whatever it left running, the pool's watchdog (``WorkerPool.watch_budget``)
+        holds the same budget.
         """
         ws = workspace if workspace is not None else self.workspace
         if permissions.workspace != "write" or ws.max_bytes is None:
@@ -631,30 +640,21 @@ class PluginHost:
     async def _check_budget(self, workspace: Workspace | None = None) -> None:
         """Raises: ToolFailure: the workspace is over its disk budget, or unmeasurable."""
         ws = workspace if workspace is not None else self.workspace
-        limit = ws.max_bytes
         try:
             used = await trio.to_thread.run_sync(ws.bounded_usage)
-            if used is None:
-                # A walk: with every worker stopped, so that none (nor a program it
-                # left running) can move what it wrote out of the walk's way.
-                async with self.pool.frozen():
-                    used = await trio.to_thread.run_sync(ws.refresh_usage)
-                    # A file a worker keeps open after unlinking it is in no directory.
-                    device = os.fstat(ws.fileno()).st_dev
-                    hidden = await self.pool.unlinked_open_bytes(device)
-                    if hidden:
-                        used = ws.add_usage(hidden)
+            # A walk: with every worker stopped, so that none (nor a program it left
+            # running) can move what it wrote out of the walk's way.
+            over = ws.over_budget() if used is not None else await measure_budget(self.pool, ws)
         except KernelError as exc:
             raise ToolFailure(
                 "denied",
                 f"the workspace's disk usage could not be measured after this call ({exc}); "
                 "its budget cannot be checked, so the call is refused",
             ) from None
-        if limit is not None and used > limit:
+        if over is not None:
             raise ToolFailure(
                 "denied",
-                f"workspace over its budget: {used} bytes > max_bytes {limit} "
-                "([workspace] max_bytes in tak.toml); what this call wrote stays, and "
+                f"workspace over its budget: {over}; what this call wrote stays, and "
                 "further writes are refused until files are removed",
             )
 
@@ -778,11 +778,26 @@ def _workspace_of_caller() -> Workspace | None:
         return None
 
 
-def _open_lent(path: str | os.PathLike[str], max_bytes: int | None) -> Workspace:
+@contextlib.asynccontextmanager
+async def _watched_workspace(
+    pool: WorkerPool, *, max_bytes: int, max_files: int
+) -> AsyncIterator[Workspace]:
+    """The host's own workspace (``.tak/`` protected), its budget held by the pool's
+    disk watchdog while the block runs."""
+    with Workspace(
+        pool.workspace, protected=(".tak",), max_bytes=max_bytes, max_files=max_files
+    ) as ws:
+        async with pool.watch_budget(ws):
+            yield ws
+
+
+def _open_lent(
+    path: str | os.PathLike[str], max_bytes: int | None, max_files: int | None
+) -> Workspace:
     """A lent workspace, opened as the host's own is (``.tak/`` protected, the budget)."""
     with Workspace(path) as ws:
         ws.mkdir(".tak/tmp", parents=True, exist_ok=True)  # a worker's TMPDIR
-    return Workspace(path, protected=(".tak",), max_bytes=max_bytes)
+    return Workspace(path, protected=(".tak",), max_bytes=max_bytes, max_files=max_files)
 
 
 def _read_in(workspace: Workspace, path: str) -> bytes:
@@ -896,10 +911,11 @@ async def open_plugin_host(
         workspace, allow_unsandboxed=allow_unsandboxed, isolation=isolation
     ) as pool:
         budget = workspace_max_bytes(config or {})
-        with Workspace(
-            pool.workspace,
-            protected=(".tak",),
+        files = workspace_max_files(config or {})
+        async with _watched_workspace(
+            pool,
             max_bytes=DEFAULT_MAX_BYTES if budget is None else budget,
+            max_files=DEFAULT_MAX_FILES if files is None else files,
         ) as ws:
             host = PluginHost(
                 workspace=ws, pool=pool, config=config or {}, tools=registry, home=tak_home

@@ -10,7 +10,9 @@ below load their modules on first use, and only ``open_worker_pool`` and
 its kin bring in Trio.
 
 - ``Workspace``: paths resolved by the kernel beneath one directory fd
-  (``DEFAULT_MAX_BYTES``: its default disk budget); ``check_workspace_overlap``:
+  (``DEFAULT_MAX_BYTES``, ``DEFAULT_MAX_FILES``: its default disk budget);
+  ``DiskWatch``, ``measure_budget``: that budget held while workers run
+  (``WorkerPool.watch_budget``); ``check_workspace_overlap``:
   refuse a workspace over guarded paths; ``escape_log_text``: worker text made
   log-safe.
 - ``Policy``, ``Limits``, ``WorkspaceAccess``: what one worker may do, and the
@@ -38,6 +40,9 @@ _EXPORTS: dict[str, str] = {
     "Entry": "_workspace",
     "openat2_available": "_workspace",
     "DEFAULT_MAX_BYTES": "_workspace",
+    "DEFAULT_MAX_FILES": "_workspace",
+    "DiskWatch": "_diskwatch",
+    "measure_budget": "_diskwatch",
     "check_workspace_overlap": "_overlap",
     "escape_log_text": "_logtext",
     "Policy": "_policy",
@@ -67,6 +72,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
+    from ._diskwatch import DiskWatch as DiskWatch
+    from ._diskwatch import measure_budget as measure_budget
     from ._logtext import escape_log_text as escape_log_text
     from ._overlap import check_workspace_overlap as check_workspace_overlap
     from ._policy import Limits as Limits
@@ -88,6 +95,7 @@ if TYPE_CHECKING:
     from ._protocol import WorkerConfig as WorkerConfig
     from ._protocol import WorkerFrameError as WorkerFrameError
     from ._workspace import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
+    from ._workspace import DEFAULT_MAX_FILES as DEFAULT_MAX_FILES
     from ._workspace import Entry as Entry
     from ._workspace import Workspace as Workspace
     from ._workspace import openat2_available as openat2_available

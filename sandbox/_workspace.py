@@ -18,7 +18,8 @@ on behalf of a hostile model:
   resolved parent and each of its ancestors, so ``..``, symbolic links, a
   renamed ``.tak`` or a new one made in its place all meet it;
 - with ``max_bytes``, a write that would take the workspace past its disk
-  budget is refused.
+  budget is refused; with ``max_files``, so is one that would make it hold
+  more names (files, directories, links) than that.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ _SPECIAL_BITS: Final = 0o7000
 _IN_PLACE: Final = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 #: The workspace disk budget the host applies when tak.toml does not set one.
 DEFAULT_MAX_BYTES: Final = 4 * 1024**3
+#: How many names (files, directories, links) a workspace may hold unless tak.toml
+#: says otherwise. Empty files cost no blocks, so bytes alone do not bound them; and
+#: every walk of the tree (the budget's, fs grep's) costs one step per name: 200,000
+#: is what fs grep walks at most, a walk of ~0.5 s.
+DEFAULT_MAX_FILES: Final = 200_000
 
 EntryKind = Literal["file", "dir", "symlink", "other"]
 _Identity = tuple[int, int]
@@ -174,6 +180,9 @@ class Workspace:
     symbolic links not followed, other file systems mounted inside not
     counted): ``usage()`` measures it once, writes through this object adjust
     the figure, ``refresh_usage()`` measures again after someone else wrote.
+    ``max_files`` bounds the names it holds (every file, directory and link
+    below the root, each hard link once per name): ``files()``, measured by
+    the same walk.
 
     Raises (every method):
         SandboxError: the path was refused; the message says which and why.
@@ -182,8 +191,11 @@ class Workspace:
     """
 
     max_bytes: int | None = None
+    max_files: int | None = None
     _protected: tuple[str, ...] = ()
     _usage: int | None = None
+    _files: int | None = None
+    _ffree_seen: int | None = None
     _usage_lock: threading.Lock = threading.Lock()
     _settles: int = 0
     _free_seen: int | None = None
@@ -197,6 +209,7 @@ class Workspace:
         use_openat2: bool | None = None,
         protected: Sequence[str] = (),
         max_bytes: int | None = None,
+        max_files: int | None = None,
         lazy: bool = False,
     ) -> None:
         """Open ``path`` now, or with ``lazy`` on first use.
@@ -212,6 +225,7 @@ class Workspace:
         self.max_read = max_read
         self.max_write = max_write
         self.max_bytes = max_bytes
+        self.max_files = max_files
         self._use_openat2 = use_openat2
         self._usage_lock = threading.Lock()
         self._open_lock = threading.Lock()
@@ -412,10 +426,11 @@ class Workspace:
             self._guard(parent, name, rel)
             mode: int | None = None  # a new file: 0o666 less the umask
             freed = 0
+            new_name = False  # a name more for max_files
             try:
                 existing = os.stat(name, dir_fd=parent, follow_symlinks=False)
             except FileNotFoundError:
-                pass
+                new_name = True
             else:
                 if stat_module.S_ISDIR(existing.st_mode):
                     raise IsADirectoryError(errno.EISDIR, "is a directory", rel)
@@ -435,7 +450,13 @@ class Workspace:
                 else:
                     freed = _disk_bytes(existing)
             reserved = len(data) - freed
-            self._reserve(rel, reserved)
+            if new_name:
+                self._reserve_files(rel)
+            try:
+                self._reserve(rel, reserved)
+            except BaseException:
+                self._adjust_files(-int(new_name))
+                raise
             # os.urandom as secrets.token_hex does: ``secrets`` (hmac, hashlib) would
             # cost every worker's start its import.
             tmp = f".{name[:200]}.{os.urandom(6).hex()}.tmp"
@@ -448,6 +469,7 @@ class Workspace:
                 )
             except BaseException:
                 self._adjust(-max(reserved, 0))
+                self._adjust_files(-int(new_name))
                 raise
             try:
                 if mode is not None:
@@ -458,6 +480,7 @@ class Workspace:
                 self._adjust(_disk_bytes(os.fstat(fd)) - freed - max(reserved, 0))
             except BaseException:
                 self._adjust(-max(reserved, 0))
+                self._adjust_files(-int(new_name))
                 try:
                     os.unlink(tmp, dir_fd=parent)
                 except OSError:
@@ -473,7 +496,15 @@ class Workspace:
         """Append to a regular file, creating it when missing."""
         rel = self._check(path)
         raw = data.encode("utf-8") if isinstance(data, str) else data
-        fd = self.open(rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with self._parent(rel) as (parent, name):
+            new = not self._lexists(parent, name)
+        if new:
+            self._reserve_files(rel)
+        try:
+            fd = self.open(rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except BaseException:
+            self._adjust_files(-int(new))
+            raise
         try:
             before = os.fstat(fd)
             if before.st_size + len(raw) > self.max_write:
@@ -552,17 +583,24 @@ class Workspace:
                     raise FileExistsError(errno.EEXIST, "file exists", rel)
                 return
             self._guard(parent, name, rel)
-            self._reserve(rel, 4096)
+            self._reserve_files(rel)
+            try:
+                self._reserve(rel, 4096)
+            except BaseException:
+                self._adjust_files(-1)
+                raise
             try:
                 os.mkdir(name, 0o777, dir_fd=parent)
             except FileExistsError:
                 self._adjust(-4096)
+                self._adjust_files(-1)
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
                 if not (exist_ok and stat_module.S_ISDIR(st.st_mode)):
                     raise FileExistsError(errno.EEXIST, "file exists", rel) from None
                 return
             except BaseException:
                 self._adjust(-4096)
+                self._adjust_files(-1)
                 raise
             self._settle_dir(parent, name)
 
@@ -594,6 +632,15 @@ class Workspace:
                 os.unlink(name, dir_fd=parent)
             if stat_module.S_ISDIR(st.st_mode) or st.st_nlink == 1:
                 self._adjust(-_disk_bytes(st))
+            self._adjust_files(-1)
+
+    @staticmethod
+    def _lexists(parent: int, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
 
     def rename(self, src: str, dst: str, *, overwrite: bool = False) -> None:
         """Rename within the workspace; both ends are resolved inside it."""
@@ -635,13 +682,33 @@ class Workspace:
             cached = self._usage
         return self.refresh_usage() if cached is None else cached
 
-    def refresh_usage(self) -> int:
-        """Measure the workspace again (after writes that did not go through this object)."""
-        # Read before the walk: what is written during it counts in the next settle.
-        free = self.free_bytes() if self._fd >= 0 else None
-        measured = self._measure()
+    def files(self) -> int:
+        """Names the workspace holds (see ``max_files``); walks the tree the first time.
+
+        Raises:
+            SandboxError: the tree kept changing while it was measured.
+        """
         with self._usage_lock:
-            self._usage, self._free_seen = measured, free
+            cached = self._files
+        if cached is None:
+            self.refresh_usage()
+            with self._usage_lock:
+                cached = self._files
+        return cached or 0
+
+    def refresh_usage(self) -> int:
+        """Measure the workspace again (after writes that did not go through this object).
+
+        Returns the bytes; the names are measured by the same walk (``files()``). A
+        walk that finds more than ``max_files`` names stops there: its figures are
+        then a floor, and the workspace is over its budget either way.
+        """
+        # Read before the walk: what is written during it counts in the next settle.
+        free = self._free() if self._fd >= 0 else (None, None)
+        measured, names = self._measure()
+        with self._usage_lock:
+            self._usage, self._files = measured, names
+            self._free_seen, self._ffree_seen = free
         return measured
 
     def free_bytes(self) -> int:
@@ -649,27 +716,47 @@ class Workspace:
         st = os.fstatvfs(self.fileno())
         return st.f_bfree * st.f_frsize
 
-    def bounded_usage(self) -> int | None:
+    def free_inodes(self) -> int | None:
+        """Free inodes on that file system; ``None`` where it counts none (btrfs)."""
+        st = os.fstatvfs(self.fileno())
+        return st.f_ffree if st.f_files else None
+
+    def _free(self) -> tuple[int, int | None]:
+        return self.free_bytes(), self.free_inodes()
+
+    def bounded_usage(self, *, settle: bool = True) -> int | None:
         """The usage after writes that did not go through this object, without a walk.
 
         The file system lost at most ``free space when the figure was last settled -
         free space now`` bytes since, whoever wrote them, so the kept figure plus that
-        is an upper bound on the usage. It is returned (and kept) while it is within
-        the budget; ``None`` means the tree must be walked (``refresh_usage``): the
-        bound passed the budget, nothing was measured yet, or ``_WALK_EVERY`` settles
-        went by (space freed elsewhere on the same file system could hide growth). A
-        call in a workspace of 100,000 files does not pay a 250 ms walk.
+        is an upper bound on the usage; free inodes bound the new names the same way.
+        The bound is returned (and kept) while it is within the budget; ``None`` means
+        the tree must be walked (``refresh_usage``): the bound passed ``max_bytes`` or
+        ``max_files``, nothing was measured yet, or (with ``settle``, the host's call
+        after each worker's call) ``_WALK_EVERY`` settles went by: space freed
+        elsewhere on the same file system could hide growth, and a hard link takes a
+        name but no inode. The disk watchdog passes ``settle=False`` and walks on a
+        clock of its own. A call in a workspace of 100,000 files does not pay a 250 ms
+        walk.
         """
-        free_now = self.free_bytes()
+        free_now, ffree_now = self._free()
         with self._usage_lock:
             current, seen = self._usage, self._free_seen
-            self._settles += 1
+            names, fseen = self._files, self._ffree_seen
+            if settle:
+                self._settles += 1
             if current is not None and seen is not None and self.max_bytes is not None:
                 bound = current + max(0, seen - free_now)
-                if bound <= self.max_bytes and self._settles < _WALK_EVERY:
+                files = names
+                if names is not None and fseen is not None and ffree_now is not None:
+                    files = names + max(0, fseen - ffree_now)
+                within = files is None or self.max_files is None or files <= self.max_files
+                if bound <= self.max_bytes and within and self._settles < _WALK_EVERY:
                     self._usage, self._free_seen = bound, free_now
+                    self._files, self._ffree_seen = files, ffree_now
                     return bound
-            self._settles = 0
+            if settle:
+                self._settles = 0
         return None
 
     def add_usage(self, n: int) -> int:
@@ -687,19 +774,55 @@ class Workspace:
         bound = self.bounded_usage()
         return self.refresh_usage() if bound is None else bound
 
+    def over_budget(self) -> str | None:
+        """What the kept figures say is over the budget (one line), or ``None``.
+
+        No walk and no system call: the figures are those of the last settle and of
+        this object's own writes since.
+        """
+        with self._usage_lock:
+            used, names = self._usage, self._files
+        if self.max_bytes is not None and used is not None and used > self.max_bytes:
+            return f"{used} bytes > max_bytes {self.max_bytes} ([workspace] max_bytes in tak.toml)"
+        if self.max_files is not None and names is not None and names > self.max_files:
+            return f"{names} files > max_files {self.max_files} ([workspace] max_files in tak.toml)"
+        return None
+
     def _reserve(self, rel: str, n: int) -> None:
         """Count ``n`` more bytes against the budget, or refuse the write that needs them."""
         if self.max_bytes is None or n <= 0:
             return  # a write that frees space is allowed even over the budget
         measured = self.usage()
+        over = self.over_budget()
         with self._usage_lock:
             current = measured if self._usage is None else self._usage
-            if current + n > self.max_bytes:
+            if current + n > self.max_bytes or over is not None:
                 raise SandboxError(
                     f"writing {n} more bytes to {rel!r} would take the workspace past its "
                     f"disk budget of {self.max_bytes} bytes ({current} bytes in use); refused"
                 )
             self._usage = current + n
+
+    def _reserve_files(self, rel: str) -> None:
+        """Count one more name against ``max_files``, or refuse the write that makes it."""
+        if self.max_files is None:
+            return
+        names = self.files()
+        with self._usage_lock:
+            current = names if self._files is None else self._files
+            if current + 1 > self.max_files:
+                raise SandboxError(
+                    f"creating {rel!r} would take the workspace past its budget of "
+                    f"{self.max_files} files ({current} in use; [workspace] max_files); refused"
+                )
+            self._files = current + 1
+
+    def _adjust_files(self, delta: int) -> None:
+        if self.max_files is None or not delta:
+            return
+        with self._usage_lock:
+            if self._files is not None:
+                self._files = max(0, self._files + delta)
 
     def _adjust(self, delta: int) -> None:
         if self.max_bytes is None or not delta:
@@ -708,7 +831,7 @@ class Workspace:
             if self._usage is not None:
                 self._usage = max(0, self._usage + delta)
 
-    def _measure(self) -> int:
+    def _measure(self) -> tuple[int, int]:
         for _ in range(3):
             try:
                 return self._walk_usage()
@@ -716,14 +839,18 @@ class Workspace:
                 continue
         raise SandboxError("the workspace kept changing while its disk usage was measured")
 
-    def _walk_usage(self) -> int:
-        """Depth first, holding one directory fd at a time (climbing back with ``..``).
+    def _walk_usage(self) -> tuple[int, int]:
+        """Bytes and names, depth first, holding one directory fd at a time (climbing
+        back with ``..``); it stops once it has counted more than ``max_files`` names.
 
         Holding one fd per level would let a deep tree exhaust the kernel's fds, and
         paths from the root would pass ``PATH_MAX``: neither bounds how deep it goes.
+        The stop bounds how long it takes: a tree of millions of empty files costs no
+        more than one just over the budget.
         """
         if self._fd < 0:
             raise SandboxError("the workspace is closed")
+        cap = self.max_files
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(".", flags, dir_fd=self._fd)
         try:
@@ -732,10 +859,12 @@ class Workspace:
             links: set[_Identity] = set()
             # (identity, names of subdirectories still to visit) for each level
             stack: list[tuple[_Identity, list[str]]] = []
-            subdirs, size = _scan(fd, links)
+            subdirs, size, names = _scan(fd, links)
             total += size
             stack.append((_identity(top), subdirs))
             while stack:
+                if cap is not None and names > cap:
+                    return total, names
                 pending = stack[-1][1]
                 if pending:
                     try:
@@ -751,8 +880,9 @@ class Workspace:
                     os.close(fd)
                     fd = child
                     total += _disk_bytes(st)
-                    subdirs, size = _scan(fd, links)
+                    subdirs, size, count = _scan(fd, links)
                     total += size
+                    names += count
                     stack.append((_identity(st), subdirs))
                     continue
                 stack.pop()
@@ -763,7 +893,7 @@ class Workspace:
                 fd = up
                 if _identity(os.fstat(fd)) != stack[-1][0]:
                     raise _TreeChanged  # a directory was moved while we were inside it
-            return total
+            return total, names
         finally:
             os.close(fd)
 
@@ -977,12 +1107,16 @@ class _TreeChanged(Exception):
     """The tree moved under a usage walk; the walk starts again."""
 
 
-def _scan(fd: int, links: set[_Identity]) -> tuple[list[str], int]:
-    """Names of the subdirectories of ``fd`` and the bytes its other entries take."""
+def _scan(fd: int, links: set[_Identity]) -> tuple[list[str], int, int]:
+    """Names of the subdirectories of ``fd``, the bytes its other entries take, and how
+    many entries it holds (each name once: a hard link's blocks count once, its names
+    each)."""
     subdirs: list[str] = []
     total = 0
+    names = 0
     with os.scandir(fd) as it:
         for entry in it:
+            names += 1
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
@@ -996,7 +1130,7 @@ def _scan(fd: int, links: set[_Identity]) -> tuple[list[str], int]:
                     continue  # a hard link counts once
                 links.add(ident)
             total += _disk_bytes(st)
-    return subdirs, total
+    return subdirs, total, names
 
 
 class _ParentDir:

@@ -23,7 +23,11 @@ turns each ``ToolSpec`` into a ``Tool`` whose ``invoke`` is ``Worker.invoke``
   its log frames to ``tak.plugin.<name>``;
 - each call frame carries the session key the caller passes to ``invoke``,
   and the plugin's config (``Worker.config``);
-- when the pool closes, every worker and everything it started is killed.
+- when the pool closes, every worker and everything it started is killed;
+- a workspace watched with ``watch_budget`` is held to its disk budget while any
+  worker that may write it lives (``sandbox._diskwatch``): a walk that finds it
+  over kills those workers, and calls that would write there are refused
+  (``denied``) until files are removed.
 
 Workers are forked from one thread that lives as long as the pool:
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked a process ends, and
@@ -54,9 +58,10 @@ import attrs
 import outcome
 import trio
 
-from kernel.errors import SandboxError
+from kernel.errors import KernelError, SandboxError
 
 from . import _cgroup, _netbroker, _protocol
+from ._diskwatch import INTERVAL_S, DiskWatch
 from ._logtext import LogBudget, escape_log_text
 from ._policy import Policy
 from ._probe import IsolationSupport, probe_isolation
@@ -224,6 +229,7 @@ class _Connection:
         # The name comes from a file name, which a workspace chooses: log-safe it once.
         self.worker, self.cgroups = worker, config.cgroups
         self.name = escape_log_text(worker.name, limit=200)
+        self.pool._writers_moved()  # before it runs plugin code: the watchdog wakes
         try:
             await self.stream.send_all(_protocol.encode(config.to_json()))
             if config.network:  # its names and connections go through the kernel
@@ -601,6 +607,8 @@ class Worker:
             WorkerCallError: the tool failed (its kind), or the worker crashed, could
                 not be restarted, or was killed (``crashed``).
         """
+        if self.pool._watches:
+            await self.pool._admit(self)
         conn = self._conn
         if conn is None or not conn.alive or self._closed or self._start_lock.locked():
             # Not running, or a start under way: wait for it in turn (``_running``).
@@ -725,6 +733,10 @@ class WorkerPool:
         self._closing = False
         self._spawner = Spawner()
         self._cgroup_parents = isolation.cgroup_parents()
+        self._watches: dict[Path, DiskWatch] = {}
+        self._writers_event = trio.Event()
+        # One frozen block at a time: a second one's thaw must not end the first's.
+        self._freeze_lock = trio.Lock()
 
     async def start(
         self,
@@ -845,6 +857,7 @@ class WorkerPool:
             await conn.supervise()
         finally:
             self._processes.discard(conn)
+            self._writers_moved()
 
     async def _take_process(self, workspace: Path) -> _Connection:
         """The spare process if one is ready (and start the next), else a new one.
@@ -933,6 +946,12 @@ class WorkerPool:
             SandboxError: a worker could neither be stopped nor killed in time; the
                 block did not run.
         """
+        async with self._freeze_lock:
+            async with self._frozen() as complete:
+                yield complete
+
+    @asynccontextmanager
+    async def _frozen(self) -> AsyncIterator[bool]:
         frozen: list[list[str]] = []
         complete = True
         try:
@@ -960,6 +979,84 @@ class WorkerPool:
             with trio.CancelScope(shield=True):
                 for paths in frozen:
                     await trio.to_thread.run_sync(_cgroup.thaw, paths)
+
+    # -- the disk watchdog (sandbox._diskwatch) --------------------------------
+
+    @asynccontextmanager
+    async def watch_budget(
+        self, workspace: Workspace, *, interval_s: float = INTERVAL_S
+    ) -> AsyncIterator[DiskWatch]:
+        """Hold ``workspace`` to its budget while workers that may write it live.
+
+        The watchdog is a task of this pool's nursery, stopped when the block ends
+        (before the pool closes). ``workspace`` is the budget's ``Workspace`` (its
+        ``max_bytes``, ``max_files`` and kept figures); the workers it watches are
+        those confined to its path with ``workspace="write"``.
+
+        Raises:
+            SandboxError: that directory is already watched.
+        """
+        if workspace.path in self._watches:
+            raise SandboxError(f"the disk budget of {workspace.path} is already watched")
+        watch = DiskWatch(workspace, self, interval_s=interval_s)
+        self._watches[workspace.path] = watch
+        try:
+            await self._nursery.start(watch.run)
+            yield watch
+        finally:
+            del self._watches[workspace.path]
+            await watch.stop()
+
+    def writers(self, workspace: Path) -> int:
+        """Processes of workers that may write ``workspace``, alive or not yet reaped."""
+        return sum(
+            1
+            for conn in self._processes
+            if conn.worker is not None
+            and conn.worker.workspace == workspace
+            and conn.worker.policy.workspace == "write"
+        )
+
+    async def writers_changed(self) -> None:
+        """Return once a process was given a worker, or one ended."""
+        await self._writers_event.wait()
+
+    def _writers_moved(self) -> None:
+        self._writers_event.set()
+        self._writers_event = trio.Event()
+
+    async def kill_writers(self, workspace: Path, reason: str) -> None:
+        """Kill every worker that may write ``workspace`` and all in its cgroups.
+
+        Meant for inside ``frozen()``: each member of a frozen set is sent SIGKILL once
+        (none can fork meanwhile) and dies as it thaws, without running again.
+        """
+        for conn in list(self._processes):
+            worker = conn.worker
+            if worker is None or worker.workspace != workspace:
+                continue
+            if worker.policy.workspace != "write":
+                continue
+            if conn.cgroups:
+                await trio.to_thread.run_sync(_cgroup.signal_members, conn.cgroups)
+            conn.kill(reason)
+
+    async def _admit(self, worker: Worker) -> None:
+        """Raises: WorkerCallError: ``denied``, its workspace is over its budget."""
+        watch = self._watches.get(worker.workspace)
+        if watch is None or worker.policy.workspace != "write":
+            return
+        try:
+            over = await watch.admit()
+        except KernelError as exc:
+            over = f"its usage could not be measured: {exc}"
+        if over is not None:
+            raise WorkerCallError(
+                "denied",
+                f"workspace over its budget: {over}; no plugin that writes it runs until "
+                "files are removed",
+                type="DiskBudgetExceeded",
+            )
 
     async def unlinked_open_bytes(self, device: int) -> int:
         """Disk on ``device`` held by files the workers keep open after unlinking them.

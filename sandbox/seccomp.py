@@ -26,7 +26,17 @@ Arguments are checked where the harm is in a register:
    may be executed, unless ``execute``: then ``execve`` may replace the process
    (the confine-then-exec launcher, ``sandbox.exec``, needs it; Landlock names the
    files it may run) while it still cannot fork; ``execveat`` and ``memfd_create`` (an anonymous file runs
-   through ``execveat`` or ``/proc/self/fd/N``: code on no disk) are refused always.
+   through ``execveat`` or ``/proc/self/fd/N``: code on no disk) are refused always;
+4. ``fallocate`` may only punch holes (``FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE``,
+   which frees blocks); every mode that allocates answers ``EOPNOTSUPP``, as on a
+   file system without it, so that glibc's ``posix_fallocate`` writes the blocks
+   instead. The disk budget is a number that changes with every write and a filter
+   is fixed when it is installed, so no filter can compare ``len`` with what is
+   left of it; ``RLIMIT_FSIZE`` bounds a ``fallocate`` only when it grows the file's
+   size (``FALLOC_FL_KEEP_SIZE`` allocates past the end unchecked), and even then
+   one call takes a whole ``RLIMIT_FSIZE`` of blocks in a millisecond. Written
+   blocks cost a page each, at the page cache's pace, which the disk watchdog
+   (``sandbox._diskwatch``) can keep up with.
 
 ``setsid``/``setpgid`` are refused so that every descendant stays in the
 worker's process group, which the pool kills as one, and ``clone`` with
@@ -117,6 +127,8 @@ _DENIED_TCP_OPTIONS: Final = (
     31,  # TCP_ULP: kernel TLS and other upper layers, attack surface no plugin needs
 )
 _SOL_SOCKET: Final = 1
+# linux/falloc.h: the one fallocate mode a worker may use frees blocks.
+_FALLOC_PUNCH_HOLE: Final = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 # A lingering close blocks whoever holds the last reference; the kernel once did.
 _SO_LINGER: Final = 13
 _DENIED_IOCTLS: Final = (
@@ -443,6 +455,7 @@ def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = N
         ("sched_setattr", "arg0_self"),
         ("setpriority", "setpriority"),
         ("ioprio_set", "ioprio_set"),
+        ("fallocate", "fallocate"),
     ):
         dispatch(name, target)
     if policy.network:
@@ -546,6 +559,12 @@ def build_filter(policy: SeccompPolicy, table: _syscalls.SyscallTable | None = N
     p.jump_if(_JMP_JEQ_K, 1, true=0, false="deny")
     p.load(_arg_low(1))
     p.jump_if(_JMP_JEQ_K, 0, true="allow", false="deny")
+
+    # fallocate(fd, mode, offset, len): only a hole punch (mode is an int: its low half).
+    p.label("fallocate")
+    p.load(_arg_low(1))
+    p.jump_if(_JMP_JEQ_K, _FALLOC_PUNCH_HOLE, true="allow", false=0)
+    p.ret(RET_ERRNO | errno.EOPNOTSUPP)
 
     # ioctl(fd, cmd, ...): refuse inode-flag changes, terminal injection and the socket
     # ioctls (a range: the command is an unsigned int, its high half ignored).
