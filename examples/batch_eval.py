@@ -91,8 +91,12 @@ def scripted(delay: float) -> ScriptedModel:
 
 
 def score(task: BatchTask, outcome: TaskOutcome) -> float:
+    """1.0 for the sum of the task's own question.json, read through its workspace:
+    ``outcome.workspace`` is confined to the task's directory, so a link the task
+    left there (to another task's files, say) is refused, never followed."""
+    question = json.loads(outcome.workspace.read_text("question.json"))
     numbers = re.findall(r"-?\d+", outcome.text)
-    return 1.0 if numbers and int(numbers[-1]) == task.expected else 0.0
+    return 1.0 if numbers and int(numbers[-1]) == question["a"] + question["b"] else 0.0
 
 
 async def main(out: Path, *, delay: float, concurrency: int, n: int) -> None:

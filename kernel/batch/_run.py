@@ -36,11 +36,23 @@ Guarantees (each test in tests/batch/test_run.py names the one it checks):
    (recorded ``cancelled``), not failed, and claimed again later.
 7. A failing ledger (a full disk, a lost database) stops the run with that
    one error (``OSError``, ``StoreError``), the running tasks recorded
-   ``cancelled`` where the ledger still can; later failures are logged.
+   ``cancelled`` where the ledger still can; later failures are logged. So
+   does a failing session store: a task whose turn met a ``StoreError`` (the
+   database lost for longer than the store rides out, a call timed out) is
+   not the task's failure and never its final result: it is recorded
+   ``cancelled`` (released: it runs again, as its next attempt, on resume or
+   on another worker) and the run stops with that error. (A damaged
+   transcript, ``CorruptTranscript``, is the task's own: an ``error``.)
 8. Threads: a sync scorer runs in a thread limiter of the run's own (as many
    threads as ``max_concurrency``), so scorer threads that never return (and
    are abandoned at the task's wall time) hold up neither seeding nor the
    ledger's writes.
+9. Scorers see a task's workspace confined: ``TaskOutcome.workspace`` is a
+   ``sandbox.Workspace`` of the task's directory, so every path a scorer
+   names resolves beneath it (``openat2`` with ``RESOLVE_BENEATH``): a
+   symbolic link the task left (to another task's answer, to a file of the
+   host) is refused with ``SandboxError``, as a tool's would be. It is open
+   while the scorer runs (an abandoned sync scorer's until its thread ends).
 """
 
 from __future__ import annotations
@@ -60,9 +72,10 @@ import trio
 
 import kernel.tracing as tracing
 from kernel.agent import AgentEvent, RunLimits, TurnFinished
-from kernel.errors import TurnRunning, UsageError
+from kernel.errors import CorruptTranscript, StoreError, TurnRunning, UsageError
 from kernel.models import Usage
 from kernel.settings import ModelSettings
+from sandbox import Workspace
 
 from ._ledger import Claim, Ledger, LedgerCounts
 from ._records import BatchTask, TaskLimits, TaskReason, TaskResult
@@ -94,13 +107,45 @@ class _TurnBusy(Exception):
     """A turn of the task's session is running in this process: release the task."""
 
 
+class _StoreFailed(Exception):
+    """The task's session store failed: release the task and stop the run (guarantee 7)."""
+
+    def __init__(self, error: StoreError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _store_failure(exc: BaseException) -> StoreError | None:
+    """The ``StoreError`` that ended a task's turn, if one did and it is the store's
+    (not a ``CorruptTranscript``: a damaged transcript is the task's own)."""
+    for leaf in _leaves(exc):
+        chain: list[BaseException] = []
+        cause: BaseException | None = leaf
+        while cause is not None and cause not in chain:
+            chain.append(cause)
+            cause = cause.__cause__
+        if any(isinstance(e, CorruptTranscript) for e in chain):
+            continue
+        for e in chain:
+            if isinstance(e, StoreError):
+                return e
+    return None
+
+
 @attrs.frozen
 class TaskOutcome:
-    """What a scorer sees of a task: its answer, how it ended, where it worked."""
+    """What a scorer sees of a task: its answer, how it ended, where it worked.
+
+    ``workspace`` is the task's directory as a ``sandbox.Workspace`` (guarantee
+    9): ``outcome.workspace.read_text("answer.txt")``, ``.exists(path)``,
+    ``.list(path)``, ... resolve every path beneath it, links included, and
+    refuse what leads out with ``SandboxError``. ``workspace.path`` is its
+    place on disk, for a program of the scorer's own (which is not confined).
+    """
 
     text: str
     reason: TaskReason
-    workspace: Path
+    workspace: Workspace
     session_id: str
 
 
@@ -317,7 +362,7 @@ class _Runner:
     async def work(self) -> None:
         """Claim and run tasks one at a time until none is left for this worker."""
         try:
-            while True:
+            while self.failure is None:  # a stopping run claims nothing more
                 claims = await self.ledger.claim(self.worker, 1)
                 if not claims:
                     async with self.idle:  # one idle runner polls; the others wait their turn
@@ -397,6 +442,7 @@ class _Runner:
         started = trio.current_time()
         result: TaskResult | None = None
         busy = False
+        store_failed: StoreError | None = None
         try:
             with tracing.span("batch_task", attributes) as span:
                 try:
@@ -406,6 +452,14 @@ class _Runner:
                     span.set_error("released")
                     busy = True
                     result = self.result(task, "cancelled", turn, claim, started, error=str(exc))
+                except _StoreFailed as exc:
+                    span.set_error("store failed")
+                    store_failed = exc.error
+                    error = (
+                        f"released: the session store failed ({one_line(exc.error)}); "
+                        "it runs again as its next attempt"
+                    )
+                    result = self.result(task, "cancelled", turn, claim, started, error=error)
                 except BaseException as exc:
                     if _only_cancelled(exc):
                         span.set_error("cancelled")
@@ -446,6 +500,9 @@ class _Runner:
                 result.reason,
             )
         self.progress()
+        if store_failed is not None:  # the run stops with it (guarantee 7)
+            self.fail(store_failed)
+            return
         if busy:  # the turn running here goes on; this runner comes back later
             logger.info("task %s: %s", task.id, result.error)
             await trio.sleep(POLL_S)
@@ -500,16 +557,15 @@ class _Runner:
                 failure = _failures(exc)
                 if failure is None:
                     raise
+                store_error = _store_failure(failure)
+                if store_error is not None:
+                    raise _StoreFailed(store_error) from None
                 reason, error = "error", one_line(failure)
             if self.scorer is not None and reason != "error":
                 scoring = True
-                outcome = TaskOutcome(
-                    text=turn.finished.text if turn.finished is not None else "",
-                    reason=reason,
-                    workspace=self.root / task.id,
-                    session_id=task.id,
+                score, scorer_error = await self.score(
+                    task, turn.finished.text if turn.finished is not None else "", reason
                 )
-                score, scorer_error = await self.score(task, outcome)
                 if scorer_error is not None:
                     error = f"{error}; {scorer_error}" if error else scorer_error
                 scoring = False
@@ -556,15 +612,36 @@ class _Runner:
                 await session.append(*earlier)
             return await kernel.run_turn(session, prompt, workspace=workspace, **common)
 
-    async def score(self, task: BatchTask, outcome: TaskOutcome) -> tuple[float | None, str | None]:
+    async def score(
+        self, task: BatchTask, text: str, reason: TaskReason
+    ) -> tuple[float | None, str | None]:
+        """The scorer's score of the task and what went wrong, if anything (guarantee 9)."""
         scorer = self.scorer
         assert scorer is not None
         try:
+            # Opened in a thread: a directory on a slow disk must not stall the run.
+            workspace = await trio.to_thread.run_sync(
+                Workspace, self.root / task.id, limiter=self.scorer_threads
+            )
+            outcome = TaskOutcome(text=text, reason=reason, workspace=workspace, session_id=task.id)
             if _is_async(scorer):
-                value = await scorer(task, outcome)  # type: ignore[misc]
+                try:
+                    value = await scorer(task, outcome)  # type: ignore[misc]
+                finally:
+                    workspace.close()
             else:
+
+                def run() -> Any:
+                    # Closed by the thread when the scorer returns, not before: a
+                    # scorer abandoned at the wall time still reads through it, and a
+                    # descriptor closed under it could be reused by another file.
+                    try:
+                        return scorer(task, outcome)
+                    finally:
+                        workspace.close()
+
                 value = await trio.to_thread.run_sync(
-                    scorer, task, outcome, abandon_on_cancel=True, limiter=self.scorer_threads
+                    run, abandon_on_cancel=True, limiter=self.scorer_threads
                 )
                 if inspect.isawaitable(value):
                     value = await value

@@ -7,7 +7,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,12 @@ from kernel.batch._directory import DirectoryLedger, open_run_dir
 from kernel.batch._records import BatchTask, TaskLimits, TaskResult
 from kernel.batch._run import BatchProgress, TaskOutcome, run_batch
 from kernel.batch._summary import BatchSummary
-from kernel.errors import ModelAPIError, SandboxError, UsageError
+from kernel.errors import ModelAPIError, SandboxError, StoreError, UsageError
 from kernel.kernel import Kernel
 from kernel.messages import Message, Text
 from kernel.models import ModelRequest, ScriptedModel
 from kernel.plugin import context
+from kernel.store import MemoryStore, SessionKey
 from tests.batch import ws_probe
 
 RUN = "run-1"
@@ -285,7 +286,7 @@ async def test_scorers_are_isolated_too(
     assert results["t003"].error is not None and "expected a finite number" in results["t003"].error
     assert results["t004"].score == 0.0
     assert {o.session_id for o in seen} == {f"t{i:03d}" for i in range(5)}
-    assert seen[0].workspace == ledger.workspaces / seen[0].session_id
+    assert seen[0].workspace.path == ledger.workspaces / seen[0].session_id
 
     def sync_scorer(task: BatchTask, outcome: TaskOutcome) -> float:
         assert trio.lowlevel.in_trio_run() is False  # in a worker thread
@@ -712,3 +713,51 @@ async def test_a_failing_ledger_stops_the_run_with_its_one_error(
                 ledger=Failing(inner),  # type: ignore[arg-type]
                 max_concurrency=6,
             )
+
+
+class StoreDown(MemoryStore):
+    """A session store whose appends fail while ``down`` (a database gone past its
+    ride-out, a call past its deadline), as PostgresStore says it."""
+
+    down = True
+
+    async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
+        if self.down and entries:
+            await trio.lowlevel.checkpoint()
+            raise StoreError(f"PostgreSQL db:5432/tak: append to {key.name} timed out after 30 s")
+        await super().append(key, entries)
+
+
+async def test_a_failing_session_store_releases_its_tasks_and_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """7: a task whose transcript cannot be written is not failed for good: it is
+    recorded cancelled (released, saying why) and run_batch raises the StoreError
+    (not a UsageError: bad input it is not); a resume once the store is back runs
+    it again as its next attempt, to its answer."""
+    store = StoreDown()
+    async with open_kernel(
+        home=tmp_path / "home",
+        model="scripted:echo",
+        tools=[read_question],
+        plugins=[],
+        store=store,
+    ) as k:
+        use(k, Script())
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            with pytest.raises(StoreError, match="timed out after 30 s") as info:
+                await run_batch(k, tasks(3), ledger=ledger, max_concurrency=1)
+            assert not isinstance(info.value, UsageError)
+            recorded = await ledger.results()
+            assert recorded and {r.reason for r in recorded} == {"cancelled"}
+            assert all(r.finished is False for r in recorded)
+            first = recorded[0].error
+            assert first is not None and first.startswith(
+                "released: the session store failed (StoreError: PostgreSQL db:5432/tak: "
+            )
+            store.down = False
+            summary = await run_batch(k, None, ledger=ledger, max_concurrency=1)
+    results = by_id(summary)
+    assert {r.reason for r in results.values()} == {"final"}
+    assert results["t000"].attempt == 2
+    assert results["t000"].text == "answer: question 0"
