@@ -34,6 +34,7 @@ KEEP = IdleSessions().keep
 # KEEP idle ones, CLIENTS in use; plus a little for sockets and the page.
 BOUND = 3 * (KEEP + CLIENTS) + 8
 SLACK = 8  # what the end may exceed the middle by (sockets closing, a worker's pipes)
+PAUSE = 0.5  # between a client's sessions under --stress: thousands in 30 minutes
 
 
 def open_fds(pid: int) -> int:
@@ -104,6 +105,8 @@ async def test_tak_serve_descriptors_stay_flat_over_many_sessions(
                 ):
                     await one_session(url, next(numbers))
                     done += 1
+                    if deadline is not None:
+                        await trio.sleep(PAUSE)  # a soak, not a load test: the fds must stay
 
             async with trio.open_nursery() as nursery:
                 for _ in range(CLIENTS):
