@@ -333,6 +333,33 @@ def revive(server: PgServer) -> None:
         )
 
 
+class Freezer:
+    """Freezes a whole server (``SIGSTOP`` of all its processes), as a host that stops
+    answering looks to a client (TCP still accepts and acknowledges, nothing
+    replies), and thaws it; a timer thaws it after ``thaw_after_s`` whatever the
+    test does, so code that would wait forever returns then, for the test to fail
+    on what it got."""
+
+    def __init__(self, server: PgServer, *, thaw_after_s: float = 60.0) -> None:
+        self.server = server
+        self.thaw_after_s = thaw_after_s
+        self.timer: threading.Timer | None = None
+        self.frozen = False
+
+    def freeze(self) -> None:
+        self.server.signal(signal.SIGSTOP)
+        self.frozen = True
+        self.timer = threading.Timer(self.thaw_after_s, self.thaw)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def thaw(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.frozen = False
+        self.server.signal(signal.SIGCONT)
+
+
 def create_database(server: PgServer, name: str) -> str:
     """Create database ``name`` on ``server`` and return its URL."""
     import psycopg

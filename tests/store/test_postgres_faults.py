@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -47,28 +46,9 @@ def entry(n: int) -> dict[str, Any]:
     return {"type": "t", "uuid": f"u{n}", "n": n}
 
 
-class Freezer:
-    """Stops the whole server (``SIGSTOP`` of all its processes) and thaws it; a timer
-    thaws it after THAW_S whatever the test does."""
-
-    def __init__(self, server: pg_server.PgServer) -> None:
-        self.server = server
-        self.timer: threading.Timer | None = None
-
-    def freeze(self) -> None:
-        self.server.signal(signal.SIGSTOP)
-        self.timer = threading.Timer(THAW_S, self.thaw)
-        self.timer.start()
-
-    def thaw(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.server.signal(signal.SIGCONT)
-
-
 @pytest.fixture
-def server(pg_to_break: pg_server.PgServer) -> Iterator[Freezer]:
-    freezer = Freezer(pg_to_break)
+def server(pg_to_break: pg_server.PgServer) -> Iterator[pg_server.Freezer]:
+    freezer = pg_server.Freezer(pg_to_break, thaw_after_s=THAW_S)
     try:
         yield freezer
     finally:
@@ -76,7 +56,7 @@ def server(pg_to_break: pg_server.PgServer) -> Iterator[Freezer]:
 
 
 async def test_a_frozen_server_fails_each_call_at_its_deadline_then_works_again(
-    url: str, server: Freezer
+    url: str, server: pg_server.Freezer
 ) -> None:
     """10 and 6: with the whole server stopped, an append and a read each fail with a
     StoreError naming the call and its deadline, not a hang until the server comes
@@ -97,7 +77,7 @@ async def test_a_frozen_server_fails_each_call_at_its_deadline_then_works_again(
 
 
 async def test_calls_to_a_frozen_server_time_out_one_after_another(
-    url: str, server: Freezer
+    url: str, server: pg_server.Freezer
 ) -> None:
     """6: a call that timed out gives its connection slot back (its thread's socket
     shut down: the server did not answer the cancel), so the next call on a store
