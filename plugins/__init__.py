@@ -16,7 +16,9 @@ host and discovery load on first use:
   ``remote_tools``: a started ``sandbox.Worker``'s tools, ready for the executor.
 - ``find_plugin``, ``load_plugin``: the ``Plugin`` in a module or target.
 - ``trust_plugin``, ``TrustStore``, ``TrustedPlugin``, ``TRUST_FILE``,
-  ``source_key``: approvals of discovered plugins (``tak plugins trust``).
+  ``source_key``: approvals of discovered plugins (``tak plugins trust``);
+  ``approval_states``, ``ApprovalState``: whether each is approved as it is now
+  (``tak doctor``).
 - ``scaffold_plugin``, ``package_name``: a new plugin project (``tak plugins new``).
 - ``open_mcp_servers``, ``McpServers``, ``McpServerInfo``: MCP servers as a tool
   source (docs/mcp.md; the ``mcp`` package loads only when a server starts).
@@ -52,6 +54,8 @@ _EXPORTS: dict[str, str] = {
     "TrustError": "_trust",
     "TRUST_FILE": "_trust",
     "source_key": "_trust",
+    "approval_states": "_trust",
+    "ApprovalState": "_trust",
     "scaffold_plugin": "_scaffold",
     "package_name": "_scaffold",
     "PluginSource": "_discovery",
@@ -102,11 +106,13 @@ if TYPE_CHECKING:
     from ._scaffold import scaffold_plugin as scaffold_plugin
     from ._trust import MCP_TRUST_FILE as MCP_TRUST_FILE
     from ._trust import TRUST_FILE as TRUST_FILE
+    from ._trust import ApprovalState as ApprovalState
     from ._trust import McpTrustStore as McpTrustStore
     from ._trust import TrustedMcpServer as TrustedMcpServer
     from ._trust import TrustedPlugin as TrustedPlugin
     from ._trust import TrustError as TrustError
     from ._trust import TrustStore as TrustStore
+    from ._trust import approval_states as approval_states
     from ._trust import source_key as source_key
 
 

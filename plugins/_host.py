@@ -27,9 +27,14 @@ one log line that names the command showing the details (``tak plugins check``);
 what its probe worker printed while failing (a traceback) is held back, so a
 broken plugin costs every command one line, not its traceback.
 
-Names: the first tool to claim a name keeps it, in this order: the kernel's
-own ``tools``, built-ins, entry points, workspace plugins (each group sorted).
-A later tool whose name is taken is registered as ``<plugin>.<tool>``.
+Names: a plugin owns the namespace of its name (``ToolRegistry.claim``), as an
+MCP server does. Its tools are bare names, or names in its own namespace
+(``weather.forecast`` for plugin ``weather``); a tool named in another namespace
+(``m3.echo`` from plugin ``evil``) skips the plugin, and two sources of one name
+(two plugins, a plugin and an MCP server) are a start error naming both. A bare
+name goes to the first tool that claims it, in this order: the kernel's own
+``tools``, built-ins, entry points, workspace plugins (each group sorted); a
+later tool whose name is taken is registered as ``<plugin>.<tool>``.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from kernel.home import TakHome, workspace_max_bytes, workspace_max_files
 from kernel.messages import converter, describe_structure_error
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
 from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolFailure, ToolRegistry
+from kernel.tools._registry import NAMESPACE_PATTERN, namespace_of
 from sandbox import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
@@ -396,14 +402,41 @@ class PluginHost:
         )
 
     def _register(self, candidate: _Candidate) -> None:
-        taken = next((p for p in self.plugins if p.name == candidate.name), None)
-        if taken is not None:
-            reason = f"a plugin named {candidate.name!r} is already loaded ({taken.source.label})"
+        """Register a candidate's tools in its own namespace (see the module's "Names").
+
+        Raises:
+            UsageError: another source holds the plugin's namespace (a plugin of
+                that name, or a tool of the embedder's in it): a start error that
+                names both.
+        """
+        name = candidate.name
+        if not NAMESPACE_PATTERN.fullmatch(name):
+            reason = (
+                f"its name {name!r} is not a plugin name (a letter or '_', then at most "
+                "63 letters, digits, '_' or '-'): it is its tools' namespace"
+            )
             self._skip(PluginLoadError(candidate.source, reason))
             return
+        owner = plugin_owner(name, candidate.source)
+        taken = next((p for p in self.plugins if p.name == name), None)
+        if taken is not None:
+            raise UsageError(
+                f"two tool sources claim the namespace {name!r}: "
+                f"{plugin_owner(name, taken.source)} and {owner}; rename or remove one"
+            )
         names: dict[str, str] = {}
         for t in candidate.tools:
-            final = t.name if t.name not in self.tools else f"{candidate.name}.{t.name}"
+            namespace = namespace_of(t.name)
+            if namespace is not None and namespace != name:
+                reason = (
+                    f"tool {t.name!r} lies in the namespace {namespace!r}, not its own: "
+                    f"a plugin's tools are bare names or {name}.NAME"
+                )
+                self._skip(PluginLoadError(candidate.source, reason))
+                return
+            final = (
+                t.name if namespace is not None or t.name not in self.tools else f"{name}.{t.name}"
+            )
             if final in self.tools or final in names:
                 reason = f"tool {t.name!r}: both {t.name!r} and {final!r} are taken"
                 self._skip(PluginLoadError(candidate.source, reason))
@@ -416,8 +449,9 @@ class PluginHost:
                 self._skip(PluginLoadError(candidate.source, reason))
                 return
             names[final] = t.name
+        self.tools.claim(name, owner)
         for final, t in zip(names, candidate.tools, strict=True):
-            self.tools.add(t if final == t.name else attrs.evolve(t, name=final))
+            self.tools.add(t if final == t.name else attrs.evolve(t, name=final), owner=owner)
         self.plugins.append(
             LoadedPlugin(
                 name=candidate.name,
@@ -553,6 +587,14 @@ class PluginHost:
                 f"not trusted: declares {name} with {permissions.describe()}, approved as "
                 f"{approval.name} with {approval.permissions.describe()}",
                 approve,
+            )
+        declared = tuple(spec.name for spec in probe.specs)
+        if approval is not None and approval.tools is not None and approval.tools != declared:
+            await probe.aclose()
+            raise _NotApproved(
+                f"not trusted: declares the tools {', '.join(declared)}, approved with "
+                f"{', '.join(approval.tools) or 'none'}",
+                _approve_argument(source),
             )
         if policy_for(permissions) == PROBE_POLICY:
             worker = probe  # it already runs with what the plugin declared
@@ -716,6 +758,11 @@ def _plugin_info(value: dict[str, Any]) -> PluginInfo:
             + describe_structure_error(exc, "$.plugin")
         ) from None
     return info
+
+
+def plugin_owner(name: str, source: PluginSource) -> str:
+    """How a plugin is named as the owner of its namespace: ``plugin weather (built-in)``."""
+    return f"plugin {name} ({source.label})"
 
 
 def skip_hint(error: PluginLoadError) -> str:
@@ -971,7 +1018,9 @@ async def trust_plugin(
             loaded = attrs.evolve(host.plugins[0], source=source)
     finally:
         await trio.to_thread.run_sync(lambda: shutil.rmtree(scratch, ignore_errors=True))
-    approval = TrustedPlugin(digest.key, loaded.name, digest.sha256, loaded.permissions)
+    approval = TrustedPlugin(
+        digest.key, loaded.name, digest.sha256, loaded.permissions, tuple(loaded.tools.values())
+    )
     await trio.to_thread.run_sync(store.approve, approval)
     return approval, loaded
 

@@ -772,7 +772,7 @@ class McpServer:
             existing = self._registry.get(name)
             if existing is None:
                 try:
-                    self._registry.add(self._tool(name, remote))
+                    self._registry.add(self._tool(name, remote), owner=f"MCP server {self.name}")
                 except UsageError as exc:
                     errors.append(f"tool {remote.name!r} left out: {exc}")
                     continue
@@ -1178,7 +1178,15 @@ async def open_mcp_servers(
     ``allow_unsandboxed`` runs one whose confinement is incomplete. With ``home``,
     a stdio server not in ``vouched`` runs only once approved there (``tak mcp
     trust NAME``); without it none is checked (the caller chose them all).
+
+    Each server owns the namespace of its name in ``registry`` (``NAME.tool``)
+    from the start, listed or not: no other source can register a name there.
+
+    Raises:
+        UsageError: another source (a plugin of that name) holds a server's namespace.
     """
+    for name in configs:
+        registry.claim(name, f"MCP server {name}")
     logs = Path(log_dir) if log_dir is not None else None
     scratch = None
     if logs is None and any(c.command is not None for c in configs.values()):

@@ -10,12 +10,13 @@ user ran ``tak plugins trust``, which records three things:
 2. the SHA-256 of its source: the file's bytes, or for an entry point every file
    of its top-level package (``__pycache__`` left out), at most ``MAX_FILES``
    files and ``MAX_BYTES`` bytes;
-3. the name and permissions the plugin declared, learnt from a least-privileged
-   probe worker (the kernel never imports it).
+3. the name, permissions and tool names the plugin declared, learnt from a
+   least-privileged probe worker (the kernel never imports it).
 
 On every start the host hashes the source again; a different hash ("changed")
-or different declared permissions (wider *or* narrower: any change is a new
-decision) skip the plugin until it is approved again. A plugin explicitly
+or different declared permissions or tools (wider *or* narrower: any change is
+a new decision) skip the plugin until it is approved again. The tool names an
+approval grants lie in the plugin's own namespace (``plugins._host``, "Names"). A plugin explicitly
 named by the user (``tak --plugin PATH``, ``open_plugin_host(plugins=[...])``)
 is the user's own choice and needs no record; it still runs only in a worker.
 
@@ -44,7 +45,7 @@ import os
 import secrets
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import attrs
 import cattrs
@@ -83,12 +84,16 @@ class TrustedPlugin:
         name: the plugin's own name, as its probe reported it.
         sha256: the digest of its source when it was approved.
         permissions: what it declared when it was approved.
+        tools: the names of its tools when it was approved (as it names them; the
+            host registers them bare or as ``NAME.tool``, in its own namespace
+            only). ``None`` in an approval recorded before tools were.
     """
 
     key: str
     name: str
     sha256: str
     permissions: Permissions
+    tools: tuple[str, ...] | None = None
 
 
 @attrs.frozen
@@ -689,6 +694,53 @@ def _distributions(folder: str) -> dict[str, list[str]]:
     return owners
 
 
+@attrs.frozen
+class ApprovalState:
+    """Whether a discovered plugin is approved as it is now (``tak doctor``).
+
+    Attributes:
+        state: ``trusted`` (its source hashes as approved: its declarations are
+            checked when it loads), ``never approved``, ``changed`` (since it was
+            approved), or ``unreadable`` (``reason`` says why).
+        approve: what ``tak plugins trust`` takes for it.
+    """
+
+    source: PluginSource
+    state: Literal["trusted", "never approved", "changed", "unreadable"]
+    approve: str
+    reason: str = ""
+
+
+def approval_states(
+    sources: Sequence[PluginSource], trust_file: str | os.PathLike[str], workspace: str
+) -> list[ApprovalState]:
+    """Each discovered source's approval, from its hash alone: nothing is imported
+    (blocking: run it in a thread).
+
+    Raises:
+        TrustError: the trust file cannot be read.
+    """
+    approvals = TrustStore(trust_file).load()
+    states = []
+    for source in sources:
+        approve = source.name if source.kind == "entry_point" else source.target
+        try:
+            digest = digest_source(source, workspace)
+        except TrustError as exc:
+            states.append(ApprovalState(source, "unreadable", approve, str(exc)))
+            continue
+        approval = approvals.get(digest.key)
+        state: Literal["trusted", "never approved", "changed"] = (
+            "never approved"
+            if approval is None
+            else "trusted"
+            if approval.sha256 == digest.sha256
+            else "changed"
+        )
+        states.append(ApprovalState(source, state, approve))
+    return states
+
+
 def approved_copy(data_dir: str | os.PathLike[str], digest: Digest, file_name: str) -> Path:
     """The approved bytes of a workspace plugin, in a kernel-owned directory.
 
@@ -711,6 +763,7 @@ def approved_copy(data_dir: str | os.PathLike[str], digest: Digest, file_name: s
 __all__ = [
     "MCP_TRUST_FILE",
     "TRUST_FILE",
+    "ApprovalState",
     "ApprovalStore",
     "Digest",
     "McpPermissions",
@@ -719,6 +772,7 @@ __all__ = [
     "TrustStore",
     "TrustedMcpServer",
     "TrustedPlugin",
+    "approval_states",
     "approved_copy",
     "digest_source",
     "file_digest",

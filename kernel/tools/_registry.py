@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -26,11 +27,22 @@ class ToolDefinition:
     parameters: dict[str, Any]
 
 
+#: The tools of the embedder (``open_kernel(tools=...)``): they own no namespace.
+KERNEL_TOOLS = "the kernel's own tools"
+
+
 class ToolRegistry:
-    """Tools by name, in registration order.
+    """Tools by name, in registration order, and the namespace each source owns.
 
     Names are kept as given. ``TOOL_NAME_PATTERN`` allows ``.`` for
     namespacing, which OpenAI and Anthropic reject: their adapters map it.
+
+    A source (a plugin, an MCP server) ``claim``s its namespace ``NAME`` and may
+    then register names ``NAME.x`` (and bare names, which no namespace holds);
+    a name inside another source's namespace is refused, so no source can
+    capture the calls meant for another. The embedder's own tools (no
+    ``owner``) may take any free name, a namespace's too, which then stays
+    theirs: a source claiming it later is refused.
 
     Raises:
         UsageError: a second tool with a name already registered.
@@ -38,18 +50,75 @@ class ToolRegistry:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._owner_of: dict[str, str] = {}  # tool name -> the label of its source
+        self._namespaces: dict[str, str] = {}  # namespace -> the label of its owner
         for t in tools:
             self.add(t)
 
-    def add(self, tool: Tool) -> None:
-        """Register a tool.
+    def claim(self, namespace: str, owner: str) -> None:
+        """Make ``namespace`` the namespace of the source ``owner`` (its label, as
+        ``tak`` names it: ``plugin weather (entry point weather)``, ``MCP server m3``).
 
         Raises:
-            UsageError: a tool with this name is already registered.
+            UsageError: not a valid namespace, or another source holds it or a
+                name in it (one line naming both sources).
         """
-        if tool.name in self._tools:
-            raise UsageError(f"a tool named {tool.name!r} is already registered")
+        if not isinstance(namespace, str) or not NAMESPACE_PATTERN.fullmatch(namespace):
+            raise UsageError(
+                f"{owner}: {namespace!r} is not a valid namespace (a letter or '_', then "
+                "at most 63 letters, digits, '_' or '-')"
+            )
+        held = self._namespaces.get(namespace)
+        if held is None:
+            held = next(
+                (o for n, o in self._owner_of.items() if namespace_of(n) == namespace), None
+            )
+        if held is not None and held != owner:
+            raise UsageError(
+                f"two tool sources claim the namespace {namespace!r}: {held} and {owner}; "
+                "rename or remove one"
+            )
+        self._namespaces[namespace] = owner
+
+    def owner(self, namespace: str) -> str | None:
+        """The label of the source whose namespace this is, if any."""
+        return self._namespaces.get(namespace)
+
+    def check_name(self, name: str, owner: str | None = None) -> None:
+        """Refuse ``name`` as ``add`` would, registering nothing.
+
+        Raises:
+            UsageError: the name is taken, or lies in a namespace ``owner`` does not hold.
+        """
+        if name in self._tools:
+            raise UsageError(f"a tool named {name!r} is already registered")
+        namespace = namespace_of(name)
+        if namespace is None:
+            return
+        held = self._namespaces.get(namespace)
+        label = owner if owner is not None else KERNEL_TOOLS
+        if owner is not None and held != owner:
+            whose = f"belongs to {held}" if held is not None else "is not its own"
+            raise UsageError(
+                f"{owner}: tool name {name!r} lies in the namespace {namespace!r}, which "
+                f"{whose}; a source registers bare names or names in its own namespace"
+            )
+        if owner is None and held is not None and held != label:
+            raise UsageError(
+                f"tool name {name!r} lies in the namespace {namespace!r}, which belongs to {held}"
+            )
+
+    def add(self, tool: Tool, *, owner: str | None = None) -> None:
+        """Register a tool; ``owner`` is the label of the source whose namespace
+        (``claim``) a dotted name must lie in (``None``: the embedder's own tool).
+
+        Raises:
+            UsageError: a tool with this name is already registered, or its name
+                lies in another source's namespace.
+        """
+        self.check_name(tool.name, owner)
         self._tools[tool.name] = tool
+        self._owner_of[tool.name] = owner if owner is not None else KERNEL_TOOLS
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -69,6 +138,16 @@ class ToolRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
+
+
+#: A namespace: a source's name, without ``.`` (``weather`` in ``weather.forecast``).
+NAMESPACE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
+def namespace_of(name: str) -> str | None:
+    """``weather`` for ``weather.forecast``; ``None`` for a bare name."""
+    head, dot, _ = name.partition(".")
+    return head if dot else None
 
 
 def select_tools(registry: ToolRegistry, patterns: Iterable[str] | None) -> ToolRegistry:
