@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import kernel
+from tests.cli_kit import tak
 
 BUILTIN_TOOLS = {"read_file", "write_file", "edit_file", "list_dir", "glob", "grep"} | {
     "run_command", "fetch_url", "run_python", "remember", "recall", "forget",
@@ -23,23 +24,14 @@ def home(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def tak(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kernel.cli", "--home", str(home), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_version(home: Path) -> None:
-    result = tak(home, "--version")
+    result = tak("--version", home=home)
     assert result.returncode == 0
     assert result.stdout.strip() == f"tak {kernel.__version__}"
 
 
 def test_tools_lists_every_builtin_tool_with_its_schema(home: Path) -> None:
-    result = tak(home, "tools")
+    result = tak("tools", home=home)
     assert result.returncode == 0, result.stderr
     listed = {line.split()[0] for line in result.stdout.splitlines() if line[:1].isalpha()}
     assert listed == BUILTIN_TOOLS  # the toy demo tools only come with --plugin demo
@@ -47,26 +39,26 @@ def test_tools_lists_every_builtin_tool_with_its_schema(home: Path) -> None:
 
 
 def test_tools_in_provider_formats(home: Path) -> None:
-    openai = json.loads(tak(home, "tools", "--format", "openai").stdout)
+    openai = json.loads(tak("tools", "--format", "openai", home=home).stdout)
     assert {s["function"]["name"] for s in openai} == BUILTIN_TOOLS
-    anthropic = json.loads(tak(home, "tools", "--format", "anthropic").stdout)
+    anthropic = json.loads(tak("tools", "--format", "anthropic", home=home).stdout)
     assert all("input_schema" in s for s in anthropic)
-    gemini = json.loads(tak(home, "tools", "--format", "gemini").stdout)
+    gemini = json.loads(tak("tools", "--format", "gemini", home=home).stdout)
     assert gemini[0]["functionDeclarations"]
-    with_demo = json.loads(tak(home, "--plugin", "demo", "tools", "--format", "openai").stdout)
+    with_demo = json.loads(tak("--plugin", "demo", "tools", "--format", "openai", home=home).stdout)
     assert {s["function"]["name"] for s in with_demo} == BUILTIN_TOOLS | {
         "add", "divide", "echo", "sleep",
     }  # fmt: skip
 
 
 def test_call_prints_the_observation(home: Path) -> None:
-    result = tak(home, "call", "read_file", '{"path": "notes.txt", "start_line": 2}')
+    result = tak("call", "read_file", '{"path": "notes.txt", "start_line": 2}', home=home)
     assert result.returncode == 0, result.stderr
     assert "second line" in result.stdout and "first line" not in result.stdout
 
 
 def test_call_json(home: Path) -> None:
-    result = tak(home, "--plugin", "demo", "call", "echo", '{"text": "hi"}', "--json")
+    result = tak("--plugin", "demo", "call", "echo", '{"text": "hi"}', "--json", home=home)
     assert result.returncode == 0
     observation = json.loads(result.stdout)
     assert observation["content"] == "hi"
@@ -74,7 +66,7 @@ def test_call_json(home: Path) -> None:
 
 
 def test_call_unknown_tool_is_an_observation_and_fails(home: Path) -> None:
-    result = tak(home, "call", "nope", "{}", "--json")
+    result = tak("call", "nope", "{}", "--json", home=home)
     assert result.returncode == 1
     observation = json.loads(result.stdout)
     assert observation["error"]["kind"] == "unknown_tool"
@@ -82,31 +74,33 @@ def test_call_unknown_tool_is_an_observation_and_fails(home: Path) -> None:
 
 
 def test_call_bad_arguments(home: Path) -> None:
-    result = tak(home, "call", "read_file", '{"path": 3}')
+    result = tak("call", "read_file", '{"path": 3}', home=home)
     assert result.returncode == 1
     assert result.stdout.startswith("Error (bad_arguments): $.path: expected str")
 
 
 def test_call_deadline(home: Path) -> None:
-    result = tak(home, "--plugin", "demo", "call", "sleep", '{"seconds": 30}', "--timeout", "0.2")
+    result = tak(
+        "--plugin", "demo", "call", "sleep", '{"seconds": 30}', "--timeout", "0.2", home=home
+    )
     assert result.returncode == 1
     assert "did not finish within 0.2 s" in result.stdout
 
 
 def test_call_in_a_sandbox_worker_stays_in_the_workspace(home: Path) -> None:
-    result = tak(home, "call", "run_command", '{"command": "cat notes.txt; cat /etc/passwd"}')
+    result = tak("call", "run_command", '{"command": "cat notes.txt; cat /etc/passwd"}', home=home)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "first line" in result.stdout and "root:" not in result.stdout
 
 
 def test_call_rejects_missing_workspace(home: Path) -> None:
-    result = tak(home, "call", "read_file", "{}", "--workspace", "/nonexistent/ws")
+    result = tak("call", "read_file", "{}", "--workspace", "/nonexistent/ws", home=home)
     assert result.returncode == 2
     assert "not a directory" in result.stderr
 
 
 def test_demo_prints_the_table_in_declared_order_and_persists_it(home: Path) -> None:
-    result = tak(home, "demo")
+    result = tak("demo", home=home)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     rows = [line for line in lines if line[:1].isdigit()]
@@ -127,7 +121,7 @@ def test_demo_prints_the_table_in_declared_order_and_persists_it(home: Path) -> 
     )
     assert shown.returncode == 0, shown.stderr
     assert "Error (timeout): command did not finish within 1 s" in shown.stdout
-    listing = tak(home, "sessions", "ls")
+    listing = tak("sessions", "ls", home=home)
     assert "demo: five parallel calls" in listing.stdout
 
 
@@ -219,14 +213,14 @@ def test_the_cli_default_project_is_the_homes() -> None:
 def test_a_usage_error_is_one_line_pointing_at_help(
     home: Path, args: list[str], message: str
 ) -> None:
-    result = tak(home, *args)
+    result = tak(*args, home=home)
     assert result.returncode == 2
     assert result.stderr.startswith(message), result.stderr
     assert result.stderr.rstrip().endswith("--help)") and result.stderr.count("\n") == 1
 
 
 def test_run_help_lists_the_model_settings_flags(home: Path) -> None:
-    result = tak(home, "run", "--help")
+    result = tak("run", "--help", home=home)
     assert result.returncode == 0
     for flag in (
         "--temperature", "--top-p", "--max-tokens", "--stop", "--seed", "--tool-choice",

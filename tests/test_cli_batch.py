@@ -25,17 +25,8 @@ from typing import Any
 import pytest
 
 from kernel.batch import TaskResult, converter
+from tests.cli_kit import tak, tak_argv
 from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
-
-
-def tak_argv(home: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "kernel.cli", "--home", str(home), "--plugin", "demo", *args]
-
-
-def tak(home: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        tak_argv(home, *args), capture_output=True, text=True, timeout=120, cwd=cwd
-    )
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -84,7 +75,7 @@ def test_a_run_finishes_every_task_and_running_it_again_does_nothing(tmp_path: P
     tasks = write_tasks(tmp_path / "evals.jsonl", THREE)
     out = tmp_path / "out"
     command = ["batch", str(tasks), "--out", str(out), "--concurrency", "2"]
-    first = tak(tmp_path / "home", *command, "--progress-every", "0.1")
+    first = tak(*command, "--progress-every", "0.1", home=tmp_path / "home", demo=True)
     assert first.returncode == 0, first.stderr
     by_id = {r.id: r for r in results(out)}
     assert sorted(by_id) == ["add", "divide", "hello"]
@@ -100,7 +91,7 @@ def test_a_run_finishes_every_task_and_running_it_again_does_nothing(tmp_path: P
     # the run is listed under the home by its id (a link to --out)
     assert (tmp_path / "home" / "batch" / "out").resolve() == out.resolve()
 
-    again = tak(tmp_path / "home", *command)
+    again = tak(*command, home=tmp_path / "home", demo=True)
     assert again.returncode == 0, again.stderr
     assert len(results(out)) == 3  # nothing ran again
     assert "finished    3 of 3 tasks" in again.stdout
@@ -114,11 +105,11 @@ def test_the_shorthand_is_tak_batch_run_and_the_run_id_defaults_to_the_file_stem
 ) -> None:
     tasks = write_tasks(tmp_path / "my evals.jsonl", THREE[2:])
     home = tmp_path / "home"
-    done = tak(home, "batch", "run", str(tasks))
+    done = tak("batch", "run", str(tasks), home=home, demo=True)
     assert done.returncode == 0, done.stderr
     assert [r.id for r in results(home / "batch" / "my-evals")] == ["hello"]
     # the same command in its short form is the same run: nothing to do
-    again = tak(home, "batch", str(tasks))
+    again = tak("batch", str(tasks), home=home, demo=True)
     assert again.returncode == 0, again.stderr
     assert len(results(home / "batch" / "my-evals")) == 1
 
@@ -126,15 +117,17 @@ def test_the_shorthand_is_tak_batch_run_and_the_run_id_defaults_to_the_file_stem
 def test_running_again_with_other_settings_is_refused_in_one_line(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "evals.jsonl", THREE[2:])
     home = tmp_path / "home"
-    assert tak(home, "batch", str(tasks)).returncode == 0
-    other = tak(home, "batch", str(tasks), "--model", "scripted:echo", "--max-steps", "3")
+    assert tak("batch", str(tasks), home=home, demo=True).returncode == 0
+    other = tak(
+        "batch", str(tasks), "--model", "scripted:echo", "--max-steps", "3", home=home, demo=True
+    )
     assert other.returncode == 2
     assert other.stderr == (
         "tak batch: run 'evals' was started with other --model, limits; run it as it was "
         "(tak batch resume) or give a new --run-id\n"
     )
     # concurrency is the command's own: not a difference
-    assert tak(home, "batch", str(tasks), "--concurrency", "3").returncode == 0
+    assert tak("batch", str(tasks), "--concurrency", "3", home=home, demo=True).returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -150,7 +143,7 @@ def test_a_bad_tasks_file_is_one_line_naming_the_file_and_line(
 ) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "prompt": "hi"}\n' + line + "\n")
-    result = tak(tmp_path / "home", "batch", str(tasks))
+    result = tak("batch", str(tasks), home=tmp_path / "home", demo=True)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"tak batch: {tasks}:2: "), result.stderr
@@ -161,7 +154,7 @@ def test_a_bad_tasks_file_is_one_line_naming_the_file_and_line(
 def test_a_tasks_file_without_tasks_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
-    result = tak(tmp_path / "home", "batch", str(empty))
+    result = tak("batch", str(empty), home=tmp_path / "home", demo=True)
     assert (result.returncode, result.stderr) == (
         2,
         f"tak batch: {empty}: no tasks (a task is a JSON object a line: docs/batch.md)\n",
@@ -177,7 +170,7 @@ def test_bad_flags_and_runs_are_one_line(tmp_path: Path) -> None:
         (["--set", "temperature=9"], "tak batch: --set temperature: "),
         (["--run-id", "a/b"], "tak batch: --run-id: expected 1-128 of"),
     ]:
-        result = tak(home, "batch", str(tasks), *args)
+        result = tak("batch", str(tasks), *args, home=home, demo=True)
         assert result.returncode == 2 and result.stderr.startswith(expected), (args, result)
         assert result.stderr.count("\n") == 1
     # a mistake found when the kernel opens makes no run (the same command, fixed, runs)
@@ -186,20 +179,24 @@ def test_bad_flags_and_runs_are_one_line(tmp_path: Path) -> None:
         (["--model", "nope:x"], "tak batch: "),
         (["--set", "tool_choice=nope"], "tak batch: "),
     ]:
-        result = tak(home, "batch", str(tasks), "--out", str(tmp_path / "out"), *args)
+        result = tak(
+            "batch", str(tasks), "--out", str(tmp_path / "out"), *args, home=home, demo=True
+        )
         assert result.returncode == 2 and result.stderr.startswith(expected), (args, result)
         assert result.stderr.count("\n") == 1 and "nope" in result.stderr, result.stderr
         assert not (tmp_path / "out").exists() and not (home / "batch" / "out").exists()
-    inside = tak(home, "batch", str(tasks), "--out", str(home / "data" / "runs" / "x"))
+    inside = tak(
+        "batch", str(tasks), "--out", str(home / "data" / "runs" / "x"), home=home, demo=True
+    )
     assert inside.returncode == 2 and inside.stderr.startswith(
         f"tak batch: --out {home / 'data' / 'runs' / 'x'}: lies inside the home's data"
     ), inside.stderr
-    missing = tak(home, "batch", "resume", "nope")
+    missing = tak("batch", "resume", "nope", home=home, demo=True)
     assert (missing.returncode, missing.stderr) == (
         2,
         f"tak batch resume: no run 'nope' under {home / 'batch'} (see tak batch ls)\n",
     )
-    shown = tak(home, "batch", "show", str(tmp_path))
+    shown = tak("batch", "show", str(tmp_path), home=home, demo=True)
     assert shown.returncode == 2
     assert (
         shown.stderr
@@ -234,7 +231,16 @@ def test_ctrl_c_records_cancelled_and_the_printed_resume_finishes_the_rest_once(
     tasks = write_tasks(tmp_path / "slow.jsonl", SLOW)
     run_dir = home / "batch" / "slow"
     proc = subprocess.Popen(
-        tak_argv(home, "batch", str(tasks), "--concurrency", "2", "--progress-every", "0.1"),
+        tak_argv(
+            "batch",
+            str(tasks),
+            "--concurrency",
+            "2",
+            "--progress-every",
+            "0.1",
+            home=home,
+            demo=True,
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -250,9 +256,9 @@ def test_ctrl_c_records_cancelled_and_the_printed_resume_finishes_the_rest_once(
 
         wait_for(sleeping, "t3 and t4 to be in their sleep calls", proc)
         # meanwhile: ls reads the run as it goes; a second process may not run it
-        listed = tak(home, "batch", "ls")
+        listed = tak("batch", "ls", home=home, demo=True)
         assert listed.stdout.splitlines()[1].split()[3:6] == ["6", "2", "0"], listed.stdout
-        second = tak(home, "batch", "resume", "slow")
+        second = tak("batch", "resume", "slow", home=home, demo=True)
         assert second.returncode == 2 and f"in use by process {proc.pid} " in second.stderr
         assert second.stderr.count("\n") == 1
         proc.send_signal(signal.SIGINT)
@@ -294,7 +300,7 @@ def test_progress_on_a_terminal_is_one_line_redrawn(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "tty.jsonl", THREE)
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        tak_argv(tmp_path / "home", "batch", str(tasks)),
+        tak_argv("batch", str(tasks), home=tmp_path / "home", demo=True),
         stdout=subprocess.PIPE,
         stderr=slave,
         text=True,
@@ -335,19 +341,19 @@ def finished_run(tmp_path: Path) -> Iterator[Path]:
             {"id": "short", "prompt": call("add", a=1, b=1), "limits": {"max_steps": 1}},
         ],
     )
-    result = tak(tmp_path / "home", "batch", str(tasks), "--run-id", "graded")
+    result = tak("batch", str(tasks), "--run-id", "graded", home=tmp_path / "home", demo=True)
     assert result.returncode == 0, result.stderr
     yield tmp_path / "home"
 
 
 def test_ls_lists_the_runs_under_the_home(finished_run: Path, tmp_path: Path) -> None:
-    listed = tak(finished_run, "batch", "ls")
+    listed = tak("batch", "ls", home=finished_run, demo=True)
     assert listed.returncode == 0, listed.stderr
     header, row = listed.stdout.splitlines()
     assert header.split() == ["ID", "CREATED", "TASKS", "FINISHED", "FAILED", "COST", "MODEL"]
     fields = row.split()
     assert fields[0] == "graded" and fields[3:] == ["2", "2", "1", "-", "scripted:demo"]
-    as_json = json.loads(tak(finished_run, "batch", "ls", "--json").stdout)
+    as_json = json.loads(tak("batch", "ls", "--json", home=finished_run, demo=True).stdout)
     assert as_json == [
         {
             "run_id": "graded",
@@ -368,24 +374,26 @@ def test_ls_lists_the_runs_under_the_home(finished_run: Path, tmp_path: Path) ->
     ]
     assert all(isinstance(as_json[0][k], int) for k in ("input_tokens", "output_tokens"))
     assert isinstance(as_json[0]["created"], float)
-    empty = tak(tmp_path / "empty", "batch", "ls")
+    empty = tak("batch", "ls", home=tmp_path / "empty", demo=True)
     assert empty.stdout == f"no batch runs under {tmp_path / 'empty' / 'batch'}\n"
 
 
 def test_show_prints_the_summary_and_each_task_not_final(finished_run: Path) -> None:
-    shown = tak(finished_run, "batch", "show", "graded")
+    shown = tak("batch", "show", "graded", home=finished_run, demo=True)
     assert shown.returncode == 0, shown.stderr
     assert re.search(r"^  final +1$", shown.stdout, re.M)
     assert re.search(r"^  max_steps +1$", shown.stdout, re.M)
     assert "finished    2 of 2 tasks" in shown.stdout
     assert re.search(r"^  not final \(1\):\n    short  max_steps", shown.stdout, re.M)
     # by its directory too
-    by_path = tak(finished_run, "batch", "show", str(finished_run / "batch" / "graded"))
+    by_path = tak(
+        "batch", "show", str(finished_run / "batch" / "graded"), home=finished_run, demo=True
+    )
     assert by_path.stdout == shown.stdout
 
 
 def test_show_json_schema(finished_run: Path) -> None:
-    shown = tak(finished_run, "batch", "show", "graded", "--json")
+    shown = tak("batch", "show", "graded", "--json", home=finished_run, demo=True)
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert sorted(data) == sorted(
@@ -410,14 +418,14 @@ def test_show_json_schema(finished_run: Path) -> None:
 def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) -> None:  # noqa: F811
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "pg.jsonl", THREE)
-    first = tak(home, "batch", str(tasks), "--store", db_url, "--run-id", "shared")
+    first = tak("batch", str(tasks), "--store", db_url, "--run-id", "shared", home=home, demo=True)
     assert first.returncode == 0, first.stderr
     assert "finished    3 of 3 tasks" in first.stdout
     # a worker of the same run, settings from the run: nothing left to claim
-    worker = tak(home, "batch", "worker", "--run", "shared", "--store", db_url)
+    worker = tak("batch", "worker", "--run", "shared", "--store", db_url, home=home, demo=True)
     assert worker.returncode == 0, worker.stderr
     assert "finished    3 of 3 tasks" in worker.stdout
-    shown = tak(home, "batch", "show", "shared", "--store", db_url, "--json")
+    shown = tak("batch", "show", "shared", "--store", db_url, "--json", home=home, demo=True)
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert (data["total"], data["finished"], data["model"]) == (3, 3, "scripted:demo")
@@ -427,7 +435,7 @@ def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) ->
     assert project.startswith("batch.shared.") and f"project {project}\n" in first.stdout
     assert not (home / "data" / "sessions" / project).exists()
     sessions = subprocess.run(
-        [*tak_argv(home, "sessions", "ls", "--project", project)],
+        [*tak_argv("sessions", "ls", "--project", project, home=home, demo=True)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -437,7 +445,7 @@ def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) ->
     assert sorted(line.split()[0] for line in sessions.stdout.splitlines()[1:]) == sorted(
         t["id"] for t in THREE
     )
-    missing = tak(home, "batch", "worker", "--run", "nope", "--store", db_url)
+    missing = tak("batch", "worker", "--run", "nope", "--store", db_url, home=home, demo=True)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
     assert missing.stderr.startswith("tak batch worker: ")
 
@@ -527,7 +535,7 @@ def test_ctrl_c_on_postgresql_prints_the_worker_that_finishes_the_run(
     tasks = write_tasks(tmp_path / "slow.jsonl", SLOW)
     command = ["batch", str(tasks), "--store", db_url, "--run-id", "pgslow", "--concurrency", "2"]
     proc = subprocess.Popen(
-        tak_argv(home, *command, "--progress-every", "0.1"),
+        tak_argv(*command, "--progress-every", "0.1", home=home, demo=True),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -541,13 +549,13 @@ def test_ctrl_c_on_postgresql_prints_the_worker_that_finishes_the_run(
             "t1, t2 done and t3, t4 running",
             proc,
         )
-        shown = tak(home, "batch", "show", "pgslow", "--store", db_url, "--json")
+        shown = tak("batch", "show", "pgslow", "--store", db_url, "--json", home=home, demo=True)
         project = json.loads(shown.stdout)["session_project"]
 
         def recorded(task: str) -> bool:
             # the sleep call is in the shared store: the worker answers it, never reruns it
             shown = subprocess.run(
-                tak_argv(home, "sessions", "show", task, "--project", project),
+                tak_argv("sessions", "show", task, "--project", project, home=home, demo=True),
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -573,7 +581,9 @@ def test_ctrl_c_on_postgresql_prints_the_worker_that_finishes_the_run(
     finished = subprocess.run(worker, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr
     assert "finished    6 of 6 tasks" in finished.stdout
-    shown = json.loads(tak(home, "batch", "show", "pgslow", "--store", db_url, "--json").stdout)
+    shown = json.loads(
+        tak("batch", "show", "pgslow", "--store", db_url, "--json", home=home, demo=True).stdout
+    )
     assert shown["reasons"] == {"final": 6}
     assert {r["id"]: r["attempt"] for r in shown["results"]} == {
         "t1": 1, "t2": 1, "t3": 2, "t4": 2, "t5": 1, "t6": 1,
@@ -584,14 +594,14 @@ def test_show_json_names_a_runs_own_directory_not_its_link(tmp_path: Path) -> No
     tasks = write_tasks(tmp_path / "evals.jsonl", [{"id": "a", "prompt": "hi"}])
     out = tmp_path / "out"
     home = tmp_path / "home"
-    assert tak(home, "batch", str(tasks), "--out", str(out)).returncode == 0
-    shown = tak(home, "batch", "show", "out", "--json")
+    assert tak("batch", str(tasks), "--out", str(out), home=home, demo=True).returncode == 0
+    shown = tak("batch", "show", "out", "--json", home=home, demo=True)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["where"] == str(out.resolve())
 
 
 def test_progress_every_below_a_tenth_of_a_second_is_refused(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "evals.jsonl", [{"id": "a", "prompt": "hi"}])
-    ran = tak(tmp_path / "home", "batch", str(tasks), "--progress-every", "0")
+    ran = tak("batch", str(tasks), "--progress-every", "0", home=tmp_path / "home", demo=True)
     assert ran.returncode == 2
     assert ran.stderr == "tak batch: --progress-every: expected at least 0.1 seconds, got 0\n"

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.cli_kit import tak
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -97,27 +96,11 @@ def openai_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         yield served
 
 
-def tak(
-    home: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    environment.update(env or {})
-    return subprocess.run(
-        # the fake model calls the toy tools (add, divide, sleep) of the demo plugin
-        [sys.executable, "-m", "kernel.cli", "--home", str(home), "--plugin", "demo", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=environment,
-    )
-
-
 def test_tak_run_against_a_local_openai_compatible_server(
     tmp_path: Path, openai_server: tuple[str, list[dict[str, Any]]]
 ) -> None:
     base_url, requests = openai_server
     result = tak(
-        tmp_path,
         "run",
         "--model",
         "openai:gpt-4.1-mini",
@@ -125,6 +108,8 @@ def test_tak_run_against_a_local_openai_compatible_server(
         "wire",
         "add 2 and 40, and divide 1 by 0",
         env={"OPENAI_BASE_URL": base_url},
+        home=tmp_path,
+        demo=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "✓ [0] add" in result.stdout and "42" in result.stdout
@@ -145,7 +130,7 @@ def test_tak_run_against_a_local_openai_compatible_server(
 
 def test_tak_run_scripted_demo_offline(tmp_path: Path) -> None:
     prompt = '/call add {"a": 1, "b": 2}\n/call sleep {"seconds": 0.2}\n/call nope {}'
-    result = tak(tmp_path, "run", prompt)
+    result = tak("run", prompt, home=tmp_path, demo=True)
     assert result.returncode == 0, result.stderr
     assert "✓ [0] add" in result.stdout
     assert "✗ [2] nope unknown_tool" in result.stdout
@@ -153,7 +138,7 @@ def test_tak_run_scripted_demo_offline(tmp_path: Path) -> None:
 
 
 def test_tak_run_missing_key_is_a_clear_error(tmp_path: Path) -> None:
-    result = tak(tmp_path, "run", "--model", "openai:gpt-4.1-mini", "hi")
+    result = tak("run", "--model", "openai:gpt-4.1-mini", "hi", home=tmp_path, demo=True)
     assert result.returncode == 2
     assert "OPENAI_API_KEY" in result.stderr
 
@@ -162,7 +147,7 @@ def test_tak_run_on_a_damaged_transcript_says_so_in_one_line(tmp_path: Path) -> 
     session = tmp_path / "data/sessions/default/broken"
     session.mkdir(parents=True)
     (session / "transcript.jsonl").write_text('not json at all\n{"type": "user"}\n')
-    result = tak(tmp_path, "run", "--session", "broken", "hello")
+    result = tak("run", "--session", "broken", "hello", home=tmp_path, demo=True)
     # failed (a StoreError), not bad input: the command was right, the store damaged
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
@@ -186,7 +171,6 @@ def test_tak_run_forces_a_tool_call_with_only_the_chosen_tool(tmp_path: Path) ->
     (workspace / "notes.txt").write_text("hello\n")
     with serve_openai(LIST_DIR_CALL, ANSWER) as (base_url, requests):
         result = tak(
-            tmp_path,
             "run",
             "list the files",
             "--model",
@@ -200,6 +184,8 @@ def test_tak_run_forces_a_tool_call_with_only_the_chosen_tool(tmp_path: Path) ->
             "--session",
             "forced",
             env={"OPENAI_BASE_URL": base_url},
+            home=tmp_path,
+            demo=True,
         )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "✓ [0] list_dir" in result.stdout and "notes.txt" in result.stdout
@@ -223,7 +209,6 @@ def test_tak_run_forces_a_tool_call_with_only_the_chosen_tool(tmp_path: Path) ->
 def test_tak_run_sends_every_setting_flag(tmp_path: Path) -> None:
     with serve_openai(ANSWER) as (base_url, requests):
         result = tak(
-            tmp_path,
             "run",
             "hi",
             "--model",
@@ -234,6 +219,8 @@ def test_tak_run_sends_every_setting_flag(tmp_path: Path) -> None:
             *("--set", "max_tokens=32", "--set", "extra.cache_prompt=true"),
             *("--set", "temperature=1.5"),  # a named flag wins over --set
             env={"OPENAI_BASE_URL": base_url},
+            home=tmp_path,
+            demo=True,
         )
     assert result.returncode == 0, result.stdout + result.stderr
     [body] = requests
@@ -261,7 +248,7 @@ def test_tak_run_sends_every_setting_flag(tmp_path: Path) -> None:
     ],
 )
 def test_tak_run_bad_settings_are_one_line(tmp_path: Path, flags: list[str], message: str) -> None:
-    result = tak(tmp_path, "run", "hello", "--session", "s", *flags)
+    result = tak("run", "hello", "--session", "s", *flags, home=tmp_path, demo=True)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith(message), result.stderr

@@ -17,8 +17,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.cli_kit import tak
 
 TAK = Path(sys.executable).with_name("tak")
 FIXTURES = Path(__file__).parent / "plugins" / "fixtures"
@@ -35,23 +38,13 @@ def _env_without_tak(**extra: str) -> dict[str, str]:
     return env
 
 
-def tak(
-    *args: str,
-    home: Path | str | None = None,
-    cwd: Path | None = None,
-    stdin: str = "",
-    timeout: float = 120,
+def installed_tak(
+    *args: str, home: Path | str | None = None, **kwargs: Any
 ) -> subprocess.CompletedProcess[str]:
-    env = _env_without_tak(**({"TAK_HOME": str(home)} if home is not None else {}))
-    return subprocess.run(
-        [str(TAK), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-    )
+    """The installed ``tak`` script, run where it is not on ``PATH``, its home from
+    ``TAK_HOME`` (``home``) as a user's shell would give it."""
+    environ = _env_without_tak(**({"TAK_HOME": str(home)} if home is not None else {}))
+    return tak(*args, program=(str(TAK),), environ=environ, **kwargs)
 
 
 def one_line_failure(result: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -77,13 +70,13 @@ def one_line_failure(result: subprocess.CompletedProcess[str], *needles: str) ->
 def test_a_home_below_a_regular_file_is_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
     (tmp_path / "file").write_text("not a directory\n")
     home = tmp_path / "file" / "home"
-    line = one_line_failure(tak(*command, home=home), "Not a directory")
+    line = one_line_failure(installed_tak(*command, home=home), "Not a directory")
     assert f"TAK_HOME {home}" in line
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("not a directory\n")
-    result = tak("--debug", "demo", home=tmp_path / "file" / "home")
+    result = installed_tak("--debug", "demo", home=tmp_path / "file" / "home")
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "NotADirectoryError" in result.stderr
 
@@ -100,7 +93,9 @@ def test_a_home_without_permission_is_one_line() -> None:
     else:
         home.rmdir()
         pytest.skip("sysfs accepted a directory")
-    one_line_failure(tak("demo", home=home), f"TAK_HOME {home}", "Operation not permitted")
+    one_line_failure(
+        installed_tak("demo", home=home), f"TAK_HOME {home}", "Operation not permitted"
+    )
 
 
 def _read_only(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -117,7 +112,7 @@ def _read_only(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_read_only_home_is_one_line_and_sessions_ls_still_lists(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    assert tak("demo", home=home).returncode == 0
+    assert installed_tak("demo", home=home).returncode == 0
     shutil.rmtree(home / "workspace")
     (home / "workspace").mkdir()
     if shutil.which("unshare") is None or _read_only(home, "--version").returncode != 0:
@@ -145,7 +140,7 @@ def _refused_port() -> int:
 def test_repl_to_a_refused_connection_says_why_in_one_line(tmp_path: Path) -> None:
     url = f"ws://127.0.0.1:{_refused_port()}/?token=secret"
     line = one_line_failure(
-        tak("repl", url, home=tmp_path, stdin="/tools\n"), "tak repl: cannot talk to"
+        installed_tak("repl", url, home=tmp_path, stdin="/tools\n"), "tak repl: cannot talk to"
     )
     assert "Connection refused" in line
     assert "secret" not in line
@@ -153,7 +148,9 @@ def test_repl_to_a_refused_connection_says_why_in_one_line(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8765/?token=x", "127.0.0.1:8765", "ws:///x"])
 def test_repl_to_a_url_that_is_not_ws_is_one_line(tmp_path: Path, url: str) -> None:
-    line = one_line_failure(tak("repl", url, home=tmp_path, stdin="/tools\n"), "tak repl:")
+    line = one_line_failure(
+        installed_tak("repl", url, home=tmp_path, stdin="/tools\n"), "tak repl:"
+    )
     if "://" not in url or url.startswith("http"):
         assert "expected a ws:// URL" in line
 
@@ -205,10 +202,12 @@ def test_a_broken_trusted_plugin_is_one_line_per_command(tmp_path: Path) -> None
     folder = home / "workspace" / ".tak" / "plugins"
     folder.mkdir(parents=True)
     (folder / "flaky.py").write_text(FLAKY)
-    trusted = tak("plugins", "trust", str(folder / "flaky.py"), home=home)
+    trusted = installed_tak("plugins", "trust", str(folder / "flaky.py"), home=home)
     assert trusted.returncode == 0, trusted.stderr
     (home / "workspace" / "broken").write_text("")
-    listed = tak("tools", home=home, cwd=tmp_path)  # the script is not below: its full path
+    listed = installed_tak(
+        "tools", home=home, cwd=tmp_path
+    )  # the script is not below: its full path
     assert listed.returncode == 0
     assert "Traceback" not in listed.stderr
     [line] = listed.stderr.splitlines()
@@ -218,7 +217,7 @@ def test_a_broken_trusted_plugin_is_one_line_per_command(tmp_path: Path) -> None
 
 
 def test_plugins_check_shows_the_details(tmp_path: Path) -> None:
-    checked = tak("plugins", "check", str(FIXTURES / "crash_on_import.py"), home=tmp_path)
+    checked = installed_tak("plugins", "check", str(FIXTURES / "crash_on_import.py"), home=tmp_path)
     assert checked.returncode == 1
     assert "Traceback" in checked.stderr  # the worker's, asked for
     assert checked.stderr.splitlines()[-1].startswith("tak plugins check: ")
@@ -226,7 +225,7 @@ def test_plugins_check_shows_the_details(tmp_path: Path) -> None:
 
 
 def test_trusting_a_plugin_that_crashes_is_one_line(tmp_path: Path) -> None:
-    result = tak("plugins", "trust", str(FIXTURES / "crash_on_import.py"), home=tmp_path)
+    result = installed_tak("plugins", "trust", str(FIXTURES / "crash_on_import.py"), home=tmp_path)
     one_line_failure(result, "tak plugins trust:", "RuntimeError: this plugin crashes on import")
 
 
@@ -273,18 +272,18 @@ def test_the_interactive_repl_exits_0_after_an_unknown_command(server: str, tmp_
 
 
 def test_piped_repl_still_fails_on_an_unknown_command(server: str, tmp_path: Path) -> None:
-    result = tak("repl", server, home=tmp_path / "client", stdin="/nonsense\n")
+    result = installed_tak("repl", server, home=tmp_path / "client", stdin="/nonsense\n")
     assert result.returncode == 1
     assert "unknown command /nonsense" in result.stderr
 
 
 def test_repl_lists_sessions_newest_first(server: str, tmp_path: Path) -> None:
     script = '/session a-old\n/call add {"a": 1, "b": 1}\n'
-    first = tak("repl", server, home=tmp_path / "client", stdin=script)
+    first = installed_tak("repl", server, home=tmp_path / "client", stdin=script)
     assert first.returncode == 0, first.stderr
     time.sleep(0.01)  # modification times in milliseconds
     script = '/session b-new\n/call add {"a": 1, "b": 1}\n/sessions\n'
-    second = tak("repl", server, home=tmp_path / "client", stdin=script)
+    second = installed_tak("repl", server, home=tmp_path / "client", stdin=script)
     assert second.returncode == 0, second.stderr
     ids = [line.split()[0] for line in second.stdout.splitlines() if line.startswith(("a-", "b-"))]
     assert ids == ["b-new", "a-old"]
@@ -295,14 +294,14 @@ def test_repl_lists_sessions_newest_first(server: str, tmp_path: Path) -> None:
 
 def test_sessions_repair_says_what_it_did(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    assert tak("demo", home=home).returncode == 0
+    assert installed_tak("demo", home=home).returncode == 0
     [session] = (home / "data" / "sessions" / "default").iterdir()
-    clean = tak("sessions", "repair", session.name, home=home)
+    clean = installed_tak("sessions", "repair", session.name, home=home)
     assert clean.returncode == 0, clean.stderr
     assert clean.stdout == f"default/{session.name}: ok (4 entries), nothing to repair\n"
     with (session / "transcript.jsonl").open("ab") as f:
         f.write(b'{"type": "us')
-    torn = tak("sessions", "repair", session.name, home=home)
+    torn = installed_tak("sessions", "repair", session.name, home=home)
     assert torn.returncode == 0, torn.stderr
     assert torn.stdout == (
         f"default/{session.name}: cut a torn last line (12 bytes, an append that never "
@@ -319,7 +318,7 @@ def test_the_research_agent_names_tools_as_they_are_called(tmp_path: Path) -> No
         from research_agent import SYSTEM
     finally:
         sys.path.remove(str(ROOT / "examples"))
-    listed = tak("tools", home=tmp_path)
+    listed = installed_tak("tools", home=tmp_path)
     tools = {line.split()[0] for line in listed.stdout.splitlines() if line[:1].isalpha()}
     named = set(re.findall(r"\b[a-z]+(?:[._][a-z]+)+\b", SYSTEM)) - {"notes.md", "report.md"}
     assert named and named <= tools, named - tools
@@ -327,7 +326,7 @@ def test_the_research_agent_names_tools_as_they_are_called(tmp_path: Path) -> No
 
 def test_the_demo_hint_runs_as_printed_without_tak_on_path(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    demo = tak("--home", str(home), "demo", cwd=tmp_path)
+    demo = installed_tak("--home", str(home), "demo", cwd=tmp_path)
     assert demo.returncode == 0, demo.stderr
     hint = next(line for line in demo.stdout.splitlines() if line.startswith("show it:"))
     command = hint.removeprefix("show it:").strip()

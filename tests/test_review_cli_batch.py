@@ -23,19 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kernel.batch import MAX_RUN_ID, TaskResult, converter
+from tests.cli_kit import tak, tak_argv
 from tests.test_cli_batch import transcript_path
-
-
-def tak_argv(home: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "kernel.cli", "--home", str(home), "--plugin", "demo", *args]
-
-
-def tak(
-    home: Path, *args: str, cwd: Path | None = None, timeout: float = 120, **kwargs: Any
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        tak_argv(home, *args), capture_output=True, text=True, timeout=timeout, cwd=cwd, **kwargs
-    )
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -106,7 +95,7 @@ SLEEPY = [
 def start_sleepy(home: Path, tmp_path: Path, *args: str, cwd: Path | None = None) -> Any:
     tasks = write_tasks(tmp_path / "sleepy.jsonl", SLEEPY)
     proc = subprocess.Popen(
-        tak_argv(home, "batch", str(tasks), *args),
+        tak_argv("batch", str(tasks), *args, home=home, demo=True),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -125,7 +114,7 @@ def test_out_at_a_directory_of_other_files_is_refused_and_left_alone(tmp_path: P
     (project / "tasks.jsonl").write_text(mine)
     (project / "notes.txt").write_text("keep\n")
     tasks = write_tasks(tmp_path / "evals.jsonl", [{"id": "z", "prompt": "hi"}])
-    result = tak(tmp_path / "home", "batch", str(tasks), "--out", str(project))
+    result = tak("batch", str(tasks), "--out", str(project), home=tmp_path / "home", demo=True)
     assert (project / "tasks.jsonl").read_text() == mine  # today: task z appended to it
     assert sorted(p.name for p in project.iterdir()) == ["notes.txt", "tasks.jsonl"]
     assert result.returncode == 2 and one_line(result, "tak batch: "), result
@@ -136,15 +125,19 @@ def test_a_run_that_could_not_start_does_not_keep_its_id(tmp_path: Path) -> None
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
     (tmp_path / "evals").write_text("a file\n")
-    failed = tak(home, "batch", str(tasks), "--out", str(tmp_path / "evals"))
+    failed = tak("batch", str(tasks), "--out", str(tmp_path / "evals"), home=home, demo=True)
     assert failed.returncode != 0 and failed.stderr.count("\n") == 1, failed.stderr
     # and a start that fails once it makes the run (below a file: the OS refuses)
-    below = tak(home, "batch", str(tasks), "--out", str(tmp_path / "evals" / "evals"))
+    below = tak(
+        "batch", str(tasks), "--out", str(tmp_path / "evals" / "evals"), home=home, demo=True
+    )
     assert below.returncode == 1 and "Not a directory" in below.stderr, below.stderr
     assert not (home / "batch" / "evals").is_symlink()
     # the user fixes the mistake: the run of that name goes elsewhere
     (tmp_path / "runs").mkdir()
-    fixed = tak(home, "batch", str(tasks), "--out", str(tmp_path / "runs" / "evals"))
+    fixed = tak(
+        "batch", str(tasks), "--out", str(tmp_path / "runs" / "evals"), home=home, demo=True
+    )
     assert fixed.returncode == 0, fixed.stderr  # today: run id 'evals' is taken by the file
 
 
@@ -154,7 +147,7 @@ def test_ls_lists_the_good_runs_beside_a_damaged_one(tmp_path: Path) -> None:
     bad = hand_made_run(home / "batch", "bad", ["a"], done=1)
     (bad / "manifest.json").write_text("{not json")
     for args in ([], ["--json"]):
-        listed = tak(home, "batch", "ls", *args)
+        listed = tak("batch", "ls", *args, home=home, demo=True)
         assert "good" in listed.stdout, listed
         assert "bad" in listed.stderr, listed
 
@@ -164,7 +157,7 @@ def test_show_of_results_not_utf8_names_the_file_and_line(tmp_path: Path) -> Non
     run = hand_made_run(home / "batch", "r", ["a", "b"], done=1)
     with (run / "results.jsonl").open("ab") as f:
         f.write(b'{"id": "b", "reason": "final", "text": "\xff"}\n')
-    shown = tak(home, "batch", "show", "r")
+    shown = tak("batch", "show", "r", home=home, demo=True)
     assert shown.returncode == 2, shown
     assert one_line(shown, "tak batch show: "), shown.stderr
     assert f"{run / 'results.jsonl'}:2" in shown.stderr
@@ -175,7 +168,7 @@ def test_show_of_a_result_missing_a_field_names_the_field(tmp_path: Path) -> Non
     run = hand_made_run(home / "batch", "r", ["a", "b"], done=1)
     with (run / "results.jsonl").open("a") as f:
         f.write('{"id": "b"}\n')
-    shown = tak(home, "batch", "show", "r")
+    shown = tak("batch", "show", "r", home=home, demo=True)
     assert shown.returncode == 2 and one_line(shown, "tak batch show: "), shown
     assert f"{run / 'results.jsonl'}:2" in shown.stderr and "$.reason" in shown.stderr
 
@@ -184,9 +177,9 @@ def test_show_of_a_run_without_its_tasks_file_says_so(tmp_path: Path) -> None:
     home = tmp_path / "home"
     run = hand_made_run(home / "batch", "r", ["a", "b"], done=2)
     (run / "tasks.jsonl").unlink()
-    resumed = tak(home, "batch", "resume", "r")
+    resumed = tak("batch", "resume", "r", home=home, demo=True)
     assert resumed.returncode == 2 and "not in tasks.jsonl" in resumed.stderr  # held
-    shown = tak(home, "batch", "show", "r")
+    shown = tak("batch", "show", "r", home=home, demo=True)
     assert "of 0 tasks" not in shown.stdout, shown.stdout
     assert "tasks.jsonl" in shown.stderr, shown
 
@@ -203,7 +196,6 @@ def limit_memory(megabytes: int) -> Callable[[], None]:
 def test_a_huge_concurrency_runs_the_one_task_or_is_refused(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "one.jsonl", [{"id": "a", "prompt": "hi"}])
     result = tak(
-        tmp_path / "home",
         "batch",
         str(tasks),
         "--concurrency",
@@ -212,6 +204,8 @@ def test_a_huge_concurrency_runs_the_one_task_or_is_refused(tmp_path: Path) -> N
         # it makes runner tasks until the memory limit (or the timeout) stops it.
         timeout=20,
         preexec_fn=limit_memory(2048),
+        home=tmp_path / "home",
+        demo=True,
     )
     if result.returncode == 2:  # refusing is a fix too
         assert one_line(result, "tak batch: --concurrency: "), result.stderr
@@ -223,7 +217,7 @@ def test_a_huge_concurrency_runs_the_one_task_or_is_refused(tmp_path: Path) -> N
 def test_an_infinite_limit_is_refused_naming_its_flag(tmp_path: Path) -> None:
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
-    result = tak(home, "batch", str(tasks), "--max-cost", "inf")
+    result = tak("batch", str(tasks), "--max-cost", "inf", home=home, demo=True)
     assert result.returncode == 2, result
     assert not (home / "batch" / "t").exists()
     assert one_line(result, "tak batch: --max-cost: "), result.stderr
@@ -232,24 +226,28 @@ def test_an_infinite_limit_is_refused_naming_its_flag(tmp_path: Path) -> None:
 def test_progress_every_nan_is_a_bad_flag(tmp_path: Path) -> None:
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
-    result = tak(home, "batch", str(tasks), "--progress-every", "nan")
+    result = tak("batch", str(tasks), "--progress-every", "nan", home=home, demo=True)
     assert result.returncode == 2 and one_line(result, "tak batch: --progress-every: "), result
     assert not (home / "batch" / "t").exists()
 
 
 def test_an_endless_tasks_file_is_refused_in_one_line(tmp_path: Path) -> None:
-    result = tak(tmp_path / "home", "batch", "/dev/zero", preexec_fn=limit_memory(700))
+    result = tak(
+        "batch", "/dev/zero", preexec_fn=limit_memory(700), home=tmp_path / "home", demo=True
+    )
     assert result.returncode == 2 and one_line(result, "tak batch: /dev/zero"), result
 
 
 def test_a_run_id_from_an_unusable_name_names_that_name(tmp_path: Path) -> None:
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
-    result = tak(tmp_path / "home", "batch", str(tasks), "--out", str(tmp_path / "評価"))
+    result = tak(
+        "batch", str(tasks), "--out", str(tmp_path / "評価"), home=tmp_path / "home", demo=True
+    )
     assert result.returncode == 2 and one_line(result, "tak batch: "), result
     assert "評価" in result.stderr and "--run-id" in result.stderr, result.stderr
     # a long name is cut to the longest run id, whose tasks run
     long = write_tasks(tmp_path / f"{'x' * 200}.jsonl", [{"id": "a", "prompt": "hi"}])
-    ran = tak(tmp_path / "home", "batch", str(long))
+    ran = tak("batch", str(long), home=tmp_path / "home", demo=True)
     assert ran.returncode == 0, ran.stderr
     assert [r.reason for r in results(tmp_path / "home" / "batch" / ("x" * MAX_RUN_ID))] == [
         "final"
@@ -263,8 +261,8 @@ def test_another_tasks_file_of_the_same_name_is_not_merged_into_the_run(
     for project, task in (("a", "first"), ("b", "second")):
         (tmp_path / project).mkdir()
         write_tasks(tmp_path / project / "tasks.jsonl", [{"id": task, "prompt": "hi"}])
-    assert tak(home, "batch", str(tmp_path / "a" / "tasks.jsonl")).returncode == 0
-    second = tak(home, "batch", str(tmp_path / "b" / "tasks.jsonl"))
+    assert tak("batch", str(tmp_path / "a" / "tasks.jsonl"), home=home, demo=True).returncode == 0
+    second = tak("batch", str(tmp_path / "b" / "tasks.jsonl"), home=home, demo=True)
     # refused (give --run-id), or a run of its own: not project a's run grown
     assert [r.id for r in results(home / "batch" / "tasks")] == ["first"], second
     assert second.returncode == 2 and one_line(second, "tak batch: run 'tasks' has the "), second
@@ -276,7 +274,7 @@ def test_another_tasks_file_of_the_same_name_is_not_merged_into_the_run(
         tmp_path / "a" / "tasks.jsonl", [{"id": t, "prompt": "hi"} for t in ("first", "more")]
     )
     for project in ("a", "c"):
-        again = tak(home, "batch", str(tmp_path / project / "tasks.jsonl"))
+        again = tak("batch", str(tmp_path / project / "tasks.jsonl"), home=home, demo=True)
         assert again.returncode == 0, again.stderr
     assert [r.id for r in results(home / "batch" / "tasks")] == ["first", "more"]
 
@@ -352,7 +350,7 @@ def test_sigkill_then_resume_finishes_each_task_once(tmp_path: Path) -> None:
     assert 1 <= len(lines) <= 3 and len(set(lines)) == len(lines), stderr
     run = home / "batch" / "sleepy"
     assert [r.id for r in results(run)] == ["quick"]
-    resumed = tak(home, "batch", "resume", "sleepy")
+    resumed = tak("batch", "resume", "sleepy", home=home, demo=True)
     assert resumed.returncode == 0, resumed.stderr
     finals = {r.id: r.attempt for r in results(run) if r.finished}
     assert finals == {"quick": 1, "sleepy": 2}
@@ -365,7 +363,7 @@ def test_a_bom_crlf_and_blank_lines_are_read_and_odd_task_files_refused(tmp_path
     odd.write_bytes(
         b'\xef\xbb\xbf{"id": "a", "prompt": "hi"}\r\n\r\n\n  \n{"id": "b", "prompt": "yo"}\r\n'
     )
-    ran = tak(home, "batch", str(odd))
+    ran = tak("batch", str(odd), home=home, demo=True)
     assert ran.returncode == 0, ran.stderr
     assert sorted(r.id for r in results(home / "batch" / "odd")) == ["a", "b"]
     (tmp_path / "dir.jsonl").mkdir()
@@ -374,7 +372,7 @@ def test_a_bom_crlf_and_blank_lines_are_read_and_odd_task_files_refused(tmp_path
         ("dir.jsonl", "cannot read the task file: Is a directory"),
         ("latin1.jsonl", ":1: not valid JSON ("),
     ]:
-        refused = tak(home, "batch", str(tmp_path / name))
+        refused = tak("batch", str(tmp_path / name), home=home, demo=True)
         assert refused.returncode == 2 and one_line(refused, "tak batch: "), refused
         assert expected in refused.stderr, refused.stderr
 
@@ -387,10 +385,10 @@ def test_bad_numbers_are_refused_in_one_line_before_a_run_is_made(tmp_path: Path
         (["--wall-time", "0"], "tak batch: --wall-time: expected a positive number, got 0.0\n"),
         (["--max-cost", "nan"], "tak batch: --max-cost: expected a positive number, got nan\n"),
     ]:
-        result = tak(home, "batch", str(tasks), *args)
+        result = tak("batch", str(tasks), *args, home=home, demo=True)
         assert (result.returncode, result.stderr) == (2, expected), args
     assert not (home / "batch" / "t").exists()
-    resumed = tak(home, "batch", "resume", "t", "--concurrency", "0")
+    resumed = tak("batch", "resume", "t", "--concurrency", "0", home=home, demo=True)
     assert (resumed.returncode, resumed.stderr) == (
         2,
         "tak batch resume: --concurrency: expected 1 or more, got 0\n",
@@ -399,7 +397,7 @@ def test_bad_numbers_are_refused_in_one_line_before_a_run_is_made(tmp_path: Path
 
 def test_a_worker_without_a_store_is_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TAK_STORE_URL"}
-    result = tak(tmp_path / "home", "batch", "worker", "--run", "r", env=env)
+    result = tak("batch", "worker", "--run", "r", env=env, home=tmp_path / "home", demo=True)
     assert (result.returncode, result.stderr) == (
         2,
         "tak batch worker: --store URL is needed (or $TAK_STORE_URL)\n",
@@ -410,16 +408,16 @@ def test_json_is_valid_for_no_runs_and_an_empty_run_and_a_closed_pipe_is_quiet(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    empty = tak(home, "batch", "ls", "--json")
+    empty = tak("batch", "ls", "--json", home=home, demo=True)
     assert (empty.returncode, json.loads(empty.stdout)) == (0, [])
     hand_made_run(home / "batch", "none", [], done=0)
-    shown = json.loads(tak(home, "batch", "show", "none", "--json").stdout)
+    shown = json.loads(tak("batch", "show", "none", "--json", home=home, demo=True).stdout)
     assert (shown["total"], shown["results"], shown["score_mean"]) == (0, [], None)
     # more than a pipe holds, read by `head -1`: no traceback, status 0
     hand_made_run(home / "batch", "big", [f"t{i}" for i in range(600)], done=600)
     for args in (["show", "big", "--json"], ["ls"]):
         piped = subprocess.run(
-            f"{shlex.join(tak_argv(home, 'batch', *args))} | head -1; "
+            f"{shlex.join(tak_argv('batch', *args, home=home, demo=True))} | head -1; "
             'echo "status ${PIPESTATUS[0]}" >&2',
             shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=60,
         )  # fmt: skip
@@ -432,7 +430,7 @@ def test_ls_names_a_run_whose_directory_is_gone_and_lists_the_rest(tmp_path: Pat
     hand_made_run(home / "batch", "good", ["a"], done=1)
     (home / "batch" / "gone").symlink_to(tmp_path / "nowhere", target_is_directory=True)
     (home / "batch" / "loop").symlink_to(home / "batch" / "loop")
-    listed = tak(home, "batch", "ls")
+    listed = tak("batch", "ls", home=home, demo=True)
     assert listed.returncode == 0, listed
     assert listed.stdout.splitlines()[1].split()[0] == "good"
     assert f"tak batch ls: gone: its directory is gone ({tmp_path / 'nowhere'})" in listed.stderr
@@ -445,7 +443,7 @@ def test_a_second_run_of_the_same_id_elsewhere_is_refused_and_makes_nothing(
     tasks = write_tasks(tmp_path / "t.jsonl", [{"id": "a", "prompt": "hi"}])
     hand_made_run(home / "batch", "evals", ["a"], done=1)
     other = tmp_path / "elsewhere" / "evals"
-    refused = tak(home, "batch", str(tasks), "--out", str(other))
+    refused = tak("batch", str(tasks), "--out", str(other), home=home, demo=True)
     assert refused.returncode == 2 and one_line(
         refused, f"tak batch: run id 'evals' is taken by {home / 'batch' / 'evals'}"
     ), refused
@@ -488,7 +486,11 @@ def test_a_plugin_given_by_a_relative_path_is_the_runs_wherever_it_resumes(
              {"id": "hi", "prompt": call("hello")}]  # fmt: skip
     write_tasks(project / "tasks.jsonl", tasks)
     home = tmp_path / "home"
-    argv = [*tak_argv(home, "--plugin", "./mine.py", "batch", "tasks.jsonl"), "--concurrency", "1"]
+    argv = [
+        *tak_argv("--plugin", "./mine.py", "batch", "tasks.jsonl", home=home, demo=True),
+        "--concurrency",
+        "1",
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=project)  # fmt: skip
     try:
@@ -497,7 +499,9 @@ def test_a_plugin_given_by_a_relative_path_is_the_runs_wherever_it_resumes(
         proc.communicate(timeout=60)
     finally:
         proc.kill()
-    resumed = tak(home, "batch", "resume", "tasks", cwd=tmp_path)  # not the project's directory
+    resumed = tak(
+        "batch", "resume", "tasks", cwd=tmp_path, home=home, demo=True
+    )  # not the project's directory
     assert resumed.returncode == 0, resumed.stderr
     hi = [r for r in results(home / "batch" / "tasks") if r.id == "hi"]
     assert "hello there" in hi[-1].text, (hi, resumed.stderr)
@@ -512,9 +516,9 @@ def test_show_json_is_json_even_from_a_hand_edited_result(tmp_path: Path) -> Non
     run = hand_made_run(home / "batch", "r", ["a"], done=1)
     text = (run / "results.jsonl").read_text()
     (run / "results.jsonl").write_text(text.replace('"cost_usd": null', '"cost_usd": NaN'))
-    resumed = tak(home, "batch", "resume", "r")
+    resumed = tak("batch", "resume", "r", home=home, demo=True)
     assert resumed.returncode == 2 and "NaN is not valid JSON" in resumed.stderr  # held
-    shown = tak(home, "batch", "show", "r", "--json")
+    shown = tak("batch", "show", "r", "--json", home=home, demo=True)
     if shown.returncode == 0:
         json.loads(shown.stdout, parse_constant=refuse_constant)
     else:
@@ -527,7 +531,7 @@ def test_ls_survives_an_absurd_created_time(tmp_path: Path) -> None:
     odd = hand_made_run(home / "batch", "odd", ["a"], done=0)
     manifest = json.loads((odd / "manifest.json").read_text())
     (odd / "manifest.json").write_text(json.dumps({**manifest, "created": 1e300}))
-    listed = tak(home, "batch", "ls")
+    listed = tak("batch", "ls", home=home, demo=True)
     assert "internal error" not in listed.stderr, listed.stderr
     assert "good" in listed.stdout, listed
 
@@ -535,7 +539,7 @@ def test_ls_survives_an_absurd_created_time(tmp_path: Path) -> None:
 def test_ls_json_has_the_totals_of_show_json(tmp_path: Path) -> None:
     home = tmp_path / "home"
     hand_made_run(home / "batch", "r", ["a", "b"], done=1)
-    shown = json.loads(tak(home, "batch", "show", "r", "--json").stdout)
-    [listed] = json.loads(tak(home, "batch", "ls", "--json").stdout)
+    shown = json.loads(tak("batch", "show", "r", "--json", home=home, demo=True).stdout)
+    [listed] = json.loads(tak("batch", "ls", "--json", home=home, demo=True).stdout)
     totals = {k: v for k, v in shown.items() if k not in ("not_final", "results")}
     assert listed == totals

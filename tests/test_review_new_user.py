@@ -19,12 +19,9 @@ from typing import Any
 
 import pytest
 
+from tests.cli_kit import tak
+
 SERVER = Path(__file__).parent / "mcp" / "server.py"
-
-
-def tak(home: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "kernel.cli", "--home", str(home), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def write_config(home: Path, text: str) -> None:
@@ -42,7 +39,7 @@ def approved_mcp_home(home: Path, *, start: str) -> None:
         f"args = [{json.dumps(str(SERVER))}]\n"
         f'start = "{start}"\n',
     )
-    listed = tak(home, "mcp", "ls")
+    listed = tak("mcp", "ls", home=home)
     hint = next(
         line.split("approve it:", 1)[1].strip()
         for line in listed.stdout.splitlines()
@@ -50,7 +47,7 @@ def approved_mcp_home(home: Path, *, start: str) -> None:
     )
     trusted = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=120)
     assert trusted.returncode == 0, trusted.stderr
-    assert tak(home, "mcp", "ls").returncode == 0
+    assert tak("mcp", "ls", home=home).returncode == 0
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -64,7 +61,7 @@ BUDGET_TYPO = "[budget.openai]\nmax_connections = 50\nrequests_per_minut = 500\n
 def test_tak_tools_lists_an_eager_mcp_servers_tools(tmp_path: Path) -> None:
     home = tmp_path / "home"
     approved_mcp_home(home, start="eager")
-    listed = tak(home, "tools")
+    listed = tak("tools", home=home)
     assert listed.returncode == 0, listed.stderr
     assert "testsrv.echo" in listed.stdout.splitlines()
 
@@ -72,7 +69,7 @@ def test_tak_tools_lists_an_eager_mcp_servers_tools(tmp_path: Path) -> None:
 def test_tak_tools_names_a_lazy_mcp_server_it_did_not_start(tmp_path: Path) -> None:
     home = tmp_path / "home"
     approved_mcp_home(home, start="lazy")
-    listed = tak(home, "tools")
+    listed = tak("tools", home=home)
     assert listed.returncode == 0, listed.stderr
     assert "testsrv.echo" not in listed.stdout.splitlines()
     assert "tak tools: MCP server 'testsrv' is lazy" in listed.stderr
@@ -81,14 +78,14 @@ def test_tak_tools_names_a_lazy_mcp_server_it_did_not_start(tmp_path: Path) -> N
 def test_tak_call_calls_an_mcp_tool(tmp_path: Path) -> None:
     home = tmp_path / "home"
     approved_mcp_home(home, start="lazy")
-    called = tak(home, "call", "testsrv.echo", '{"text": "hi"}')
+    called = tak("call", "testsrv.echo", '{"text": "hi"}', home=home)
     assert (called.returncode, called.stdout) == (0, "hi\n"), called.stdout + called.stderr
 
 
 def test_a_budget_typo_is_refused_by_tak_run_in_one_line(tmp_path: Path) -> None:
     home = tmp_path / "home"
     write_config(home, BUDGET_TYPO)
-    ran = tak(home, "--plugin", "demo", "run", "hi", "--model", "scripted:demo")
+    ran = tak("--plugin", "demo", "run", "hi", "--model", "scripted:demo", home=home)
     assert ran.returncode == 2
     assert "requests_per_minut" in one_line(ran)
 
@@ -99,9 +96,9 @@ def test_a_budget_typo_is_refused_where_other_tak_toml_typos_are(
 ) -> None:
     home = tmp_path / "home"
     write_config(home, "[model.settings]\ntemperatur = 1\n")
-    assert tak(home, "--plugin", "demo", *command).returncode == 2  # as every other typo
+    assert tak("--plugin", "demo", *command, home=home).returncode == 2  # as every other typo
     write_config(home, BUDGET_TYPO)
-    refused = tak(home, "--plugin", "demo", *command)
+    refused = tak("--plugin", "demo", *command, home=home)
     assert refused.returncode == 2
     assert "requests_per_minut" in one_line(refused)
 
@@ -109,7 +106,7 @@ def test_a_budget_typo_is_refused_where_other_tak_toml_typos_are(
 def test_a_bad_budget_value_says_what_tak_toml_can_hold(tmp_path: Path) -> None:
     home = tmp_path / "home"
     write_config(home, "[budget.openai]\nmax_connections = 0\n")
-    ran = tak(home, "--plugin", "demo", "run", "hi", "--model", "scripted:demo")
+    ran = tak("--plugin", "demo", "run", "hi", "--model", "scripted:demo", home=home)
     assert ran.returncode == 2
     line = one_line(ran)
     assert "max_connections" in line
@@ -125,13 +122,13 @@ def test_batch_ls_does_not_say_no_runs_when_it_left_one_out(tmp_path: Path) -> N
             for i in range(3)
         )
     )
-    ran = tak(home, "--plugin", "demo", "batch", str(tasks), "--model", "scripted:demo")
+    ran = tak("--plugin", "demo", "batch", str(tasks), "--model", "scripted:demo", home=home)
     assert ran.returncode == 0, ran.stderr
     results = home / "batch" / "tasks" / "results.jsonl"
     lines = results.read_text().splitlines()
     lines[1] = "{garbage"
     results.write_text("\n".join(lines) + "\n")
-    listed = tak(home, "batch", "ls")
+    listed = tak("batch", "ls", home=home)
     assert "tasks: left out:" in listed.stderr
     assert "no batch runs" not in listed.stdout
 
@@ -140,7 +137,7 @@ def test_plugin_after_the_command_says_where_it_goes(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
     home = tmp_path / "home"
-    ran: Any = tak(home, "batch", str(tasks), "--model", "scripted:demo", "--plugin", "demo")
+    ran: Any = tak("batch", str(tasks), "--model", "scripted:demo", "--plugin", "demo", home=home)
     assert ran.returncode == 0 or "tak --plugin" in one_line(ran)
 
 
@@ -173,7 +170,7 @@ def test_mcp_ls_hint_for_a_missing_program_works_as_printed(tmp_path: Path) -> N
     home = tmp_path / "home"
     missing = tmp_path / "no-such-server"
     write_config(home, f"[mcp.servers.gone]\ncommand = {json.dumps(str(missing))}\n")
-    listed = tak(home, "mcp", "ls")
+    listed = tak("mcp", "ls", home=home)
     hints = [
         line.split("approve it:", 1)[1].strip()
         for line in listed.stdout.splitlines()
@@ -247,10 +244,10 @@ def test_batch_show_heads_an_unfinished_run_with_its_task_count(tmp_path: Path) 
     home = tmp_path / "home"
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": f"t{i}", "prompt": "hi"}) + "\n" for i in range(3)))
-    ran = tak(home, "--plugin", "demo", "batch", str(tasks), "--model", "scripted:demo")
+    ran = tak("--plugin", "demo", "batch", str(tasks), "--model", "scripted:demo", home=home)
     assert ran.returncode == 0, ran.stderr
     results = home / "batch" / "tasks" / "results.jsonl"
     results.write_text("".join(results.read_text().splitlines(keepends=True)[:2]))
-    shown = tak(home, "batch", "show", "tasks")
+    shown = tak("batch", "show", "tasks", home=home)
     assert "finished    2 of 3 tasks" in shown.stdout  # the run is unfinished: t2 is left
     assert shown.stdout.splitlines()[0] == "run tasks: 3 tasks"

@@ -5,17 +5,10 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.cli_kit import tak
 from tests.plugins.fixture_kit import FIXTURES, fixture_plugin
-
-
-def tak(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kernel.cli", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_ls_shows_builtins_workspace_plugins_and_load_errors(tmp_path: Path) -> None:
