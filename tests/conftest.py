@@ -1,16 +1,29 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+from pathlib import Path
 
 import pytest
 import trio.testing
+
+from tests.entry_points_kit import hide_installed_entry_points
+
+#: On PYTHONPATH for every Python the tests start: its sitecustomize hides the
+#: installed ``tak.plugins`` entry points there too (tests/entry_points_kit.py).
+SITE_HOOKS = Path(__file__).parent / "site_hooks"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # No test may touch the real ~/.tak: a test (or a `tak` subprocess) that does not
     # name a home gets this throwaway one.
     os.environ["TAK_HOME"] = tempfile.mkdtemp(prefix="tak-test-home-")
+    # Nor see the plugins the user installed into this environment: a test that
+    # installs one on purpose sets entry_points_kit.SHOW_INSTALLED_ENV.
+    hide_installed_entry_points()
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE_HOOKS), *([path] if path else [])])
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,7 +41,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: What makes a test id differ between two collections: an object's address in its
+#: repr, a tmp_path. pytest-xdist refuses to run when its workers' ids differ.
+_UNSTABLE_IDS = re.compile(r" at 0x[0-9a-f]+|pytest-of-")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unstable = [item.nodeid for item in items if _UNSTABLE_IDS.search(item.nodeid)]
+    if unstable:
+        raise pytest.UsageError(
+            "test ids that differ from one collection to the next (give parametrize ids=): "
+            + ", ".join(unstable[:5])
+        )
     if config.getoption("--interop"):
         return
     skip = pytest.mark.skip(reason="a real model server: run `make interop`")

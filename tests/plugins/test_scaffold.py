@@ -8,17 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_kit import tak
+from tests.entry_points_kit import SHOW_INSTALLED_ENV
+
+#: This test installs a plugin into the environment on purpose, and looks for it.
+SEE_INSTALLED = {SHOW_INSTALLED_ENV: "1"}
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hello_plugin"
-
-
-def tak(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kernel.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )
 
 
 def pip(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,7 +41,7 @@ def test_new_install_list_call_and_its_own_test(tmp_path: Path) -> None:
     install_editable(project)
     try:
         # An installed entry point is skipped until approved, with the command to do so.
-        untrusted = tak("--home", str(home), "plugins", "ls", "--json")
+        untrusted = tak("plugins", "ls", "--json", home=home, env=SEE_INSTALLED)
         [skipped] = [
             e for e in json.loads(untrusted.stdout)["errors"] if "tak-roundtrip" in e["source"]
         ]
@@ -53,21 +49,21 @@ def test_new_install_list_call_and_its_own_test(tmp_path: Path) -> None:
         words = shlex.split(skipped["trust_command"])  # tak, or the venv's when not on PATH
         assert Path(words[0]).name == "tak"
         assert words[1:] == ["--home", str(home), "plugins", "trust", "tak-roundtrip"]
-        trusted = tak("--home", str(home), "plugins", "trust", "tak-roundtrip")
+        trusted = tak("plugins", "trust", "tak-roundtrip", home=home, env=SEE_INSTALLED)
         assert trusted.returncode == 0, trusted.stderr
         assert "trusted: tak-roundtrip 0.1.0" in trusted.stdout
-        listed = tak("--home", str(home), "plugins", "ls", "--json")
+        listed = tak("plugins", "ls", "--json", home=home, env=SEE_INSTALLED)
         assert listed.returncode == 0, listed.stderr
         plugin = next(
             p for p in json.loads(listed.stdout)["plugins"] if p["name"] == "tak-roundtrip"
         )
         assert plugin["tools"] == {"greet": "greet"}
         assert plugin["source"].startswith("entry point tak-roundtrip")
-        called = tak("--home", str(home), "call", "greet", '{"name": "Ada", "times": 2}')
+        called = tak("call", "greet", '{"name": "Ada", "times": 2}', home=home, env=SEE_INSTALLED)
         assert (called.returncode, called.stdout) == (0, "Hello, Ada! Hello, Ada!\n")
         module = project / "tak_roundtrip" / "__init__.py"
         module.write_text(module.read_text() + "\n# edited\n")
-        edited = tak("--home", str(home), "plugins", "ls", "--json")
+        edited = tak("plugins", "ls", "--json", home=home, env=SEE_INSTALLED)
         [changed] = [
             e for e in json.loads(edited.stdout)["errors"] if "tak-roundtrip" in e["source"]
         ]
