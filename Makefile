@@ -61,8 +61,11 @@ system-packages:
 postgresql: system-packages
 
 # TAK_WEB_REQUIRED: where chromium is installed, the browser tests (tests/web) must run, not skip.
+# One test process per core, at most TEST_PROCESSES (pytest-xdist); the 15 slowest tests
+# are printed at the end, to keep the whole under 5 minutes on 2 cores.
+TEST_PROCESSES ?= 4
 test: $(STAMP)-test system-packages
-	TAK_WEB_REQUIRED=$$(command -v chromium >/dev/null 2>&1 && echo 1) $(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider --durations=15
+	TAK_WEB_REQUIRED=$$(command -v chromium >/dev/null 2>&1 && echo 1) $(BIN)/python -m pytest -q -m "not stress" -p no:cacheprovider --durations=15 -n auto --maxprocesses $(TEST_PROCESSES)
 
 stress: $(STAMP)-test system-packages
 	$(BIN)/python -m pytest -q --stress -p no:cacheprovider

@@ -150,7 +150,9 @@ def test_a_tool_without_parameters_has_an_empty_object_schema() -> None:
         (Any, object(), {}),
         (float, float("nan"), {"type": "number"}),
     ],
-    ids=repr,
+    # Named, not repr'd: object()'s repr holds its address, which differs in every
+    # process, and pytest-xdist refuses ids that differ between its workers.
+    ids=["int", "optional_int", "enum", "attrs", "tuple", "not_json", "nan"],
 )
 def test_defaults_make_a_parameter_optional_and_show_when_json(
     hint: Any, default: Any, expected: dict[str, Any]
