@@ -102,8 +102,13 @@ PING_TIMEOUT = 5.0
 CLOSE_TIMEOUT = 5.0
 #: Seconds a stdio server has to exit once its stdin is closed, then once sent SIGTERM.
 EXIT_GRACE = 2.0
-#: The longest line (one JSON-RPC message) a stdio server may send.
-MAX_LINE_BYTES = 64 * 1024 * 1024
+#: The longest line (one JSON-RPC message) a stdio server may send: a result with
+#: all the attachments a result keeps (20 MiB decoded, ``MAX_ATTACHMENTS_BYTES``: 27 MiB
+#: of base64) and its text (100 kB by default), with room for JSON's escapes. A longer
+#: line stops the server; the kernel never buffers more of it than this.
+MAX_LINE_BYTES = 32 * 1024 * 1024
+#: A line at least this long is parsed in a thread (pydantic takes ~10 ms a MiB).
+_PARSE_IN_THREAD_BYTES = 1024 * 1024
 #: Bytes of a tool name on the wire (OpenAI, Anthropic): ``.`` is sent as ``__``.
 _MAX_WIRE_NAME = 64
 _BAD_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
@@ -408,13 +413,14 @@ class McpServer:
         self._listed = False
         self._remote_names: dict[str, str] = {}  # kernel name -> the server's name
         self._suspect = False  # a call timed out: ping before the next one
+        self._transport_error: str | None = None  # why the transport stopped the server
 
     @property
     def transport(self) -> Literal["stdio", "http"]:
         return "http" if self.config.url is not None else "stdio"
 
     def info(self) -> McpServerInfo:
-        errors = ([self._start_error] if self._start_error else []) + self._tool_errors
+        errors = [e for e in (self._start_error, self._transport_error) if e] + self._tool_errors
         return McpServerInfo(
             name=self.name,
             transport=self.transport,
@@ -511,7 +517,7 @@ class McpServer:
                 "crashed", f"MCP server {self.name!r} {self._start_error}", type="McpServerDown"
             ) from None
         self._failures = 0
-        self._start_error = None
+        self._start_error = self._transport_error = None
         self._suspect = False
         self._stop, self._closed, self._session = stop, closed, session
         self._state = "running"
@@ -677,7 +683,11 @@ class McpServer:
                 limits["memory_bytes"] = None
             policy = attrs.evolve(policy, cgroups=tuple(cgroups), limits=limits)
         process = await _ConfinedProcess.spawn(
-            self._launch.spawner, policy, cwd=self.config.cwd, errlog=self._errlog(stack)
+            self._launch.spawner,
+            policy,
+            cwd=self.config.cwd,
+            errlog=self._errlog(stack),
+            server=self.name,
         )
         try:
             confinement = await process.confinement()
@@ -685,7 +695,7 @@ class McpServer:
             read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
             write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(process.pump_stdout, read_send)
+                nursery.start_soon(process.pump_stdout, read_send, self._transport_failed)
                 nursery.start_soon(process.pump_stdin, write_recv, read_send)
                 try:
                     yield read_recv, write_send
@@ -705,6 +715,12 @@ class McpServer:
             return sys.stderr
         self._log_dir.mkdir(parents=True, exist_ok=True)
         return stack.enter_context(open(self._log_dir / f"{self.name}.log", "a"))
+
+    def _transport_failed(self, reason: str) -> None:
+        """The transport stopped the server (``reason`` names it): the call waiting
+        says it, and so does ``info`` until the next start."""
+        logger.warning("%s", reason)
+        self._transport_error = reason
 
     async def _on_message(self, message: Any) -> None:
         if getattr(message, "method", None) == "notifications/tools/list_changed":
@@ -841,10 +857,10 @@ class McpServer:
             # The owner task closes what is left of it; the next call starts anew.
             self._stop.set()
             self._lost("crashed")
+        said = self._transport_error or f"MCP server {self.name!r} closed the connection"
         return ToolFailure(
             "crashed",
-            f"MCP server {self.name!r} closed the connection during the call "
-            "(it is restarted on the next call)",
+            f"{said} during the call (it is restarted on the next call)",
             type="McpServerDown",
         )
 
@@ -864,8 +880,11 @@ class _ConfinedProcess:
         stdin: trio.lowlevel.FdStream,
         stdout: trio.lowlevel.FdStream,
         report: trio.lowlevel.FdStream,
+        *,
+        server: str,
     ) -> None:
         self.popen = popen
+        self.server = server
         self._pidfd = pidfd
         self._stdin = stdin
         self._stdout = stdout
@@ -873,7 +892,13 @@ class _ConfinedProcess:
 
     @classmethod
     async def spawn(
-        cls, spawner: Spawner, policy: ExecPolicy, *, cwd: str | None, errlog: TextIO
+        cls,
+        spawner: Spawner,
+        policy: ExecPolicy,
+        *,
+        cwd: str | None,
+        errlog: TextIO,
+        server: str,
     ) -> _ConfinedProcess:
         """Start the launcher and hand it ``policy``.
 
@@ -919,6 +944,7 @@ class _ConfinedProcess:
             trio.lowlevel.FdStream(in_w),
             trio.lowlevel.FdStream(out_r),
             trio.lowlevel.FdStream(report_r),
+            server=server,
         )
         policy_stream = trio.lowlevel.FdStream(policy_w)
         try:
@@ -953,11 +979,15 @@ class _ConfinedProcess:
             )
         return confinement
 
-    async def pump_stdout(self, messages: Any) -> None:
-        """Each line the server writes, as a message (or the error parsing it)."""
+    async def pump_stdout(self, messages: Any, on_failure: Callable[[str], None]) -> None:
+        """Each line the server writes, as a message (or the error parsing it).
+
+        A line longer than ``MAX_LINE_BYTES`` ends the connection, once
+        ``on_failure`` was told why (the server named).
+        """
         import anyio
 
-        buffer = b""
+        lines = LineSplitter(MAX_LINE_BYTES)
         async with messages:
             while True:
                 try:
@@ -966,15 +996,20 @@ class _ConfinedProcess:
                     return
                 if not chunk:
                     return
-                *lines, buffer = (buffer + chunk).split(b"\n")
-                if len(buffer) > MAX_LINE_BYTES:
-                    logger.warning("an MCP server sent a line longer than %d bytes", MAX_LINE_BYTES)
+                try:
+                    complete = lines.feed(chunk)
+                except LineTooLong as exc:
+                    on_failure(f"MCP server {self.server!r} {exc}: it was stopped")
                     return
-                for line in lines:
+                for line in complete:
                     if not line.strip():
                         continue
+                    if len(line) >= _PARSE_IN_THREAD_BYTES:
+                        message = await trio.to_thread.run_sync(_parse_line, line)
+                    else:
+                        message = _parse_line(line)
                     try:
-                        await messages.send(_parse_line(line))
+                        await messages.send(message)
                     except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                         return
 
@@ -1015,6 +1050,63 @@ class _ConfinedProcess:
     def _signal_group(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signum)
+
+
+class LineTooLong(ValueError):
+    """A line passed ``LineSplitter.limit`` before its newline."""
+
+
+class LineSplitter:
+    """Lines of a byte stream, in time linear in its length, each at most ``limit`` bytes.
+
+    Each chunk is searched for newlines once, from where the last search ended
+    (never the bytes of a line already buffered); the pieces of the line not yet
+    ended are kept in a list and joined once, when its newline comes. A line that
+    would pass ``limit`` raises ``LineTooLong`` before any more of it is kept.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._pieces: list[bytes] = []
+        self._size = 0  # bytes in ``_pieces``
+        #: Bytes searched for a newline so far: each byte received, once.
+        self.searched = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes kept of the line not yet ended."""
+        return self._size
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` ends (without their newline).
+
+        Raises:
+            LineTooLong: the line being read is longer than ``limit``; the
+                splitter keeps nothing of it (and should not be fed again).
+        """
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            self.searched += (len(chunk) if end < 0 else end + 1) - start
+            stop = len(chunk) if end < 0 else end
+            if self._size + stop - start > self.limit:
+                self._pieces.clear()
+                self._size = 0
+                raise LineTooLong(f"sent a line longer than {self.limit} bytes")
+            if end < 0:
+                if start < len(chunk):
+                    self._pieces.append(chunk[start:] if start else chunk)
+                    self._size += len(chunk) - start
+                return lines
+            if self._pieces:
+                self._pieces.append(chunk[start:end])
+                lines.append(b"".join(self._pieces))
+                self._pieces.clear()
+                self._size = 0
+            else:
+                lines.append(chunk[start:end])
+            start = end + 1
 
 
 def _parse_line(line: bytes) -> Any:
