@@ -11,8 +11,9 @@ from the same run; never fails on timing.
 - **one walk**: the frozen walk of a workspace of 10,000 files (``measure_budget``),
   the price of each walk the bound asks for, and of the forced one every 5 s.
 - **overshoot**: programs a worker left running write as fast as they can (1 MiB of
-  zeros per ``write``, no pause) against a 64 MiB budget: the bytes past the budget
-  once the watchdog has killed them, beside what they would have written.
+  zeros per ``write``, no pause; then 128 MiB per ``write``, which no freezer stops
+  midway) against a 64 MiB budget: the bytes past the budget once the watchdog has
+  killed them, beside what they would have written.
 
 This file is also the plugin the workers load (its ``noop`` and ``flood`` tools), so
 the benchmark imports Trio and the pool only inside ``main``.
@@ -37,16 +38,19 @@ def noop() -> None:
 
 
 @tool
-def flood(writers: int, total: int) -> str:
-    """Start ``writers`` programs that each write ``total`` bytes as fast as they can."""
+def flood(writers: int, total: int, chunk: int) -> str:
+    """Start ``writers`` programs that each write ``total`` bytes as fast as they can,
+    ``chunk`` bytes per ``write`` (from the zero page: no memory charged), a new file
+    every 128 MiB."""
     import subprocess
 
     code = (
-        "import os, sys\n"
-        "chunk = bytes(1 << 20)\n"
-        "fd = os.open(f'flood-{sys.argv[1]}', os.O_CREAT | os.O_WRONLY, 0o600)\n"
-        f"for _ in range({total} >> 20):\n"
-        "    os.write(fd, chunk)\n"
+        "import mmap, os, sys\n"
+        f"buf = mmap.mmap(-1, {chunk})\n"
+        f"for i in range({total} // {chunk}):\n"
+        f"    if i % max(1, (128 << 20) // {chunk}) == 0:\n"
+        "        fd = os.open(f'flood-{sys.argv[1]}-{i}', os.O_CREAT | os.O_WRONLY, 0o600)\n"
+        "    os.write(fd, buf)\n"
     )
     for n in range(writers):
         subprocess.Popen([sys.executable, "-c", code, str(n)], stdin=subprocess.DEVNULL)
@@ -146,16 +150,17 @@ async def main() -> None:
                     await trio.to_thread.run_sync(_unlink_many, watched_dir, 10_000)
                     await trio.to_thread.run_sync(ws.refresh_usage)
 
-                    for writers in (1, 4):
+                    for writers, chunk in ((1, MIB), (4, MIB), (4, 128 * MIB)):
                         await watched_pool.close_worker(on)
                         on = await watched_pool.start(PLUGIN, policy=policy)
                         total = 512 * MIB
-                        await on.invoke("flood", {"writers": writers, "total": total})
+                        arguments = {"writers": writers, "total": total, "chunk": chunk}
+                        await on.invoke("flood", arguments)
                         while watched_pool.writers(ws.path):
                             await watched_pool.writers_changed()  # killed by the watchdog
                         used = await trio.to_thread.run_sync(_usage, watched_dir)
                         print(
-                            f"overshoot, {writers} writer(s) at full speed: "
+                            f"overshoot, {writers} writer(s), {chunk // MIB:3d} MiB writes: "
                             f"{(used - 64 * MIB) / MIB:6.1f} MiB past a 64 MiB budget "
                             f"(they meant {writers * total // MIB} MiB)"
                         )

@@ -330,11 +330,11 @@ def _hierarchy_path(path: str) -> str:
     return "/" + relative
 
 
-#: How long ``freeze`` waits for every task of a set to stop.
-_FREEZE_S = 2.0
+#: How long ``freeze`` waits for every task of a set to stop, unless told otherwise.
+FREEZE_S = 2.0
 
 
-def freeze(paths: list[str]) -> bool:
+def freeze(paths: list[str], wait_s: float = FREEZE_S) -> bool:
     """Stop every process in the set (v1 ``freezer.state``, v2 ``cgroup.freeze``).
 
     Returns whether the set is frozen: ``False`` when it has no freezer (nothing
@@ -342,7 +342,7 @@ def freeze(paths: list[str]) -> bool:
     by ``destroy``.
 
     Raises:
-        OSError: the set did not freeze within ``_FREEZE_S`` (it is thawed again).
+        OSError: the set did not freeze within ``wait_s`` (it is thawed again).
     """
     for path in paths:
         if os.path.exists(os.path.join(path, "freezer.state")):
@@ -351,7 +351,7 @@ def freeze(paths: list[str]) -> bool:
             _write(path, "cgroup.freeze", "1")
         else:
             continue
-        deadline = time.monotonic() + _FREEZE_S
+        deadline = time.monotonic() + wait_s
         while not _is_frozen(path):
             if time.monotonic() > deadline:
                 thaw(paths)

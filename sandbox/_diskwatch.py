@@ -17,7 +17,10 @@ the workspace lives, whether a call is under way or not:
    the bound), it walks the tree with every worker frozen (``measure_budget``: the cgroup
    freezer) and adds what the workers keep open after unlinking; walks the bound
    asks for come at most once per four walk times, so a workspace kept near its
-   budget by others' writes costs its workers at most a fifth of their time;
+   budget by others' writes costs its workers at most a fifth of their time, and
+   kill a worker that does not stop within ``SUSPECT_FREEZE_S`` (a task stops only
+   between system calls: one long ``write`` after another would keep the walk
+   waiting while the disk fills);
 3. a walk that finds the workspace over its budget kills, before they thaw, every
    worker that may write it and everything in its cgroups: nothing they started
    runs again once the walk has seen the workspace over. A call of a plugin that
@@ -52,6 +55,9 @@ logger = logging.getLogger("sandbox.pool")
 INTERVAL_S: Final = 0.05
 #: The longest the watchdog goes without a walk while a writer lives.
 FORCED_WALK_S: Final = 5.0
+#: How long a walk the bound asked for waits for the workers to stop before it kills
+#: the ones that did not (a routine walk waits ``_cgroup.FREEZE_S``).
+SUSPECT_FREEZE_S: Final = 0.25
 #: A forced walk comes after at least this many walks' time, a bound-asked one four.
 _FORCED_FACTOR: Final = 20
 _ASKED_FACTOR: Final = 4
@@ -67,6 +73,10 @@ class Freezer(Protocol):
 
 class WatchedPool(Freezer, Protocol):
     """What a ``DiskWatch`` needs of the pool that owns it."""
+
+    def frozen(self, *, wait_s: float = ...) -> AbstractAsyncContextManager[bool]:
+        """``Freezer.frozen``; a worker that does not stop within ``wait_s`` is killed."""
+        ...
 
     def writers(self, workspace: Path) -> int:
         """How many processes that may write ``workspace`` are alive (or not yet reaped)."""
@@ -86,18 +96,20 @@ async def measure_budget(
     workspace: Workspace,
     *,
     while_frozen: Callable[[str], Awaitable[None]] | None = None,
+    frozen: AbstractAsyncContextManager[bool] | None = None,
 ) -> str | None:
     """Walk ``workspace`` with every worker of ``pool`` stopped; what is over its budget.
 
     Returns ``workspace.over_budget()`` after the walk, plus what the workers keep open
     after unlinking it (in no directory, so no walk sees it). When it is over,
-    ``while_frozen(over)`` runs before the workers thaw.
+    ``while_frozen(over)`` runs before the workers thaw. ``frozen`` replaces
+    ``pool.frozen()`` (the watchdog's, with a shorter wait).
 
     Raises:
         KernelError: it could not be measured (the tree kept changing, or a worker
             could neither be stopped nor killed).
     """
-    async with pool.frozen():
+    async with pool.frozen() if frozen is None else frozen:
         await trio.to_thread.run_sync(workspace.refresh_usage)
         device = os.fstat(workspace.fileno()).st_dev
         hidden = await pool.unlinked_open_bytes(device)
@@ -167,7 +179,11 @@ class DiskWatch:
         forced = since >= max(FORCED_WALK_S, _FORCED_FACTOR * self._walk_s)
         if not forced and (bound is not None or since < _ASKED_FACTOR * self._walk_s):
             return
-        await self._walk()
+        # The bound says the workspace may be over: a writer that keeps the freezer
+        # waiting (one long write(2) after another) is killed after SUSPECT_FREEZE_S,
+        # not the 2 s a routine walk grants a legitimate big write.
+        suspect = bound is None and self.walks > 0  # not merely the first look
+        await self._walk(SUSPECT_FREEZE_S if suspect else None)
 
     async def admit(self) -> str | None:
         """``None`` when a writing worker may run now, else what is over the budget.
@@ -183,11 +199,14 @@ class DiskWatch:
             return None
         return await self._walk()
 
-    async def _walk(self) -> str | None:
+    async def _walk(self, wait_s: float | None = None) -> str | None:
         started = trio.current_time()
         self.walks += 1
+        frozen = None if wait_s is None else self._pool.frozen(wait_s=wait_s)
         try:
-            return await measure_budget(self._pool, self.workspace, while_frozen=self._kill)
+            return await measure_budget(
+                self._pool, self.workspace, while_frozen=self._kill, frozen=frozen
+            )
         except KernelError as exc:
             # Fail closed: a workspace that cannot be measured cannot be held to a budget.
             await self._kill(f"its usage could not be measured ({exc})")

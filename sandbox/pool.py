@@ -930,14 +930,15 @@ class WorkerPool:
         )
 
     @asynccontextmanager
-    async def frozen(self) -> AsyncIterator[bool]:
+    async def frozen(self, *, wait_s: float = _cgroup.FREEZE_S) -> AsyncIterator[bool]:
         """Every worker process stopped (its cgroup set frozen) for the block.
 
         What runs inside sees the workspace as no worker changes it: the disk budget's
         walk of the tree, which a background program moving a directory back and forth
         could otherwise make miss what that directory holds. Calls in flight simply
-        wait. A worker that does not stop in time (tasks in uninterruptible sleep) is
-        killed, and its whole cgroup set with it, before the block runs: the block
+        wait. A worker that does not stop within ``wait_s`` (tasks in uninterruptible
+        sleep: a long ``write``) is killed, and its whole cgroup set with it, before
+        the block runs: the block
         never runs beside a worker that was meant to be stopped. Yields ``False`` when
         this machine has no freezer for some worker (no writable cgroup): then nothing
         could be stopped, and the block runs anyway.
@@ -947,11 +948,11 @@ class WorkerPool:
                 block did not run.
         """
         async with self._freeze_lock:
-            async with self._frozen() as complete:
+            async with self._frozen(wait_s) as complete:
                 yield complete
 
     @asynccontextmanager
-    async def _frozen(self) -> AsyncIterator[bool]:
+    async def _frozen(self, wait_s: float) -> AsyncIterator[bool]:
         frozen: list[list[str]] = []
         complete = True
         try:
@@ -960,7 +961,7 @@ class WorkerPool:
                     complete = complete and conn.worker is None  # an unconfigured spare
                     continue
                 try:
-                    stopped = await trio.to_thread.run_sync(_cgroup.freeze, conn.cgroups)
+                    stopped = await trio.to_thread.run_sync(_cgroup.freeze, conn.cgroups, wait_s)
                 except OSError as exc:
                     conn.kill(f"could not be stopped to measure the workspace ({exc})")
                     with trio.move_on_after(_FREEZE_KILL_S):

@@ -24,7 +24,8 @@ from kernel.errors import SandboxError
 from kernel.home import Config, TakHome, workspace_max_files
 from sandbox import DEFAULT_MAX_FILES, DiskWatch, Workspace, measure_budget, open_worker_pool
 from sandbox import _workspace as workspace_module
-from sandbox._diskwatch import FORCED_WALK_S
+from sandbox._cgroup import FREEZE_S
+from sandbox._diskwatch import FORCED_WALK_S, SUSPECT_FREEZE_S
 
 
 class FakePool:
@@ -35,6 +36,7 @@ class FakePool:
         self.changed = trio.Event()
         self.is_frozen = False
         self.kills: list[tuple[str, bool]] = []  # (reason, while frozen)
+        self.waits: list[float] = []  # how long each freeze might wait
 
     def set_writers(self, n: int) -> None:
         self.alive = n
@@ -42,7 +44,8 @@ class FakePool:
         self.changed = trio.Event()
 
     @contextlib.asynccontextmanager
-    async def frozen(self) -> AsyncIterator[bool]:
+    async def frozen(self, *, wait_s: float = FREEZE_S) -> AsyncIterator[bool]:
+        self.waits.append(wait_s)
         self.is_frozen = True
         try:
             yield True
@@ -224,6 +227,8 @@ async def test_a_look_walks_only_when_the_bound_could_pass_the_budget(
         assert watch.walks == 2
         [(reason, frozen)] = pool.kills
         assert frozen, "the writers must be killed before they thaw"
+        # The walk the bound asked for gives a writer stuck in write(2) a quarter second.
+        assert pool.waits == [FREEZE_S, SUSPECT_FREEZE_S]
         assert reason.startswith("killed: workspace over its budget while it ran: ")
         assert "> max_bytes 1048576" in reason
 

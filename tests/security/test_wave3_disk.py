@@ -186,6 +186,45 @@ async def test_writers_racing_the_watchdog_are_all_stopped(arena: Arena, confine
     arena.assert_nothing_seen([started.content])
 
 
+_STUCK = r"""
+import subprocess, sys
+writer = '''
+import mmap, os, sys
+buf = mmap.mmap(-1, 128 << 20)  # never touched: the zero page, no memory charged
+for i in range(4):
+    fd = os.open(f'stuck{sys.argv[1]}-{i}', os.O_CREAT | os.O_WRONLY, 0o600)
+    os.write(fd, buf)  # one system call of 128 MiB: no freezer stops it midway
+    os.close(fd)
+with open(f'w{sys.argv[1]}.done', 'w') as f:
+    f.write('wrote everything')
+'''
+for n in range(4):
+    p = subprocess.Popen([sys.executable, '-c', writer, str(n)], stdin=subprocess.DEVNULL)
+    with open(f'w{n}.pid', 'w') as f:
+        f.write(str(p.pid))
+print('started')
+"""
+
+
+async def test_writers_stuck_in_long_writes_cannot_outwait_the_freezer(
+    arena: Arena, confined: None
+) -> None:
+    """A task stops for the freezer only between system calls: writers that spend their
+    life inside 128 MiB writes keep a walk from starting. Those that do not stop in
+    time are killed (a walk the bound asked for waits a quarter second)."""
+    config = {"workspace": {"max_bytes": 4 * MIB}}
+    async with open_plugin_host(
+        arena.workspace, plugins=["python"], config=config, home=_home(arena)
+    ) as host:
+        started = await _python(host, _STUCK)
+        await _wait_gone(arena, [f"w{n}.pid" for n in range(4)])
+        used, _ = await trio.to_thread.run_sync(_usage, arena.workspace)
+    finished = [n for n in range(4) if (arena.workspace / f"w{n}.done").exists()]
+    assert not finished, f"writers {finished} wrote all 512 MiB"
+    assert used < 1024 * MIB, f"{used} bytes of the 2 GiB the writers meant"
+    arena.assert_nothing_seen([started.content])
+
+
 async def test_many_empty_files_in_one_call_are_refused(arena: Arena, confined: None) -> None:
     config = {"workspace": {"max_files": 1000}}
     code = "import os\nfor i in range(5000):\n    os.close(os.open(f'e{i}', os.O_CREAT, 0o600))"
