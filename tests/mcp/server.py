@@ -38,6 +38,23 @@ async def sleep(seconds: float) -> str:
     return f"slept {seconds}"
 
 
+_meetings: dict[int, tuple[list[int], trio.Event]] = {}
+
+
+@server.tool()
+async def meet(parties: int) -> str:
+    """Answer ``met`` once ``parties`` calls of it wait at once: they run concurrently
+    (one alone gives up after a minute: ``alone``)."""
+    count, everyone = _meetings.setdefault(parties, ([0], trio.Event()))
+    count[0] += 1
+    if count[0] >= parties:
+        everyone.set()
+    with trio.move_on_after(60):
+        await everyone.wait()
+        return "met"
+    return "alone"
+
+
 @server.tool()
 def fail(message: str) -> str:
     """Raise (the server answers isError)."""

@@ -21,11 +21,18 @@ from kernel import BatchHandle, CallLimits, ToolCall, ToolRegistry, run_tool_cal
 from kernel.home import McpServerConfig
 from plugins._mcp import McpServers, open_mcp_servers
 
+#: A hang guard for a server's start, not a measurement: two confined servers importing
+#: the SDK took over 10 s on a loaded 2-core machine.
+STARTUP_S = 120.0
+
 
 @pytest.fixture
 async def servers() -> AsyncIterator[tuple[McpServers, ToolRegistry]]:
     registry = ToolRegistry([local_echo])
-    configs = {"t": stdio_server(startup_timeout=10), "u": stdio_server(startup_timeout=10)}
+    configs = {
+        "t": stdio_server(startup_timeout=STARTUP_S),
+        "u": stdio_server(startup_timeout=STARTUP_S),
+    }
     async with open_mcp_servers(configs, registry) as mcp:
         await mcp.list_tools()
         yield mcp, registry
@@ -87,13 +94,11 @@ async def test_one_batch_across_two_servers_keeps_every_property(servers) -> Non
         await trio.sleep(0.2)
         assert handle.cancel("e")
 
-    started = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(cancel_e)
         observations = await run_tool_calls(
             calls, registry, limits=CallLimits(timeout=1.0), handle=handle
         )
-    elapsed = trio.current_time() - started
     assert [o.call_id for o in observations] == list("abcdefgh")
     assert kinds(observations) == [
         None, None, "exception", "timeout", "cancelled", None, "bad_arguments", None,
@@ -105,17 +110,16 @@ async def test_one_batch_across_two_servers_keeps_every_property(servers) -> Non
     assert observations[7].content == ""
     [image] = observations[7].attachments
     assert (image.kind, image.media_type, image.size) == ("image", "image/png", 66)
-    assert elapsed < 3
 
 
 async def test_parallel_calls_to_one_server_run_at_once(servers) -> None:  # type: ignore[no-untyped-def]
     """1: many calls share one session, from their own tasks."""
     _, registry = servers
-    calls = [ToolCall(str(i), "t.sleep", {"seconds": 0.5}) for i in range(8)]
-    started = trio.current_time()
+    # Eight calls that each answer only when all eight are in the server at once.
+    calls = [ToolCall(str(i), "t.meet", {"parties": 8}) for i in range(8)]
     observations = await run_tool_calls(calls, registry)
     assert kinds(observations) == [None] * 8
-    assert trio.current_time() - started < 2.0
+    assert [o.content for o in observations] == ["met"] * 8
 
 
 async def test_a_killed_server_crashes_its_calls_alone_and_restarts(servers) -> None:  # type: ignore[no-untyped-def]
@@ -208,35 +212,34 @@ async def test_a_server_that_cannot_start_is_an_observation_then_a_backoff() -> 
 async def test_a_server_that_does_not_greet_in_time() -> None:
     """3: startup_timeout bounds the start."""
     config = McpServerConfig(
-        command=sys.executable, args=["-c", "import time; time.sleep(30)"], startup_timeout=0.5
+        command=sys.executable, args=["-c", "import time; time.sleep(3600)"], startup_timeout=0.5
     )
     registry = ToolRegistry()
-    started = trio.current_time()
-    async with open_mcp_servers({"slow": config}, registry) as mcp:
-        await mcp.list_tools()
-        [info] = mcp.info()
+    with trio.fail_after(120):  # a hang guard: the server would take an hour to greet
+        async with open_mcp_servers({"slow": config}, registry) as mcp:
+            await mcp.list_tools()
+            [info] = mcp.info()
     assert info.state == "failed"
     assert info.errors == ("did not start within 0.5 s",)
-    assert trio.current_time() - started < 5
 
 
 async def test_closing_leaves_no_child_process() -> None:
     """5: leaving open_mcp_servers ends every server, in bounded time."""
     registry = ToolRegistry()
-    async with open_mcp_servers({"t": stdio_server(), "u": stdio_server()}, registry) as mcp:
-        await mcp.list_tools()
-        pids = []
-        for name in ("t", "u"):
-            [obs] = await run_tool_calls([ToolCall("p", f"{name}.pid")], registry)
-            pids.append(int(obs.content))
-        # A call still running when the kernel closes does not hold the close.
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run_tool_calls, [ToolCall("h", "t.hang")], registry)
-            await trio.sleep(0.2)
-            nursery.cancel_scope.cancel()
-        assert [s.state for s in mcp.info()] == ["running", "running"]
-        started = trio.current_time()
-    assert trio.current_time() - started < 5
+    pids = []
+    # t.hang never answers: a close that waited for it would hang (a hang guard).
+    with trio.fail_after(120):
+        async with open_mcp_servers({"t": stdio_server(), "u": stdio_server()}, registry) as mcp:
+            await mcp.list_tools()
+            for name in ("t", "u"):
+                [obs] = await run_tool_calls([ToolCall("p", f"{name}.pid")], registry)
+                pids.append(int(obs.content))
+            # A call still running when the kernel closes does not hold the close.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_tool_calls, [ToolCall("h", "t.hang")], registry)
+                await trio.sleep(0.2)
+                nursery.cancel_scope.cancel()
+            assert [s.state for s in mcp.info()] == ["running", "running"]
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
@@ -283,10 +286,9 @@ async def test_per_call_timeout_of_the_server(tmp_path) -> None:  # type: ignore
     registry = ToolRegistry()
     async with open_mcp_servers({"t": stdio_server(timeout=0.5)}, registry) as mcp:
         await mcp.list_tools()
-        started = trio.current_time()
         [obs] = await run_tool_calls([ToolCall("h", "t.hang")], registry)
         assert obs.error is not None and obs.error.kind == "timeout"
-        assert trio.current_time() - started < 2
+        assert "0.5 s" in obs.content, obs.content  # the server's deadline, not the batch's
         # The server still answers a ping: it stays; the next call works.
         [ok] = await run_tool_calls([ToolCall("e", "t.echo", {"text": "x"})], registry)
         assert ok.content == "x" and mcp.info()[0].restarts == 0
@@ -296,7 +298,7 @@ async def test_a_server_that_stops_answering_is_restarted(monkeypatch: pytest.Mo
     """3: after a timeout, a server that does not answer a ping is started again."""
     monkeypatch.setattr("plugins._mcp.PING_TIMEOUT", 0.3)
     registry = ToolRegistry()
-    async with open_mcp_servers({"t": stdio_server(startup_timeout=10)}, registry) as mcp:
+    async with open_mcp_servers({"t": stdio_server(startup_timeout=STARTUP_S)}, registry) as mcp:
         await mcp.list_tools()
         [pid] = await run_tool_calls([ToolCall("p", "t.pid")], registry)
         os.kill(int(pid.content), signal.SIGSTOP)  # alive, deaf
@@ -322,7 +324,7 @@ async def test_over_streamable_http(tmp_path) -> None:  # type: ignore[no-untype
         command = [sys.executable, SERVER, "--http", str(port)]
         process = await nursery.start(functools.partial(trio.run_process, command, check=False))
         try:
-            with trio.fail_after(10):
+            with trio.fail_after(STARTUP_S):
                 while True:
                     try:
                         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -331,17 +333,16 @@ async def test_over_streamable_http(tmp_path) -> None:  # type: ignore[no-untype
                     else:
                         await stream.aclose()
                         break
-            config = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp", startup_timeout=10)
+            config = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp", startup_timeout=STARTUP_S)
             registry = ToolRegistry()
             async with open_mcp_servers({"web": config}, registry) as mcp:
-                calls = [ToolCall(str(i), "web.sleep", {"seconds": 0.3}) for i in range(6)]
+                calls = [ToolCall(str(i), "web.meet", {"parties": 6}) for i in range(6)]
                 calls.append(ToolCall("f", "web.fail", {"message": "over http"}))
                 await mcp.list_tools()
                 assert mcp.info()[0].transport == "http"
-                started = trio.current_time()
                 observations = await run_tool_calls(calls, registry)
                 assert kinds(observations) == [None] * 6 + ["exception"]
+                assert [o.content for o in observations[:6]] == ["met"] * 6  # at once
                 assert "over http" in observations[-1].content
-                assert trio.current_time() - started < 2
         finally:
             process.terminate()

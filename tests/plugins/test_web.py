@@ -182,7 +182,8 @@ def test_size_cap(ws: Path, server: str) -> None:
 
 
 def test_deadlines(ws: Path, server: str) -> None:
-    started = time.monotonic()
+    # /slow answers after 1.5 s and /trickle drips for longer: a deadline that did not
+    # hold would give their bodies, not these failures.
     with pytest.raises(
         ToolFailure, match=f"fetching {server}/slow did not finish within 0.4 s"
     ) as info:
@@ -191,7 +192,6 @@ def test_deadlines(ws: Path, server: str) -> None:
     with pytest.raises(ToolFailure, match=r"did not finish within 0.4 s") as info:
         web.fetch_url.fn(f"{server}/trickle", timeout=0.4)
     assert info.value.kind == "timeout"
-    assert time.monotonic() - started < 2
 
 
 def test_connection_refused(ws: Path) -> None:

@@ -12,11 +12,11 @@ Every resource attempt also proves the kernel kept answering
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+import trio
 from kit import PLUGINS, Arena
 from responsive import cgroup_dirs_of, dirs_removed, wait_gone, while_responsive
 
@@ -225,11 +225,13 @@ async def test_a_spin_past_the_deadline_kills_the_worker(arena: Arena, in_child:
     policy = Policy(subprocess=True)
     async with hog(arena, policy) as worker:
         first = worker.pid
-        started = time.monotonic()
-        observation = await while_responsive(arena, lambda: call(worker, "spin", in_child=in_child))
-        elapsed = time.monotonic() - started
+        # The spin never ends by itself: only the 1 s deadline's kill answers the call
+        # (a hang guard, not a measurement).
+        with trio.fail_after(120):
+            observation = await while_responsive(
+                arena, lambda: call(worker, "spin", in_child=in_child)
+            )
         assert observation.is_error and "timeout" in observation.content.lower(), observation
-        assert elapsed < 1.0 + 2.0, f"the 1 s deadline took {elapsed:.2f} s"
         assert first is not None
         await wait_gone(first)
         again = await call(worker, "pid")  # restarted for the next call

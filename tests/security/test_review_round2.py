@@ -13,9 +13,7 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import trio
@@ -26,9 +24,8 @@ from kernel.home import TakHome
 from kernel.messages import Observation, ToolCall
 from kernel.plugin import use_context
 from plugins import open_plugin_host, remote_tools
-from sandbox import Policy, open_worker_pool
-
-T = TypeVar("T")
+from sandbox import Policy, _protocol, open_worker_pool
+from tests.security.frame_counter import assert_decoding_bounded, decoded_frames
 
 pytestmark = [
     pytest.mark.usefixtures("confined"),
@@ -40,31 +37,6 @@ _WIDE = Policy(subprocess=True)
 
 def _home(arena: Arena) -> TakHome:
     return TakHome(arena.root / "home").ensure()
-
-
-async def _ticks_during(attempt: Callable[[], Awaitable[T]]) -> tuple[T, float, float, float]:
-    """Run ``attempt`` with a 10 ms sleeper on the loop.
-
-    Returns what it returned, the longest gap between two wake-ups, the share of
-    the time the loop was not free to run the sleeper (0 = idle, 1 = always busy),
-    and how long the attempt took.
-    """
-    gaps: list[float] = [0.0]
-
-    async def sleeper() -> None:
-        while True:
-            started = time.monotonic()
-            await trio.sleep(0.01)
-            gaps.append(time.monotonic() - started - 0.01)
-
-    box: list[T] = []
-    started = time.monotonic()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sleeper)
-        box.append(await attempt())
-        nursery.cancel_scope.cancel()
-    took = time.monotonic() - started
-    return box[0], max(gaps), sum(gaps) / max(took, 1e-9), took
 
 
 # --- F1: max-cost frames back to back -------------------------------------------------------
@@ -116,12 +88,14 @@ async def _storm(arena: Arena, seconds: float) -> tuple[str, Observation]:
 
 
 async def test_max_cost_frames_back_to_back_do_not_monopolise_the_kernel(arena: Arena) -> None:
-    (result, check), stall, busy, took = await _ticks_during(lambda: _storm(arena, 4.0))
-    # One worker may cost the kernel's loop a frame now and then, not most of its time.
-    assert busy < 0.5, (
-        f"the kernel's loop was busy {busy:.0%} of {took:.1f} s (longest stall {stall * 1000:.0f} "
-        f"ms) decoding forged frames: {result[:80]}"
-    )
+    with decoded_frames() as decoded:
+        result, check = await _storm(arena, 4.0)
+    # One worker may cost the kernel's loop a frame now and then, not most of its time:
+    # the first forged frame is decoded (~50 ms, once), and its worker is killed for it.
+    costly = [size for size, _ in decoded if size > _protocol.COSTLY_BODY]
+    assert len(costly) <= 1, f"the kernel decoded {len(costly)} forged frames: {result[:80]}"
+    assert_decoding_bounded(decoded)
+    assert "broke the protocol" in result, result
     assert check.content == "ALLOWED: 1", check.content
     arena.assert_nothing_seen([result, check.content])
 
@@ -312,19 +286,23 @@ def _deep_and_wide(root: Path, depth: int = 1900, width: int = 50) -> None:
 
 
 def test_grep_walking_a_deep_tree_of_directories_is_bounded(arena: Arena, stress: bool) -> None:
-    from test_review_kernel import BOUND, fs_call_seconds
+    from test_review_kernel import fs_call
 
     # Building 95,000 directories takes half a minute: `make stress` builds the whole
     # tree, `make test` one deep enough to pass the depth cap (tests/plugins/test_fs.py
     # checks the cap and the clock per directory with a fake clock).
     _deep_and_wide(arena.workspace, depth=1900 if stress else 300, width=50 if stress else 5)
     try:
-        elapsed = fs_call_seconds(arena.workspace, "grep", pattern="x", path=".", glob="*.py")
+        outcome = fs_call(arena.workspace, "grep", pattern="x", path=".", glob="*.py")
     finally:
         # Python's rmtree recurses once per level (pytest's cleanup of tmp_path would
         # fail at this depth); rm walks without recursion.
         subprocess.run(["rm", "-rf", str(arena.workspace / "a")], check=True)
-    assert elapsed < BOUND, f"grep walked for {elapsed:.1f} s"
+    # It ended by itself (within the hang guard), at its depth cap or its clock, and says so.
+    returned = outcome.get("returned", "")
+    assert "[did not enter directories more than" in returned or "[stopped after " in returned, (
+        outcome
+    )
     arena.assert_nothing_seen()
 
 
@@ -379,9 +357,9 @@ async def test_log_floods_from_four_workers_at_once_do_not_freeze_the_kernel(
                     nursery.start_soon(one, i)
         return out
 
-    results, stall, _busy, _took = await _ticks_during(flood)
+    # The kernel's work for the floods is bounded: counted in records logged, not timed.
+    results = await flood()
     assert [r.content for r in results] == ["ALLOWED: 'flooded'"] * 4, results
-    assert stall < 0.5, f"the kernel loop froze for {stall:.2f} s"
     records = [r for r in arena._log.records if r.name.startswith("tak.plugin.w")]
     assert 0 < len(records) <= 4 * 1_200, f"{len(records)} plugin records logged"
     arena.assert_nothing_seen([r.content for r in results])

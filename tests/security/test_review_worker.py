@@ -18,22 +18,18 @@ import os
 import platform
 import signal
 import socket
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
-import trio
 from kit import PLUGINS, Arena
 
 from kernel.executor import run_tool_calls
 from kernel.messages import Observation, ToolCall
 from plugins import remote_tools
 from sandbox import Policy, open_worker_pool
-
-T = TypeVar("T")
+from tests.security.frame_counter import assert_decoding_bounded, decoded_frames
 
 pytestmark = [
     pytest.mark.usefixtures("confined"),
@@ -41,26 +37,6 @@ pytestmark = [
 ]
 
 _WIDE = Policy(subprocess=True)
-#: The longest the kernel's event loop may go without running a ready task.
-_MAX_STALL_S = 1.0
-
-
-async def _stall_during(attempt: Callable[[], Awaitable[T]]) -> tuple[T, float]:
-    """Run ``attempt``; the longest the Trio loop was frozen meanwhile."""
-    gaps: list[float] = [0.0]
-
-    async def sleeper() -> None:
-        while True:
-            started = time.monotonic()
-            await trio.sleep(0.01)
-            gaps.append(time.monotonic() - started - 0.01)
-
-    box: list[T] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sleeper)
-        box.append(await attempt())
-        nursery.cancel_scope.cancel()
-    return box[0], max(gaps)
 
 
 async def _attack_then_second_worker(arena: Arena, code: str) -> tuple[Observation, Observation]:
@@ -158,15 +134,17 @@ result = len(body)
 
 
 async def test_a_huge_frame_of_tiny_values_does_not_freeze_the_kernel(arena: Arena) -> None:
-    result, stall = await _stall_during(lambda: arena.attack(_AMPLIFIED))
-    assert stall < _MAX_STALL_S, f"the kernel loop froze for {stall:.2f} s ({result[:80]})"
+    with decoded_frames() as decoded:
+        result = await arena.attack(_AMPLIFIED)
+    assert_decoding_bounded(decoded)  # the 32 MiB frame was refused before json.loads
     assert result.startswith("failed: ") and "broke the protocol" in result, result
     arena.assert_nothing_seen([result])
 
 
 # The class: the costliest frames the kernel still accepts (8 MiB, 200 000 values),
-# then just past each limit. Decoding one costs the kernel ~25 ms; a frame past a
-# limit is refused before json.loads runs.
+# then just past each limit. Decoding one costs the kernel ~25 ms (a figure, not
+# asserted: what is checked is what it decodes); a frame past a limit is refused
+# before json.loads runs.
 _COSTLY = """
 import struct
 n = VALUES
@@ -192,8 +170,10 @@ async def test_the_costliest_frames_do_not_freeze_the_kernel(
 ) -> None:
     # A log frame over 16 KiB kills the worker, but only after it was decoded.
     code = _COSTLY.replace("VALUES", str(values)).replace("SIZE", str(size))
-    result, stall = await _stall_during(lambda: arena.attack(code))
-    assert stall < 0.5, f"the kernel loop froze for {stall:.2f} s"
+    with decoded_frames() as decoded:
+        result = await arena.attack(code)
+    assert_decoding_bounded(decoded)
+    assert (size in [s for s, _ in decoded]) == accepted, decoded  # refused before json.loads
     assert result.startswith("failed: ") and "broke the protocol" in result, result
     assert ("log frame" in result) == accepted, result
     arena.assert_nothing_seen([result])
@@ -243,10 +223,12 @@ async def test_a_lingering_socket_sent_to_the_kernel_does_not_freeze_it(arena: A
     try:
         policy = Policy(network=(f"127.0.0.1:{port}",))
         code = _LINGER.replace("PORT", str(port))
-        result, stall = await _stall_during(lambda: arena.attack(code, policy=policy))
+        result = await arena.attack(code, policy=policy)
     finally:
         sink.close()
-    assert stall < _MAX_STALL_S, f"the kernel loop froze for {stall:.2f} s ({result[:80]})"
+    # Refused at the worker's sendmsg: the descriptor never reaches the kernel, so no
+    # close of it can block the kernel's loop for the linger time.
+    arena.assert_refused(result)
     arena.assert_nothing_seen([result])
 
 
@@ -331,13 +313,11 @@ FLOODS = {
 async def test_every_flood_is_held_to_the_log_budget(arena: Arena, name: str) -> None:
     code = FLOODS[name] + "\nresult = 'flooded'"
     with _info_logging(arena) as counter:
-        started = time.monotonic()
-        result, stall = await _stall_during(lambda: arena.attack(code))
-        took = time.monotonic() - started
+        result = await arena.attack(code)
+    # Finished (a worker blocked on a full pipe would have met its deadline), and the
+    # kernel's work for it is bounded: counted in lines logged, not timed.
     assert result == "ALLOWED: 'flooded'", result
     assert counter.count <= 1_500, f"the kernel logged {counter.count} lines for one call"
-    assert stall < 0.5, f"the kernel loop froze for {stall:.2f} s"
-    assert took < 10, f"the flood took {took:.1f} s"
     dropped = [r for r in arena._log.records if "lines dropped" in r.getMessage()]
     assert dropped, "no record says that lines were dropped"
     arena.assert_nothing_seen([result])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import trio
@@ -34,6 +35,23 @@ def block(seconds: float) -> str:
     """Sleep in a thread."""
     time.sleep(seconds)
     return "done"
+
+
+_meetings: dict[int, threading.Barrier] = {}
+_meetings_lock = threading.Lock()
+
+
+@tool
+def meet(parties: int) -> str:
+    """Wait, in a thread, until ``parties`` calls of it are waiting at once: it answers
+    only if they run concurrently (a minute later, one alone gives up)."""
+    with _meetings_lock:
+        barrier = _meetings.setdefault(parties, threading.Barrier(parties, timeout=60))
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        return "alone"
+    return "met"
 
 
 @tool
