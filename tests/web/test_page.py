@@ -14,7 +14,7 @@ import trio
 
 from kernel.wire import open_client
 
-from .conftest import SCREENSHOT_ENV, Server, screenshot, start_server
+from .web_kit import SCREENSHOT_ENV, Server, screenshot, start_server
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page

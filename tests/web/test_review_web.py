@@ -30,7 +30,7 @@ from kernel import Kernel
 from kernel.wire import ServerLimits
 from tests.server.wsclient import TOKEN, connect, open_test_kernel, running_server
 
-from .conftest import Server
+from .web_kit import Server
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
