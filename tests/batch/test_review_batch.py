@@ -32,6 +32,7 @@ from kernel.errors import UsageError
 from kernel.kernel import Kernel
 from kernel.messages import Message
 from kernel.models import ModelRequest, ScriptedModel, Usage
+from tests.batch.test_example import table_counts
 from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 RUN = "review-run"
@@ -652,14 +653,19 @@ def example_results(out: Path) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.parametrize("kill_after", [-1, 0, 1, 37, 79])
+@pytest.mark.parametrize(
+    "kill_after", [-1, 0, 37, 79], ids=["writing_tasks", "no_result", "midway", "last_left"]
+)
 def test_sigkilled_at_any_point_then_resumed_no_task_runs_twice_or_is_lost(
     tmp_path: Path, kill_after: int
 ) -> None:
     """A real SIGKILL at several points of the example's run (as its task file is
-    being written: -1; before any result; after 1, 37, 79 of 80): the resume
-    finishes every task once, keeps every line written before the kill, sends each
-    prompt once and runs no task's tool twice."""
+    being written: -1; before any result; midway, with tasks in flight; one task
+    left): the resume finishes every task once, with the outcomes of a run never
+    killed, keeps every line written before the kill, sends each prompt once (tasks
+    go on from their transcripts, never start over) and runs no task's tool twice;
+    a third run has nothing to do. (The one "killed, resumed, exactly once" test of
+    the example: tests/batch/test_example.py runs it whole.)"""
     import signal
     import time
 
@@ -685,6 +691,10 @@ def test_sigkilled_at_any_point_then_resumed_no_task_runs_twice_or_is_lost(
 
     resumed = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    if kill_after == 37:  # results written, tasks in flight: it says it goes on
+        assert "resuming: " in resumed.stdout, resumed.stdout
+    # As a run never killed ends: 80 tasks, every 20th one's model failing.
+    assert table_counts(resumed.stdout) == {"final": 76, "model_error": 4}, resumed.stdout
     assert results.read_bytes().startswith(acknowledged)
     finished: dict[str, int] = {}
     for line in example_results(tmp_path):
@@ -698,6 +708,10 @@ def test_sigkilled_at_any_point_then_resumed_no_task_runs_twice_or_is_lost(
         assert sum(json.loads(line)["type"] == "user" for line in transcript) == 1, task_id
         ran = tmp_path / "run" / "workspaces" / task_id / "ran.txt"
         assert (ran.read_text().count("read_question") if ran.exists() else 0) <= 1, task_id
+    written = len(example_results(tmp_path))
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert "nothing to do" in again.stdout, again.stdout + again.stderr
+    assert len(example_results(tmp_path)) == written
 
 
 async def test_a_hand_edited_bad_line_in_the_middle_is_named_and_nothing_is_cut(
