@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from tests.entry_points_kit import hide_installed_entry_points
 #: On PYTHONPATH for every Python the tests start: its sitecustomize hides the
 #: installed ``tak.plugins`` entry points there too (tests/entry_points_kit.py).
 SITE_HOOKS = Path(__file__).parent / "site_hooks"
+REAPER = Path(__file__).parent / "reaper.py"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,6 +27,15 @@ def pytest_configure(config: pytest.Config) -> None:
     hide_installed_entry_points()
     path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE_HOOKS), *([path] if path else [])])
+    # What the run starts dies with it, however it ends (tests/reaper.py); xdist's
+    # workers are the controller's descendants, so only the top process starts one.
+    if not hasattr(config, "workerinput"):
+        subprocess.Popen(
+            [sys.executable, str(REAPER), str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # not in the run's process group: Ctrl-C is not its
+        )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
