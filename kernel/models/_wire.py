@@ -76,10 +76,22 @@ def system_text(request: ModelRequest) -> str | None:
 
 
 def arguments_text(arguments: dict[str, Any] | str) -> str:
-    """A call's arguments as JSON text, as OpenAI wants them back."""
+    """A call's arguments as JSON text, as OpenAI wants them back.
+
+    Text that is not JSON (the executor refused that call, and its error
+    observation says why) goes back as ``{}``: servers that render the history
+    through a chat template parse it, and refuse the whole request otherwise
+    (llama-server: HTTP 500 "Failed to parse tool call arguments as JSON").
+    """
     if isinstance(arguments, str):
         # A call without arguments may have streamed none at all.
-        return escape_surrogates(arguments) if arguments.strip() else "{}"
+        if not arguments.strip():
+            return "{}"
+        try:
+            json.loads(arguments)
+        except (ValueError, RecursionError):
+            return "{}"
+        return escape_surrogates(arguments)
     # Escaped, a lone surrogate can still be sent (the executor refused that call).
     return escape_surrogates(json.dumps(arguments, ensure_ascii=False))
 

@@ -17,7 +17,8 @@ import pytest
 
 from kernel import tool
 from kernel.agent import Agent
-from kernel.models import AnthropicModel, GeminiModel, OpenAIModel
+from kernel.messages import Message, ToolCall, ToolError
+from kernel.models import AnthropicModel, GeminiModel, ModelRequest, OpenAIModel
 from kernel.session import Session
 from kernel.settings import ModelSettings
 from kernel.store import MemoryStore, SessionKey
@@ -25,7 +26,7 @@ from kernel.store import MemoryStore, SessionKey
 from .test_anthropic import MESSAGE_START, block_start, block_stop, json_delta, message_end
 from .test_gemini import gemini_chunk
 from .test_openai import USAGE_CHUNK, call_args, call_start, chunk
-from .wire import NO_RETRY, FakeServer, json_response, sse, sse_response
+from .wire import NO_RETRY, FakeServer, json_response, sse, sse_response, tool_results, user
 
 RAN: list[str] = []
 
@@ -196,3 +197,20 @@ async def test_text_before_the_cut_calls_is_kept() -> None:
     entries = await session.entries()
     assert entries[-1]["message"]["parts"] == [{"type": "text", "text": "Let me look."}]
     assert json.dumps(entries).count("call_1") == 0 and RAN == []
+
+
+async def test_arguments_that_are_not_json_go_back_to_openai_as_an_empty_object() -> None:
+    """A call the executor refused as not JSON (a model's slip, an older transcript's
+    cut call): llama-server parses the history's arguments and refused the whole
+    request (HTTP 500) when they went back as sent."""
+    call = ToolCall("call_1", "lookup", '{"term": "ab', 0)
+    history = (
+        user("look up ab"),
+        Message("assistant", (call,)),
+        tool_results([call], [ToolError("bad_arguments", "JSONDecodeError", "not JSON")]),
+    )
+    server = FakeServer(json_response(200, OPENAI_DONE))
+    async with server.client() as client:
+        await openai(client).complete(ModelRequest(history, tools=(lookup,)))
+    sent = server.body()["messages"][1]["tool_calls"][0]["function"]["arguments"]
+    assert sent == "{}"
