@@ -23,9 +23,11 @@ Loading, per source (see ``plugins._discovery``):
 A plugin that fails (import error, two tools with one name, a schema that
 cannot be generated, a name already loaded, isolation missing and
 ``allow_unsandboxed`` off) is recorded in ``errors`` and skipped, and reported in
-one log line that names the command showing the details (``tak plugins check``);
-what its probe worker printed while failing (a traceback) is held back, so a
-broken plugin costs every command one line, not its traceback.
+one log line that names the command showing the details (``tak --debug plugins
+check``); what its probe worker printed while failing (a traceback) is held back,
+so a broken plugin costs every command one line, not its traceback. A discovered
+plugin skipped for want of an approval is logged at debug level only: it is
+the user's decision, told where it matters (``tak plugins ls``, ``tak doctor``).
 
 Names: a plugin owns the namespace of its name (``ToolRegistry.claim``), as an
 MCP server does. Its tools are bare names, or names in its own namespace
@@ -397,8 +399,15 @@ class PluginHost:
             return
         # The reason can quote plugin code (an import error): one escaped log line.
         label, reason = escape_log_text(error.source.label), escape_log_text(error.reason)
-        logger.warning(
-            "plugin from %s skipped: %s; %s", label, reason, escape_log_text(skip_hint(error))
+        # A plugin awaiting approval is the user's to decide, told where it matters
+        # (`tak plugins ls`, `tak doctor`): a warning on every command is noise.
+        level = logging.DEBUG if error.approve is not None else logging.WARNING
+        logger.log(
+            level,
+            "plugin from %s skipped: %s; %s",
+            label,
+            reason,
+            escape_log_text(skip_hint(error)),
         )
 
     def _register(self, candidate: _Candidate) -> None:
@@ -769,7 +778,8 @@ def skip_hint(error: PluginLoadError) -> str:
     """The command that helps with a skipped plugin: trust it, or see why it failed."""
     if error.approve is not None:
         return "to trust it: " + tak_command("plugins", "trust", error.approve)
-    return "details: " + tak_command("plugins", "check", error.source.target.partition(":")[0])
+    target = error.source.target.partition(":")[0]
+    return "details: " + tak_command("--debug", "plugins", "check", target)
 
 
 class _LoadOutput(logging.Filter):
@@ -857,11 +867,12 @@ def _read_in(workspace: Workspace, path: str) -> bytes:
 def _approve_argument(source: PluginSource) -> str:
     """What ``tak plugins trust`` takes for ``source``: an entry point's name, a file's path.
 
-    A path works from any directory and needs no ``--workspace``.
+    A path works from any directory and needs no ``--workspace``. Not quoted: the
+    command that shows it quotes it once (``tak_command``).
     """
     if source.kind == "entry_point":
-        return shlex.quote(source.name)
-    return shlex.quote(source.target)
+        return source.name
+    return source.target
 
 
 def _stem(source: PluginSource) -> str:

@@ -4,7 +4,10 @@ Prints the Landlock ABI, openat2, seccomp, the capability state, how a
 worker's memory is capped (a memory cgroup for its whole process tree, or
 ``RLIMIT_AS`` per process), how subprocess plugins are held to their process
 limit, whether this CPU architecture has a seccomp table, and the isolation level;
-then confines a throwaway process for real and shows what it could not do.
+then confines a throwaway process for real and shows what it could not do;
+then the discovered plugins (entry points, the workspace's ``.tak/plugins``) that
+will not load until approved, each with the command that approves it (the one
+place besides ``tak plugins ls`` that says so: other commands stay quiet about it).
 Exits 1 when plugins that need isolation would be refused here.
 """
 
@@ -13,9 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from pathlib import Path
 from typing import Any
 
-from .plugins import one_line_errors
+from ..terminal import escape_terminal
+from ._exit import one_line_errors
+from .plugins import pasteable, trust_command
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,6 +29,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--no-selftest", action="store_true", help="skip confining a test process for real"
+    )
+    p.add_argument(
+        "--workspace", type=Path, help="whose .tak/plugins to check (default: <home>/workspace)"
     )
     p.set_defaults(func=cmd_doctor)
 
@@ -68,6 +77,41 @@ def report(*, selftest: bool = True) -> dict[str, Any]:
     return data
 
 
+def plugin_approvals(home: str | None, workspace: Path | None) -> list[dict[str, str]]:
+    """The discovered plugins that will not load for want of an approval (hashes only:
+    nothing is imported), each with the command that approves it; a trust file that
+    cannot be read is one entry saying so (then no discovered plugin loads).
+    """
+    from plugins import TRUST_FILE, TrustError, approval_states, discover_plugins
+
+    from ..home import TakHome
+
+    tak_home = TakHome.locate(home)
+    where = str((workspace if workspace is not None else tak_home.workspace).absolute())
+    trust_file = tak_home.config / TRUST_FILE
+    try:
+        states = approval_states(discover_plugins(where), trust_file, where)
+    except TrustError as exc:
+        return [
+            {
+                "source": str(trust_file),
+                "state": "unreadable",
+                "reason": str(exc),
+                "trust_command": "",
+            }
+        ]
+    return [
+        {
+            "source": s.source.label,
+            "state": s.state,
+            "reason": s.reason,
+            "trust_command": trust_command(home, s.approve),
+        }
+        for s in states
+        if s.state != "trusted"
+    ]
+
+
 def _yes(flag: bool, detail: str = "") -> str:
     return ("available" + (f" ({detail})" if detail else "")) if flag else "MISSING"
 
@@ -82,6 +126,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if outcome != "denied" and not outcome.startswith("allowed")
     ]
     code = 1 if data["refused_because"] or escaped or data["level"] == "none" else 0
+    data["untrusted_plugins"] = plugin_approvals(args.home, getattr(args, "workspace", None))
     if args.json:
         print(json.dumps(data, indent=2))
         return code
@@ -124,6 +169,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print("  self-test (a confined process tried):")
         for name, value in selftest.items():
             print(f"    {name:<24}  {value}")
+    for plugin in data["untrusted_plugins"]:
+        state = plugin["reason"] or plugin["state"]
+        print(escape_terminal(f"  plugin not loaded: {plugin['source']} ({state})"))
+        if plugin["state"] != "unreadable":
+            print(f"    to trust it: {pasteable(plugin['trust_command'])}")
     if code:
         print("Plugins that need isolation will not run here (unless allow_unsandboxed is set).")
     else:

@@ -10,12 +10,13 @@ import functools
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelError
-from . import _single_leaf as single_leaf
+from ..terminal import escape_terminal
+from ._exit import one_line_errors, os_error_line, report, single_leaf
 
 if TYPE_CHECKING:
     from plugins import (
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
     )
 
     from ..home import Config, TakHome
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,17 +87,6 @@ def home_option(home: str | None) -> tuple[str, ...]:
     return ()
 
 
-def os_error_line(exc: OSError) -> str:
-    """An OS error in one line: the path (or paths) and the system's reason."""
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    if exc.filename is None:
-        return reason
-    path = os.fsdecode(exc.filename)
-    if exc.filename2 is not None:
-        path += f" -> {os.fsdecode(exc.filename2)}"
-    return f"{path}: {reason}"
-
-
 def ensure_home(home: str | None) -> TakHome:
     """The home (``--home``, ``$TAK_HOME``, ``~/.tak``), its directories created.
 
@@ -114,40 +102,6 @@ def ensure_home(home: str | None) -> TakHome:
         return located.ensure()
     except OSError as exc:
         raise UsageError(f"TAK_HOME {located.root} is not usable: {os_error_line(exc)}") from exc
-
-
-def one_line_errors(command: str) -> Callable[[Handler], Handler]:
-    """Make a handler fail in one line on stderr that names the command, never a traceback
-    (unless ``tak --debug``).
-
-    A ``KernelError`` (even inside a Trio nursery's group) is its one line, exit
-    status 2; an ``OSError`` one line naming the path and the reason, status 1. The
-    output is flushed here, so a reader that closed the pipe (``tak tools | head -1``)
-    is seen while ``tak``'s own handler can still end the command quietly.
-    """
-
-    def decorate(func: Handler) -> Handler:
-        @functools.wraps(func)
-        def handler(args: argparse.Namespace) -> int:
-            try:
-                code = func(args)
-                sys.stdout.flush()
-                return code
-            except BaseException as exc:
-                leaf = single_leaf(exc)
-                if getattr(args, "debug", False) or isinstance(leaf, BrokenPipeError):
-                    raise
-                if isinstance(leaf, KernelError):
-                    print(f"{command}: {leaf}", file=sys.stderr)
-                    return 2
-                if isinstance(leaf, OSError):
-                    print(f"{command}: {os_error_line(leaf)}", file=sys.stderr)
-                    return 1
-                raise
-
-        return handler
-
-    return decorate
 
 
 @contextlib.contextmanager
@@ -172,7 +126,7 @@ def workspace_or_exit(command: str, args: argparse.Namespace) -> Path | None:
     """
     workspace: Path | None = getattr(args, "workspace", None)
     if workspace is not None and not workspace.is_dir():
-        print(f"{command}: --workspace {workspace}: not a directory", file=sys.stderr)
+        print(_plain(f"{command}: --workspace {workspace}: not a directory"), file=sys.stderr)
         return None
     if workspace is None:
         workspace = ensure_home(args.home).workspace
@@ -271,13 +225,31 @@ async def _open_host(
 
 
 def trust_command(home: str | None, approve: str) -> str:
-    """The command that approves a skipped plugin, as a person can paste it."""
+    """The command that approves a skipped plugin, as a person can paste it (quoted
+    for the shell once; raw: ``--json`` prints it)."""
     return tak_command(*home_option(home), "plugins", "trust", approve)
 
 
 def check_command(error: PluginLoadError) -> str:
     """The command that shows why a plugin failed to load (its worker's traceback)."""
-    return tak_command("plugins", "check", error.source.target.partition(":")[0])
+    return tak_command("--debug", "plugins", "check", error.source.target.partition(":")[0])
+
+
+def pasteable(command: str) -> str:
+    """``command`` as a terminal shows it: shell-quoted already, and escaped.
+
+    A command whose words hold characters a terminal acts on (a file named with
+    an escape sequence or a newline) is shown escaped and said not to be pasteable:
+    what pasting the escaped text runs is not what was meant.
+    """
+    shown = escape_terminal(command)
+    if shown == command:
+        return command
+    return f"{shown}  (not pasteable: a name in it holds control characters; rename it)"
+
+
+def _plain(text: str) -> str:
+    return escape_terminal(text)
 
 
 def _plugin_json(plugin: LoadedPlugin) -> dict[str, Any]:
@@ -302,21 +274,23 @@ def _error_json(error: PluginLoadError, home: str | None) -> dict[str, Any]:
 
 
 def _print_plugin(plugin: LoadedPlugin) -> None:
-    print(f"{plugin.name} {plugin.version}  ({plugin.source.label})")
+    # Every text here but isolation is the plugin's own: escaped (kernel.terminal).
+    print(_plain(f"{plugin.name} {plugin.version}  ({plugin.source.label})"))
     if plugin.description:
-        print(f"  {plugin.description}")
-    print(f"  isolation:   {plugin.isolation}")
-    print(f"  permissions: {plugin.permissions.describe()}")
+        print(f"  {_plain(plugin.description)}")
+    print(f"  isolation:   {_plain(plugin.isolation)}")
+    print(f"  permissions: {_plain(plugin.permissions.describe())}")
     shown = [name if name == own else f"{name} (its {own})" for name, own in plugin.tools.items()]
-    print(f"  tools:       {', '.join(shown)}")
+    print(f"  tools:       {_plain(', '.join(shown))}")
 
 
 def _print_error(error: PluginLoadError, home: str | None) -> None:
-    print(f"skipped: {error.source.label} [{error.source.target}]\n  {error.reason}")
+    print(_plain(f"skipped: {error.source.label} [{error.source.target}]"))
+    print(f"  {_plain(error.reason)}")
     if error.approve is not None:
-        print(f"  to trust it: {trust_command(home, error.approve)}")
+        print(f"  to trust it: {pasteable(trust_command(home, error.approve))}")
     else:
-        print(f"  details:     {check_command(error)}")
+        print(f"  details:     {pasteable(check_command(error))}")
 
 
 @one_line_errors("tak plugins ls")
@@ -335,8 +309,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     try:
         loaded, errors = trio.run(main)
     except KernelError as exc:
-        print(f"tak plugins ls: {exc}", file=sys.stderr)
-        return 2
+        return report("tak plugins ls", exc)
     if args.json:
         out = {
             "plugins": [_plugin_json(p) for p in loaded],
@@ -402,12 +375,14 @@ def cmd_trust(args: argparse.Namespace) -> int:
             functools.partial(trust_plugin, source, home=home, workspace=workspace)
         )
     except (KernelError, OSError) as exc:
-        print(f"tak plugins trust: {exc}", file=sys.stderr)
-        return 2
-    print(f"trusted: {loaded.name} {loaded.version}  ({source.label})")
+        return report("tak plugins trust", exc)
+    print(_plain(f"trusted: {loaded.name} {loaded.version}  ({source.label})"))
     print(f"  sha256:      {approval.sha256}")
-    print(f"  permissions: {approval.permissions.describe()}")
-    print(f"  recorded in: {home.config / 'trusted-plugins.json'}")
+    print(f"  permissions: {_plain(approval.permissions.describe())}")
+    # What the approval grants: these names, in the plugin's own namespace.
+    granted = [name if name == own else f"{name} (its {own})" for name, own in loaded.tools.items()]
+    print(f"  tools:       {_plain(', '.join(granted))}")
+    print(f"  recorded in: {_plain(str(home.config / 'trusted-plugins.json'))}")
     return 0
 
 
@@ -432,12 +407,11 @@ def cmd_untrust(args: argparse.Namespace) -> int:
             key = named[0]
         removed = store.revoke(key)
     except (KernelError, OSError) as exc:
-        print(f"tak plugins untrust: {exc}", file=sys.stderr)
-        return 2
+        return report("tak plugins untrust", exc)
     if removed is None:
-        print(f"tak plugins untrust: {args.name} was not trusted", file=sys.stderr)
+        print(f"tak plugins untrust: {_plain(args.name)} was not trusted", file=sys.stderr)
         return 1
-    print(f"untrusted: {removed.name} ({args.name})")
+    print(_plain(f"untrusted: {removed.name} ({args.name})"))
     return 0
 
 
@@ -449,8 +423,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     try:
         files = scaffold_plugin(args.name, directory)
     except KernelError as exc:
-        print(f"tak plugins new: {exc}", file=sys.stderr)
-        return 2
+        return report("tak plugins new", exc)
     for path in files:
         print(f"created {path}")
     package = package_name(args.name)
@@ -501,6 +474,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from plugins import PluginSource, open_plugin_host, source_for
 
+    from ..errors import UsageError
+
     path = Path(args.path)
     try:
         source: PluginSource = (
@@ -508,16 +483,21 @@ def cmd_check(args: argparse.Namespace) -> int:
             if (path / "pyproject.toml").is_file()
             else source_for(args.path)
         )
-    except (KernelError, OSError, tomllib.TOMLDecodeError) as exc:
-        print(f"tak plugins check: {exc}", file=sys.stderr)
-        return 2
+        if source.kind == "path" and not os.path.exists(source.target):
+            raise UsageError(f"{args.path}: no such file or directory")
+    except tomllib.TOMLDecodeError as exc:
+        return report("tak plugins check", UsageError(f"{path / 'pyproject.toml'}: {exc}"))
+    except (KernelError, OSError) as exc:
+        return report("tak plugins check", exc)
     if source.kind == "builtin":
         source = PluginSource("module", source.target, source.target)  # check it in a worker too
 
     async def main() -> tuple[list[LoadedPlugin], list[PluginLoadError], list[dict[str, Any]]]:
         with tempfile.TemporaryDirectory(prefix="tak-check-") as scratch:
-            # The worker's output is the detail a failed import needs (its traceback).
-            async with open_plugin_host(scratch, plugins=[source], report="output") as host:
+            # The reason is one line; the worker's own output (a failed import's
+            # traceback) is shown only with `tak --debug`.
+            shown: SkipReport = "output" if getattr(args, "debug", False) else "silent"
+            async with open_plugin_host(scratch, plugins=[source], report=shown) as host:
                 specs = [
                     {
                         "name": t.name,
@@ -534,10 +514,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         loaded, errors, specs = trio.run(main)
     except KernelError as exc:
-        print(f"tak plugins check: {exc}", file=sys.stderr)
-        return 2
+        return report("tak plugins check", exc)
     for error in errors:
-        print(f"tak plugins check: {error.reason}", file=sys.stderr)
+        print(f"tak plugins check: {_plain(error.reason)}", file=sys.stderr)
         return 1
     _print_plugin(loaded[0])
     print(json.dumps(specs, indent=2))
