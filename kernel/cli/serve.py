@@ -101,7 +101,11 @@ async def refuse_remote_bind(host: str, *, allow_remote: bool) -> None:
     from ..errors import UsageError
     from ..wire._handshake import is_loopback_address
 
-    if not allow_remote and not await is_loopback_address(host):
+    try:
+        loopback = allow_remote or await is_loopback_address(host)
+    except UnicodeError:  # no host name at all (the IDNA codec refuses it)
+        loopback = False
+    if not loopback:
         raise UsageError(
             f"refusing to bind {host!r}: not a loopback address (--allow-remote to serve "
             "other machines, and put TLS in front)"
