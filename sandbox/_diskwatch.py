@@ -209,17 +209,16 @@ class DiskWatch:
             )
         except KernelError as exc:
             # Fail closed: a workspace that cannot be measured cannot be held to a budget.
-            await self._kill(f"its usage could not be measured ({exc})")
+            await self._kill_writers(f"killed: the workspace's usage could not be measured ({exc})")
             raise
         finally:
             self._last_walk = trio.current_time()
             self._walk_s = self._last_walk - started
 
     async def _kill(self, over: str) -> None:
-        if not self._pool.writers(self.workspace.path):
-            return
-        self.kills += 1
-        await self._pool.kill_writers(
-            self.workspace.path,
-            f"killed: workspace over its budget while it ran: {over}",
-        )
+        await self._kill_writers(f"killed: workspace over its budget while it ran: {over}")
+
+    async def _kill_writers(self, reason: str) -> None:
+        if self._pool.writers(self.workspace.path):
+            self.kills += 1
+            await self._pool.kill_writers(self.workspace.path, reason)

@@ -306,3 +306,22 @@ async def test_watch_budget_is_one_task_of_the_pool_and_ends_with_its_block(
                         pass
             assert set(pool._nursery.child_tasks) == before
             assert watch.looks == 0  # no worker: it never woke
+
+
+async def test_a_workspace_that_cannot_be_measured_stops_its_writers(
+    workspace: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    """Fail closed: no walk, no budget; the writers go, and the look says why."""
+    pool = FakePool()
+    pool.set_writers(1)
+    with Workspace(workspace, max_bytes=1 << 20) as ws:
+
+        def keeps_changing() -> tuple[int, int]:
+            raise SandboxError("the workspace kept changing while its disk usage was measured")
+
+        ws._measure = keeps_changing  # type: ignore[method-assign]
+        watch = DiskWatch(ws, pool)
+        with pytest.raises(SandboxError, match="kept changing"):
+            await watch.look()
+        [(reason, _)] = pool.kills
+        assert reason.startswith("killed: the workspace's usage could not be measured (")
