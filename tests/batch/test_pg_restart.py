@@ -2,7 +2,7 @@
 outlives a short database restart.
 
 The server is a real one of its own (tests/store/pg_server.py), restarted with
-``pg_ctl restart -m fast`` under a ledger, a store and a ``tak batch worker``
+a fast shutdown and a start (``pg_server.restart``) under a ledger, a store and a ``tak batch worker``
 process: the restart breaks every connection the pools hold, and the calls
 that meet them are made again until the server is back. A reply lost after
 its transaction committed (which a restart cannot be timed to hit), and a
@@ -51,27 +51,8 @@ def url(server: pg_server.PgServer) -> str:
 
 
 def restart(server: pg_server.PgServer) -> None:
-    """``pg_ctl restart -m fast``: every client connection is terminated."""
-    bins = pg_server.bin_dir()
-    assert bins is not None
-    subprocess.run(
-        pg_server._as_server_user(
-            [
-                str(bins / "pg_ctl"),
-                "-D",
-                str(server.directory / "data"),
-                "-m",
-                "fast",
-                "-l",  # else the new server writes to our pipe, held open
-                str(server.directory / "server.log"),
-                "-w",
-                "restart",
-            ]
-        ),
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    """A fast shutdown and a start: every client connection is terminated."""
+    pg_server.restart(server)
 
 
 def retries_logged(caplog: pytest.LogCaptureFixture) -> list[str]:

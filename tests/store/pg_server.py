@@ -17,23 +17,28 @@ connections. Under pytest-xdist each worker process has its own.
 A server dies with the process that started it, however that process ends
 (SIGKILL included): a supervisor (this file, run as ``python pg_server.py
 supervise``, in a session of its own so that a signal to the test's process
-group does not reach it) starts the server, then reads its stdin, a pipe
-whose only writer is the test process. The kernel closes that pipe when the
-test process dies; the supervisor then wakes any frozen server process
-(SIGCONT), stops the server (``pg_ctl stop -m immediate``, then SIGKILL of
-its process group) and removes its directory. The server is found by its
-data directory's ``postmaster.pid``, so a server a test restarted with
-``pg_ctl`` is stopped as well.
+group does not reach it) runs ``postgres`` as its own child, never
+daemonized, with ``PR_SET_PDEATHSIG`` = SIGQUIT (PostgreSQL's immediate
+shutdown), then reads its stdin, a pipe whose only writer is the test
+process. The kernel closes that pipe when the test process dies; the
+supervisor then wakes a frozen server (SIGCONT), stops it and removes its
+directory. If the supervisor is killed first (tests/reaper.py SIGKILLs what
+a dead run left), its server gets SIGQUIT from the kernel (only its directory
+is left behind then). Tests stop and restart a server through its
+supervisor (``stop``, ``start``, ``restart``), never with ``pg_ctl``, so the
+server stays its child.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import glob
 import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import socket
@@ -42,8 +47,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -141,18 +147,6 @@ def server_options(port: int, directory: Path, *, fsync: bool = False) -> str:
     return " ".join(settings)
 
 
-def pg_ctl(server: PgServer, *args: str, check: bool = True) -> None:
-    """``pg_ctl -D <data> ARGS`` as the server's user (``-l``: its log, for a start)."""
-    bins = bin_dir()
-    assert bins is not None
-    subprocess.run(
-        _as_server_user([str(bins / "pg_ctl"), "-D", str(server.data), *args]),
-        check=check,
-        stdout=subprocess.DEVNULL,  # else a started server writes to our pipe, held open
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def _signal_server(postmaster: int, signum: int) -> None:
     pids = [postmaster]
     for entry in os.listdir("/proc"):
@@ -179,89 +173,185 @@ def _postmaster_pid(data: Path) -> int | None:
 
 # -- the supervisor (its own process) -----------------------------------------
 
-
-def _start(directory: Path, fsync: bool) -> int:
-    """initdb into ``directory``, start the server; its port.
-
-    Raises:
-        RuntimeError: with the tool's output or the server's log.
-    """
-    bins = bin_dir()
-    if bins is None:
-        raise RuntimeError("PostgreSQL binaries not found")
-    data, log = directory / "data", directory / "server.log"
-    if os.geteuid() == 0:
-        _ensure_user()
-        user = pwd.getpwnam(USER)
-        os.chown(directory, user.pw_uid, user.pw_gid)
-    initdb = [str(bins / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"]
-    initdb += ["-E", "UTF8", "--locale=C", "--no-sync"]
-    made = subprocess.run(_as_server_user(initdb), capture_output=True, text=True)
-    if made.returncode != 0:
-        raise RuntimeError(f"initdb failed: {made.stderr[-2000:]}")
-    for attempt in range(5):
-        port = _free_port()
-        started = subprocess.run(
-            _as_server_user(
-                [
-                    *(str(bins / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "30"),
-                    *("-o", server_options(port, directory, fsync=fsync), "start"),
-                ]
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        if started.returncode == 0:
-            return port
-        if attempt == 4:  # the port may have been taken meanwhile: retry, then give up
-            text = log.read_text() if log.exists() else ""
-            raise RuntimeError(f"pg_ctl start failed: {started.stderr}{text[-2000:]}")
-    raise AssertionError("unreachable")
+_PR_SET_PDEATHSIG = 1
 
 
-def _stop(directory: Path) -> None:
-    """Stop whatever server runs from ``directory`` (frozen or restarted), remove it."""
-    data = directory / "data"
-    pid = _postmaster_pid(data)
-    if pid is not None:
-        _signal_server(pid, signal.SIGCONT)  # a frozen server cannot act on a stop
+def _die_with_parent(signum: int) -> Callable[[], None]:
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
+
+    def arm() -> None:
+        # preexec_fn runs after the child's uid changed: a change of uid clears it.
+        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+    return arm
+
+
+class _Postmaster:
+    """The supervisor's server: ``postgres`` as its own child, never daemonized, so
+    that it dies with the supervisor (``PR_SET_PDEATHSIG``: SIGQUIT, PostgreSQL's
+    immediate shutdown), whoever kills the supervisor."""
+
+    def __init__(self, directory: Path, fsync: bool) -> None:
+        self.directory = directory
+        self.data = directory / "data"
+        self.fsync = fsync
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def init(self) -> None:
         bins = bin_dir()
-        if bins is not None:
-            subprocess.run(
-                _as_server_user(
-                    [str(bins / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"]
-                ),
+        if bins is None:
+            raise RuntimeError("PostgreSQL binaries not found")
+        if os.geteuid() == 0:
+            _ensure_user()
+            user = pwd.getpwnam(USER)
+            os.chown(self.directory, user.pw_uid, user.pw_gid)
+        initdb = [str(bins / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust"]
+        initdb += ["-E", "UTF8", "--locale=C", "--no-sync"]
+        made = subprocess.run(_as_server_user(initdb), capture_output=True, text=True)
+        if made.returncode != 0:
+            raise RuntimeError(f"initdb failed: {made.stderr[-2000:]}")
+
+    def start(self) -> None:
+        """Start the server (on a new free port the first time, its own after).
+
+        Raises:
+            RuntimeError: it did not become ready (with its log).
+        """
+        bins = bin_dir()
+        assert bins is not None
+        for attempt in range(5):
+            port = self.port or _free_port()
+            log = open(self.directory / "server.log", "ab")
+            options = shlex.split(server_options(port, self.directory, fsync=self.fsync))
+            as_user: dict[str, Any] = {}
+            if os.geteuid() == 0:
+                user = pwd.getpwnam(USER)
+                as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+            self.process = subprocess.Popen(
+                [str(bins / "postgres"), "-D", str(self.data), *options],
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent(signal.SIGQUIT),
+                **as_user,
             )
-        if _postmaster_pid(data) == pid:  # it did not stop
-            _signal_server(pid, signal.SIGKILL)
-    shutil.rmtree(directory, ignore_errors=True)
+            log.close()
+            if self._ready():
+                self.port = port
+                return
+            self.stop(signal.SIGQUIT)
+            if attempt == 4 or self.port:  # the port may have been taken: retry, then give up
+                text = (self.directory / "server.log").read_text(errors="replace")
+                raise RuntimeError(f"postgres did not start: {text[-2000:]}")
+        raise AssertionError("unreachable")
+
+    def _ready(self) -> bool:
+        deadline = time.monotonic() + 30
+        assert self.process is not None
+        while time.monotonic() < deadline and self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                lines = (self.data / "postmaster.pid").read_text().splitlines()
+                if len(lines) > 7 and lines[0].strip() == str(self.process.pid):
+                    if lines[7].strip() == "ready":
+                        return True
+            time.sleep(0.02)
+        return False
+
+    def stop(self, signum: int) -> None:
+        """Stop it: SIGINT is PostgreSQL's fast shutdown, SIGQUIT its immediate one."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        _signal_server(process.pid, signal.SIGCONT)  # a frozen server cannot act on it
+        process.send_signal(signum)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            _signal_server(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
 
 def _supervise(fsync: bool) -> None:
-    """Start a server, say where (one JSON line), then stop it when stdin ends."""
-    # stdin is the test process's pipe: its end (the process exiting or killed) is
-    # the signal to stop. A SIGTERM stops the server too; SIGINT is not ours.
+    """Start a server, say where (one JSON line), then obey stdin until it ends.
+
+    stdin is the test process's pipe: its end (the process exiting or killed) is
+    the signal to stop. Lines ``stop fast``, ``stop immediate`` and ``start``
+    stop and start the server (a test's restart), each answered ``ok`` or
+    ``error: ...``. A SIGTERM stops the server too; SIGINT is not ours.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     directory = Path(tempfile.mkdtemp(prefix="tak-pg-"))
+    server = _Postmaster(directory, fsync)
     try:
         try:
-            port = _start(directory, fsync)
+            server.init()
+            server.start()
         except Exception as exc:
             print(json.dumps({"error": str(exc)}), flush=True)
             return
-        print(json.dumps({"port": port, "directory": str(directory)}), flush=True)
-        while sys.stdin.buffer.read(4096):
-            pass
+        print(json.dumps({"port": server.port, "directory": str(directory)}), flush=True)
+        for line in sys.stdin:
+            command = line.split()
+            try:
+                if command == ["stop", "fast"]:
+                    server.stop(signal.SIGINT)
+                elif command == ["stop", "immediate"]:
+                    server.stop(signal.SIGQUIT)
+                elif command == ["start"]:
+                    if not server.running():
+                        server.start()
+                else:
+                    raise RuntimeError(f"unknown command {line.strip()!r}")
+                print("ok", flush=True)
+            except Exception as exc:
+                print(f"error: {exc}", flush=True)
     finally:
-        _stop(directory)
+        server.stop(signal.SIGQUIT)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- the test process's side ---------------------------------------------------
+
+
+@attrs.define
+class _Supervisor:
+    process: subprocess.Popen[str]
+    lock: threading.Lock = attrs.Factory(threading.Lock)
+
+    def ask(self, command: str) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        with self.lock:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline().strip()
+        if answer != "ok":
+            raise RuntimeError(f"the server's supervisor: {command}: {answer or 'gone'}")
+
+
+_supervisors: dict[Path, _Supervisor] = {}
+
+
+def stop(server: PgServer, mode: str = "fast") -> None:
+    """Stop ``server`` (``fast``: sessions ended, ``immediate``: as if it crashed)."""
+    _supervisors[server.directory].ask(f"stop {mode}")
+
+
+def start(server: PgServer) -> None:
+    """Start ``server`` again (after ``stop``), on its port."""
+    _supervisors[server.directory].ask("start")
+
+
+def restart(server: PgServer, *, down_s: float = 0.0) -> None:
+    """Stop ``server`` (fast shutdown: every session is ended), ``down_s`` seconds down,
+    then start it again."""
+    stop(server, "fast")
+    time.sleep(down_s)
+    start(server)
 
 
 @contextlib.contextmanager
@@ -275,27 +365,33 @@ def running_server(*, fsync: bool = False) -> Iterator[PgServer]:
     Raises:
         RuntimeError: the server could not be started (with its log).
     """
-    supervisor = subprocess.Popen(
+    process = subprocess.Popen(
         [sys.executable, "-I", os.path.abspath(__file__), "supervise", json.dumps(fsync)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        text=True,
         start_new_session=True,  # a signal to our process group must not stop it early
     )
-    assert supervisor.stdin is not None and supervisor.stdout is not None
+    assert process.stdin is not None and process.stdout is not None
+    directory: Path | None = None
     try:
-        line = supervisor.stdout.readline()
+        line = process.stdout.readline()
         said = json.loads(line) if line.strip() else {"error": "the supervisor said nothing"}
         if "error" in said:
             raise RuntimeError(said["error"])
-        yield PgServer(port=int(said["port"]), directory=Path(said["directory"]))
+        directory = Path(said["directory"])
+        _supervisors[directory] = _Supervisor(process)
+        yield PgServer(port=int(said["port"]), directory=directory)
     finally:
-        supervisor.stdin.close()  # the supervisor stops the server
+        if directory is not None:
+            _supervisors.pop(directory, None)
+        process.stdin.close()  # the supervisor stops the server
         try:
-            supervisor.wait(timeout=60)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            supervisor.kill()
-            supervisor.wait()
-        supervisor.stdout.close()
+            process.kill()
+            process.wait()
+        process.stdout.close()
 
 
 _shared: dict[str, PgServer] = {}
@@ -320,17 +416,7 @@ def shared_server(name: str = "main") -> PgServer:
 def revive(server: PgServer) -> None:
     """Leave ``server`` running, whatever a test did to it (froze it, stopped it)."""
     server.signal(signal.SIGCONT)
-    bins = bin_dir()
-    assert bins is not None
-    status = subprocess.run(
-        _as_server_user([str(bins / "pg_ctl"), "-D", str(server.data), "status"]),
-        capture_output=True,
-    )
-    if status.returncode != 0:  # 3: not running
-        log = str(server.directory / "server.log")
-        pg_ctl(
-            server, "-l", log, "-w", "-o", server_options(server.port, server.directory), "start"
-        )
+    start(server)
 
 
 class Freezer:

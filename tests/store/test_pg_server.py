@@ -22,7 +22,9 @@ STARTS_A_SERVER = """
 import json, sys, threading
 from tests.store import pg_server
 server = pg_server.shared_server()
-print(json.dumps({"port": server.port, "directory": str(server.directory)}), flush=True)
+supervisor = pg_server._supervisors[server.directory].process.pid
+print(json.dumps({"port": server.port, "directory": str(server.directory),
+                  "supervisor": supervisor}), flush=True)
 threading.Event().wait()
 """
 
@@ -40,12 +42,18 @@ def _answers(port: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "how, supervisor_too",
+    [(signal.SIGKILL, False), (signal.SIGTERM, False), (signal.SIGKILL, True)],
+    ids=["killed", "terminated", "killed-with-its-supervisor"],
+)
 def test_a_server_dies_with_the_process_that_started_it(
-    pg: pg_server.PgServer, how: signal.Signals
+    pg: pg_server.PgServer, how: signal.Signals, supervisor_too: bool
 ) -> None:
     """A test process SIGKILLed (a CI timeout) or terminated: its server stops, and its
-    directory is removed, with nothing left to do by anyone."""
+    directory is removed, with nothing left to do by anyone. Its supervisor
+    SIGKILLed at the same moment (what tests/reaper.py does to what a dead run
+    left): the server stops all the same."""
     child = subprocess.Popen(
         [sys.executable, "-c", STARTS_A_SERVER],
         cwd=ROOT,
@@ -58,11 +66,13 @@ def test_a_server_dies_with_the_process_that_started_it(
         said = json.loads(child.stdout.readline())
         port, directory = int(said["port"]), Path(said["directory"])
         assert _answers(port)
+        if supervisor_too:
+            os.kill(said["supervisor"], signal.SIGKILL)
         os.kill(child.pid, how)
         child.wait()
-        pg_server.wait_until(
-            "the server to stop", lambda: not _answers(port) and not directory.exists()
-        )
+        pg_server.wait_until("the server to stop", lambda: not _answers(port))
+        if not supervisor_too:
+            pg_server.wait_until("its directory to go", lambda: not directory.exists())
     finally:
         if child.poll() is None:
             child.kill()

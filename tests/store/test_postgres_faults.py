@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,19 +114,12 @@ async def test_connections_have_keepalives_and_a_user_timeout(url: str) -> None:
     assert got == (1, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT, 7500)
 
 
-def _restart_slowly(server: pg_server.PgServer, down_s: float) -> None:
-    """``pg_ctl stop -m fast``, ``down_s`` seconds down, then start: a restart as slow
-    as one under load (a checkpoint, a crash recovery)."""
-    pg_server.pg_ctl(server, "-m", "fast", "-w", "stop")
-    threading.Event().wait(down_s)
-    pg_server.revive(server)
-
-
 async def test_writers_ride_out_a_ten_second_restart(
     url: str, pg_to_break: pg_server.PgServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """9: writers made with ``retry_lost_connections`` (a batch worker's store) go on
-    through a server down for 10 s: no append fails, every acknowledged one is
+    through a server down for 10 s (stopped, 10 s, started: a restart as slow as
+    one under load, a checkpoint, a crash recovery): no append fails, every acknowledged one is
     stored once; the waits were retries, logged."""
     caplog.set_level(logging.WARNING, logger="tak.store")
     acked: list[int] = []
@@ -152,7 +144,7 @@ async def test_writers_ride_out_a_ten_second_restart(
             for w in range(3):
                 nursery.start_soon(writer, w)
             await trio.sleep(0.3)
-            await trio.to_thread.run_sync(_restart_slowly, pg_to_break, 10.0)
+            await trio.to_thread.run_sync(lambda: pg_server.restart(pg_to_break, down_s=10.0))
             restarted.set()
         assert failed == []
         stored = [

@@ -535,25 +535,6 @@ async def test_pg_iter_entries_start_agrees_with_load_under_concurrent_appends(
             stop.set()
 
 
-def _pg_ctl(server: pg_server.PgServer, *args: str) -> None:
-    bins = pg_server.bin_dir()
-    assert bins is not None
-    data = server.directory / "data"
-    subprocess.run(
-        pg_server._as_server_user([str(bins / "pg_ctl"), "-D", str(data), *args]),
-        check=True,
-        capture_output=True,
-    )
-
-
-def _restart(server: pg_server.PgServer) -> None:
-    opts = (
-        f"-p {server.port} -k {server.directory} -c listen_addresses=127.0.0.1 "
-        "-c fsync=off -c full_page_writes=off"
-    )
-    _pg_ctl(server, "-l", str(server.directory / "server.log"), "-w", "-o", opts, "start")
-
-
 @pytest.fixture
 def own_server(pg_to_break: pg_server.PgServer) -> pg_server.PgServer:
     """A server other tests do not use, to kill (running again after the test)."""
@@ -588,9 +569,9 @@ async def test_pg_killed_server_mid_append_is_a_store_error_and_loses_nothing(
                 nursery.start_soon(writer, 0)
                 nursery.start_soon(writer, 1)
                 await trio.sleep(0.3)
-                await trio.to_thread.run_sync(_pg_ctl, own_server, "-m", "immediate", "-w", "stop")
+                await trio.to_thread.run_sync(pg_server.stop, own_server, "immediate")
         assert len(errors) == 2 and all(x.startswith("PostgreSQL 127.0.0.1:") for x in errors)
-        await trio.to_thread.run_sync(_restart, own_server)
+        await trio.to_thread.run_sync(pg_server.start, own_server)
         with trio.fail_after(20):
             while True:  # the pool reconnects in the background
                 try:
@@ -617,7 +598,7 @@ def test_pg_cancel_is_prompt_while_the_server_is_down(own_server: pg_server.PgSe
     try:
         assert child.stdin is not None and child.stdout is not None
         assert child.stdout.readline().strip() == "appended"
-        _pg_ctl(own_server, "-m", "immediate", "-w", "stop")
+        pg_server.stop(own_server, "immediate")
         child.stdin.write("go\n")
         child.stdin.flush()
         try:
