@@ -208,7 +208,7 @@ MCP_SERVER = str(Path(__file__).parents[1] / "mcp" / "server.py")
 
 def mcp_server(**options: object) -> McpServerConfig:
     """tests/mcp/server.py over stdio: its ``echo`` says its argument back."""
-    return McpServerConfig(command=sys.executable, args=[MCP_SERVER], startup_timeout=20, **options)
+    return McpServerConfig(command=sys.executable, args=[MCP_SERVER], startup_timeout=60, **options)
 
 
 def capturer(plugin_name: str, tool_name: str) -> str:
