@@ -157,7 +157,7 @@ async def _hidden_then_checks(arena: Arena, how: str) -> list[Observation]:
     ) as host:
         with use_context(host.context()):
             seen = []
-            for i in range(3):
+            for i in range(4):
                 code = _HOLD.replace("{how}", how) if i == 0 else "print('nothing written')"
                 [obs] = await run_tool_calls(
                     [ToolCall(str(i), "run_python", {"code": code})], host.tools
@@ -168,8 +168,10 @@ async def _hidden_then_checks(arena: Arena, how: str) -> list[Observation]:
 
 def _assert_every_check_saw_it(arena: Arena, seen: list[Observation]) -> None:
     assert "Traceback" not in seen[0].content, seen[0].content
-    missed = [o.content for o in seen if "workspace over its budget" not in o.content]
-    assert not missed, f"{len(missed)} of {len(seen)} checks missed the hidden 4 MiB: {missed}"
+    # Counted, and the disk watchdog kills the holder with its worker: calls are
+    # refused until it is gone, and then the 4 MiB are free and the next calls run.
+    assert "workspace over its budget" in seen[0].content, seen[0].content
+    assert seen[-1].content == "stdout:\nnothing written", [o.content for o in seen]
     arena.assert_nothing_seen([o.content for o in seen])
 
 
