@@ -5,6 +5,12 @@ builds and starts it): a plain streamed turn, a tool call forced with
 ``tool_choice`` and its round trip, parallel forced calls, cancellation
 mid-stream, and the server's refusals. A 135M model's words are not checked,
 only what the protocol promises.
+
+``MAX_TOKENS`` is the output limit of a forced call, as docs/models.md prints it:
+at 64 the model's arguments were cut (and the server refused them, sent back, with
+HTTP 500); a reply cut inside its call now ends the turn ``max_tokens`` and runs
+nothing, which ``test_a_reply_cut_inside_its_tool_call_ends_the_turn_max_tokens``
+checks with a limit that cuts it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import httpx
 import pytest
 import trio
 
+from kernel import tool
+from kernel.agent import Agent
 from kernel.errors import ModelAPIError
 from kernel.messages import Message, Observation, Text
 from kernel.models import (
@@ -30,12 +38,17 @@ from kernel.models import (
     TextDelta,
     open_http_client,
 )
+from kernel.session import Session
 from kernel.settings import ModelSettings
+from kernel.store import MemoryStore, SessionKey
 from kernel.tools import Tool
 
 from . import llama
 
 pytestmark = pytest.mark.interop
+
+#: The output limit docs/models.md's forced-call command sets: room for a whole call.
+MAX_TOKENS = 256
 
 
 @pytest.fixture(scope="module")
@@ -123,13 +136,15 @@ async def test_a_plain_streamed_turn(base_url: str) -> None:
 async def test_a_forced_tool_call_and_its_round_trip(base_url: str) -> None:
     recorder = Recorder()
     tools = (list_dir_tool(),)
-    settings = ModelSettings(tool_choice="required", max_tokens=64, temperature=0)
+    settings = ModelSettings(tool_choice="required", max_tokens=MAX_TOKENS, temperature=0)
     async for client in client_with(recorder):
         model = OpenAIModel("local", client=client, base_url=base_url)
         first = ModelRequest((user("List the files in /tmp."),), tools=tools, settings=settings)
         _, response = await stream(model, first)
         calls = response.message.tool_calls
+        assert response.stop_reason == "tool_use", response
         assert calls and calls[0].name == "list_dir"
+        assert all(isinstance(json.loads(str(c.arguments)), dict) for c in calls)
         results = Message(
             "tool",
             tuple(Observation(c.id, c.name, c.index or 0, "a.txt\nb.txt") for c in calls),
@@ -220,7 +235,7 @@ async def test_tak_run_forces_a_tool_call_and_sends_its_result(
     (home / "workspace" / "notes.md").write_text("hello\n")
     tak = str(Path(sys.executable).with_name("tak"))
     argv = [tak, "--home", str(home), "run", "list the files", "--model", "openai:local"]
-    argv += ["--tool-choice", "required", "--tools", "list_dir", "--max-tokens", "64"]
+    argv += ["--tool-choice", "required", "--tools", "list_dir", "--max-tokens", str(MAX_TOKENS)]
     argv += ["--temperature", "0"]
     env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": ""}
     result = await trio.run_process(
@@ -237,3 +252,28 @@ async def test_tak_run_forces_a_tool_call_and_sends_its_result(
     assert observation["type"] == "observation" and observation["call_id"] == call["id"]
     # The next request carried the call and its result; the server answered it.
     assert len(kinds) >= 4 and kinds[3] == "assistant", kinds
+
+
+@tool
+async def list_dir(path: str) -> str:
+    """List the files in a directory."""
+    return "a.txt\nb.txt"
+
+
+async def test_a_reply_cut_inside_its_tool_call_ends_the_turn_max_tokens(base_url: str) -> None:
+    """A limit that cuts the forced call: the turn ends ``max_tokens`` saying so, after
+    one request (no call ran, nothing cut was sent back, nothing retried)."""
+    recorder = Recorder()
+    session = Session(MemoryStore(), SessionKey("interop", "cut"))
+    settings = ModelSettings(tool_choice="required", max_tokens=8, temperature=0)
+    async for client in client_with(recorder):
+        model = OpenAIModel("local", client=client, base_url=base_url)
+        finished = await Agent(model, [list_dir], settings=settings).run_turn(
+            session, "List the files in /tmp."
+        )
+    print(f"cut: {finished.reason}: {finished.error}")
+    assert finished.reason == "max_tokens", finished
+    assert finished.error is not None and "inside its tool calls (list_dir)" in finished.error
+    assert len(recorder.bodies) == 1
+    kinds = [e["type"] for e in await session.entries()]
+    assert kinds == ["user", "assistant"], kinds
