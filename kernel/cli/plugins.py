@@ -478,13 +478,12 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     try:
-        source: PluginSource = (
-            _project_source(path.absolute())
-            if (path / "pyproject.toml").is_file()
-            else source_for(args.path)
-        )
-        if source.kind == "path" and not os.path.exists(source.target):
-            raise UsageError(f"{args.path}: no such file or directory")
+        if (path / "pyproject.toml").is_file():
+            source: PluginSource = _project_source(path.absolute())
+        else:
+            source = source_for(args.path)
+            if source.kind == "path" and not os.path.exists(source.target):
+                raise UsageError(f"{args.path}: no such file or directory")
     except tomllib.TOMLDecodeError as exc:
         return report("tak plugins check", UsageError(f"{path / 'pyproject.toml'}: {exc}"))
     except (KernelError, OSError) as exc:
