@@ -31,9 +31,10 @@ Guarantees (each test in tests/batch/test_run.py names the one it checks):
    the cancellation goes on.
 6. Leases: a task whose lease this worker lost (``Ledger.renew`` says so: it
    lapsed and another worker took the task over) is stopped at once and
-   nothing is recorded for it. A task whose session has a turn running in
-   this process (another ``run_batch`` of the kernel holds it) is released
-   (recorded ``cancelled``), not failed, and claimed again later.
+   nothing is recorded for it. A task that another ``run_batch`` of the
+   kernel is working on (its workspace open, or its session's turn running,
+   in this process) is released (recorded ``cancelled``), not failed, and
+   claimed again later.
 7. A failing ledger (a full disk, a lost database) stops the run with that
    one error (``OSError``, ``StoreError``), the running tasks recorded
    ``cancelled`` where the ledger still can; later failures are logged. So
@@ -63,6 +64,7 @@ import math
 import os
 import socket
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -84,6 +86,7 @@ from ._workspace import seed_workspace
 
 if TYPE_CHECKING:
     from kernel.kernel import Kernel
+    from kernel.session import Session
 
 logger = logging.getLogger("tak.batch")
 
@@ -105,6 +108,13 @@ RENEWALS_IN_FLIGHT = 3
 
 class _TurnBusy(Exception):
     """A turn of the task's session is running in this process: release the task."""
+
+
+# The task workspaces each kernel's run_batch calls are working in: a second
+# run_batch of the same run in this process (a lease lapsed, the task handed
+# over) releases the task rather than open the workspace a second time
+# (guarantee 6), whatever the kernel would say of a second opening.
+_WORKING: weakref.WeakKeyDictionary[Kernel, set[Path]] = weakref.WeakKeyDictionary()
 
 
 class _StoreFailed(Exception):
@@ -588,6 +598,28 @@ class _Runner:
             "tools": self.tools,
             "limits": run_limits,
         }
+        working = _WORKING.setdefault(kernel, set())
+        if path in working:
+            raise _TurnBusy(
+                "released: another run_batch of this process is working on the task; "
+                "it is claimed again later"
+            )
+        working.add(path)
+        try:
+            return await self.turn_in(task, path, turn, session, common)
+        finally:
+            working.discard(path)
+
+    async def turn_in(
+        self,
+        task: BatchTask,
+        path: Path,
+        turn: _Turn,
+        session: Session,
+        common: dict[str, Any],
+    ) -> TurnFinished:
+        """The task's turn, in its workspace: a new one, or its transcript resumed."""
+        kernel = self.kernel
         earlier = task.messages[:-1] if task.messages is not None else ()
         prompt = task.messages[-1].text if task.messages is not None else task.prompt
         assert prompt is not None
