@@ -1,7 +1,9 @@
 """The ``tak`` command.
 
 Each command group lives in its own module with ``add_commands(subparsers)``;
-a handler takes the parsed ``argparse.Namespace`` and returns the exit code.
+a handler takes the parsed ``argparse.Namespace`` and returns the exit code, by
+the one rule of ``kernel.cli._exit`` (0 ok, 1 failed, 2 bad input, 130
+interrupted: docs/cli.md); what it raises is mapped by the same rule here.
 """
 
 from __future__ import annotations

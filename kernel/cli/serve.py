@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..terminal import escape_terminal
 from . import DEFAULT_PROJECT
@@ -113,14 +114,20 @@ async def refuse_remote_bind(host: str, *, allow_remote: bool) -> None:
 
 
 def log_to_stderr() -> None:
-    """The servers' log lines on stderr, from INFO up (once the command's input is checked)."""
+    """The servers' log lines on stderr, from INFO up (once the command's input is checked),
+    each escaped for the terminal: a record may quote a tool's name, a client's, a model's."""
     import logging
 
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    class EscapingFormatter(logging.Formatter):
+        def formatMessage(self, record: logging.LogRecord) -> str:
+            return escape_terminal(super().formatMessage(record))
+
+        def formatException(self, ei: Any) -> str:
+            return escape_terminal(super().formatException(ei), keep_newlines=True)
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 @one_line_errors("tak serve")

@@ -1,0 +1,411 @@
+"""Hostile text never reaches the terminal raw: every ``tak`` command, walked.
+
+One home holds hostile data of every kind the CLI shows: a workspace plugin
+(approved) whose description, docstring and output carry ``ESC [ 8 m`` (hidden
+text), ``ESC ] 0 ;`` (a window title), ``\\r`` (an overwritten line), ``\\x9b``
+(a one-byte CSI), U+202E (a bidi override) and a ``\\n`` that forges a line; a
+plugin file whose *name* carries them; an MCP server (approved) whose tool
+description and output carry them, and one whose program's name does; a model
+(an OpenAI-compatible server on 127.0.0.1: only the provider is faked) whose
+text, tool-call names and arguments and error replies carry them; the session
+and the batch run those made. Each command of the parser is run as a real
+``tak`` process on that home, and its stdout and stderr must hold none of
+``kernel.terminal.ESCAPES`` but the newline, nor a forged line, except where
+multi-line content is shown (a tool's output, a model's text), whose newlines
+are kept.
+
+The walk is built from the parser: a command added to ``tak`` without a case
+here fails ``test_every_command_is_walked``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from kernel.cli import build_parser
+from kernel.terminal import ESCAPES
+
+#: Every trick at once; FORGED starts the line the ``\n`` would forge.
+FORGED = "FORGED-LINE"
+HOSTILE = (
+    "\x1b[8mhidden\x1b[0m \x1b]0;retitled\x07 \rover \x9b2J \u202eevil \u2028sep\x7f"
+    f"\n{FORGED} trusted: yes"
+)
+#: What shows that hostile text reached the output, escaped (as JSON in --json, as
+#: Python's repr where an error quotes a name).
+SHOWN = ("\\e[8m", "\\u001b[8m", "\\x1b[8m")
+#: A name with controls, for the places a name is quoted (an error, a listing).
+BAD_NAME = "ev\x1b[8mil\u202e"
+
+#: The characters that must not be written raw: every one a terminal acts on but \n.
+RAW = {chr(code) for code in ESCAPES} - {"\n"}
+
+PLUGIN_SOURCE = f'''
+from kernel import Plugin
+
+H = {HOSTILE!r}
+plugin = Plugin("hostile", version="1.0", description=H)
+
+
+@plugin.tool
+def shout(text: str) -> str:
+    """Shout {HOSTILE.replace(chr(10), "").encode("unicode_escape").decode()} loudly."""
+    return H + text
+'''
+
+MCP_SERVER_SOURCE = f"""
+import sys
+
+import trio
+from mcp.server.mcpserver import MCPServer
+
+H = {HOSTILE!r}
+server = MCPServer("hostile")
+
+
+@server.tool(description="Say " + H, structured_output=False)
+def say() -> str:
+    return H
+
+
+if __name__ == "__main__":
+    print(H, file=sys.stderr, flush=True)
+    trio.run(server.run_stdio_async)
+"""
+
+
+# --- a model that speaks hostile text ------------------------------------------------
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-hostile",
+        "object": "chat.completion.chunk",
+        "created": 1_760_000_000,
+        "model": "hostile",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _call(index: int, call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    function = {"name": name, "arguments": json.dumps(arguments)}
+    return {"index": index, "id": call_id, "type": "function", "function": function}
+
+
+def _reply(body: dict[str, Any]) -> tuple[int, list[dict[str, Any]] | dict[str, Any]]:
+    """First request of a turn: hostile text and two calls (one to a tool named with
+    controls); after the tool results: a hostile answer. Model ``fail``: a hostile
+    HTTP 400."""
+    if body.get("model") == "fail":
+        return 400, {"error": {"message": HOSTILE, "type": "invalid_request_error"}}
+    if body["messages"][-1].get("role") == "tool":
+        return 200, [_chunk({"role": "assistant", "content": HOSTILE}), _chunk({}, "stop")]
+    calls = [
+        _call(0, "call_shout", "shout", {"text": HOSTILE}),
+        _call(1, "call_bad" + BAD_NAME, "sh" + BAD_NAME, {"x": HOSTILE}),
+    ]
+    return 200, [
+        _chunk({"role": "assistant", "content": HOSTILE}),
+        _chunk({"tool_calls": calls}),
+        _chunk({}, "tool_calls"),
+    ]
+
+
+@contextlib.contextmanager
+def hostile_model() -> Iterator[str]:
+    """An OpenAI-compatible server on 127.0.0.1; its base URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            status, reply = _reply(body)
+            self.send_response(status)
+            if isinstance(reply, dict):
+                data = json.dumps(reply).encode()
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for c in reply:
+                self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- the home ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class World:
+    root: Path
+    home: Path
+    workspace: Path
+    env: dict[str, str]
+    repl_url: str
+
+
+def tak(world: World, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``tak --home HOME ARGV...`` as a process (this file's own small helper)."""
+    return subprocess.run(
+        [sys.executable, "-m", "kernel.cli", "--home", str(world.home), *argv],
+        capture_output=True,
+        text=True,
+        env=world.env,
+        input=stdin,
+        timeout=180,
+    )
+
+
+def _checked(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root = tmp_path_factory.mktemp("hostile")
+    home, workspace = root / "home", root / "workspace"
+    plugins = workspace / ".tak" / "plugins"
+    plugins.mkdir(parents=True)
+    (plugins / "hostile.py").write_text(PLUGIN_SOURCE)
+    (plugins / f"{BAD_NAME}.py").write_text("x = 1\n")  # a file name that is an attack
+    (root / "hostile_mcp.py").write_text(MCP_SERVER_SOURCE)
+    (home / "config").mkdir(parents=True)
+    (home / "config" / "tak.toml").write_text(
+        "[mcp.servers.m]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = [{json.dumps(str(root / 'hostile_mcp.py'))}]\n"
+        'start = "eager"\n'
+        "[mcp.servers.gone]\n"
+        f"command = {json.dumps('/nonexistent/' + BAD_NAME)}\n"
+    )
+    (root / "tasks.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "prompt": HOSTILE}) + "\n" for i in range(2))
+    )
+    with hostile_model() as base_url:
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.endswith("_API_KEY") and key not in ("TAK_HOME", "TAK_STORE_URL")
+        }
+        env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="sk-test")
+        world = World(root, home, workspace, env, repl_url="")
+        _checked(tak(world, "plugins", "trust", "hostile", "--workspace", str(workspace)))
+        _checked(tak(world, "mcp", "trust", "m"))
+        # A session whose transcript holds the model's text, its calls and their results.
+        _checked(
+            tak(
+                world,
+                "run",
+                HOSTILE,
+                "--model",
+                "openai:gpt-4.1-mini",
+                "--session",
+                "hostile",
+                "--workspace",
+                str(workspace),
+            )
+        )
+        trio.run(_append_title, home)  # a title, as a kernel writes one (the session's ls line)
+        # A batch run whose tasks failed with the provider's hostile error.
+        _checked(tak(world, "batch", "run", str(root / "tasks.jsonl"), "--model", "openai:fail"))
+        with _served(world) as url:
+            yield attrs.evolve(world, repl_url=url)
+
+
+async def _append_title(home: Path) -> None:
+    from kernel.home import TakHome
+    from kernel.store import SessionKey, open_store
+
+    async with open_store(TakHome(home), {}) as store:
+        title = {"type": "title", "uuid": "title-1", "timestamp": "2026-12-02T00:00:00Z"}
+        await store.append(SessionKey("default", "hostile"), [{**title, "title": HOSTILE}])
+
+
+@contextlib.contextmanager
+def _served(world: World) -> Iterator[str]:
+    """``tak serve`` on the hostile home (for ``tak repl``), its log in ``serve.log``;
+    its URL."""
+    log = (world.root / "serve.log").open("w")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernel.cli",
+            "--home",
+            str(world.home),
+            "serve",
+            "--port",
+            "0",
+            "--workspace",
+            str(world.workspace),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=world.env,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        assert url.startswith("ws://"), url
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+# --- the walk ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Case:
+    argv: tuple[str, ...]
+    #: multi-line content is shown (a tool's output, a model's text): its newlines are kept
+    multiline: bool = False
+    #: the hostile text must be in the output (escaped): the case shows it
+    shows: bool = True
+    stdin: str | None = None
+
+
+W = "{workspace}"  # replaced by the world's workspace
+ROOT = "{root}"  # by its root directory
+URL = "{url}"  # by tak serve's URL
+
+# One case a command where one shows the most (each is a process that loads the
+# plugins and starts the eager MCP server: a few seconds each).
+CASES: dict[str, list[Case]] = {
+    "tools": [Case(("tools", "--workspace", W))],  # the plugin's and the server's descriptions
+    "call": [
+        Case(("call", "--workspace", W, "shout", json.dumps({"text": "!"})), multiline=True),
+        Case(("call", "--workspace", W, "m.say", "--json")),
+    ],
+    "demo": [Case(("demo",), shows=False)],  # shows only its own tools' text
+    # the model's text, its calls (one to a tool named with controls), their results
+    "run": [
+        Case(("run", "hi", "--model", "openai:gpt-4.1-mini", "--workspace", W), multiline=True)
+    ],
+    "batch run": [Case(("batch", "run", f"{ROOT}/tasks.jsonl", "--model", "openai:fail"))],
+    "batch resume": [Case(("batch", "resume", "tasks"))],
+    "batch ls": [Case(("batch", "ls", "--json"), shows=False)],  # numbers and the model string
+    "batch show": [Case(("batch", "show", "tasks")), Case(("batch", "show", "tasks", "--json"))],
+    "batch worker": [Case(("batch", "worker", "--run", "tasks", "--store", "x" + BAD_NAME))],
+    "sessions ls": [Case(("sessions", "ls"))],  # the session's title
+    "sessions show": [Case(("sessions", "show", "hostile"), multiline=True)],
+    "sessions rm": [Case(("sessions", "rm", BAD_NAME))],
+    "sessions repair": [Case(("sessions", "repair", BAD_NAME))],
+    "doctor": [Case(("doctor",), shows=False)],
+    "plugins ls": [Case(("plugins", "ls", "--workspace", W))],
+    "plugins trust": [Case(("plugins", "trust", BAD_NAME, "--workspace", W))],
+    "plugins untrust": [Case(("plugins", "untrust", BAD_NAME, "--workspace", W))],
+    "plugins new": [Case(("plugins", "new", BAD_NAME, "--dir", f"{ROOT}/new"))],
+    "plugins check": [Case(("plugins", "check", f"{W}/.tak/plugins/hostile.py"))],
+    "serve": [Case(("serve", "--host", BAD_NAME))],
+    "repl": [
+        Case(
+            ("repl", URL, "--session", "hostile"),
+            multiline=True,
+            stdin='/tools\n/call shout {"text": "!"}\n/history\n/sessions\n',
+        ),
+    ],
+    "mcp ls": [Case(("mcp", "ls"))],  # the failed server's program name
+    "mcp trust": [Case(("mcp", "trust", BAD_NAME))],
+    "mcp untrust": [Case(("mcp", "untrust", BAD_NAME))],
+    "mcp serve": [Case(("mcp", "serve", "--http", BAD_NAME))],
+}
+
+
+def leaf_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[str]:
+    """Every command a person can run (``batch show``, ``tools``...), from the parser."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        yield " ".join(path)
+    for group in groups:
+        for name, sub in group._name_parser_map.items():
+            yield from leaf_commands(sub, (*path, name))
+
+
+def test_every_command_is_walked() -> None:
+    commands = set(leaf_commands(build_parser()))
+    assert commands - set(CASES) == set(), "add a case for each new command to CASES"
+    assert set(CASES) - commands == set()
+
+
+def raw_controls(text: str) -> list[str]:
+    return sorted({ch for ch in text if ch in RAW})
+
+
+def test_raw_controls_sees_each_trick() -> None:
+    # The checker itself: each character of HOSTILE that a terminal acts on is found.
+    assert raw_controls(HOSTILE) == sorted(
+        {"\x1b", "\x07", "\r", "\x9b", "\u202e", "\u2028", "\x7f"}
+    )
+
+
+Ran = tuple[list[str], subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def walked(world: World) -> dict[Case, Ran]:
+    """Every case run once, two at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(case: Case) -> Ran:
+        argv = [
+            word.replace(W, str(world.workspace))
+            .replace(ROOT, str(world.root))
+            .replace(URL, world.repl_url)
+            for word in case.argv
+        ]
+        return argv, tak(world, *argv, stdin=case.stdin)
+
+    cases = [case for command in sorted(CASES) for case in CASES[command]]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(cases, pool.map(run, cases), strict=True))
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_no_raw_control_reaches_the_terminal(walked: dict[Case, Ran], command: str) -> None:
+    for case in CASES[command]:
+        argv, result = walked[case]
+        where = f"tak {' '.join(argv)!r} (status {result.returncode})"
+        for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+            assert raw_controls(text) == [], f"{where}: raw controls on {name}:\n{text}"
+            if not case.multiline:
+                forged = [line for line in text.splitlines() if line.startswith(FORGED)]
+                assert forged == [], f"{where}: a forged line on {name}:\n{text}"
+        if case.shows:
+            both = result.stdout + result.stderr
+            assert any(s in both for s in SHOWN), f"{where}: shows nothing hostile:\n{both}"
