@@ -66,7 +66,9 @@ Guarantees (each test in tests/store/test_postgres.py names the one it checks):
    operating system drops a connection to a host that went away (an idle
    one within about ``KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S *
    KEEPALIVE_COUNT`` seconds, one with unacknowledged data after
-   ``request_timeout_s``).
+   ``request_timeout_s``); these socket settings are defaults, and the ones a
+   URL sets win. Server and socket timeouts are at most ``MAX_TIMEOUT_MS``
+   (PostgreSQL's C int): a longer ``request_timeout_s`` sets them at that.
 
 Entries are stored as PostgreSQL ``json`` (the exact text ``FileStore``
 writes), not ``jsonb``: ``jsonb`` refuses strings with ``\\u0000``, turns
@@ -367,7 +369,7 @@ class PostgresStore(ClosableStore):
         self._url = url
         self._where = _describe(self._conninfo)
         self._max = max_connections
-        self._timeout_ms = max(1, round(statement_timeout_s * 1000))
+        self._timeout_ms = _milliseconds(statement_timeout_s)
         self._connect_timeout_s = float(connect_timeout_s)
         self._request_timeout_s = float(request_timeout_s)
         self._clock = clock
@@ -448,17 +450,23 @@ class PostgresStore(ClosableStore):
         return pool
 
     def _connection_options(self) -> dict[str, Any]:
-        """What every connection is opened with (guarantee 10)."""
-        return {
-            "autocommit": True,
+        """What every connection is opened with (guarantee 10).
+
+        The socket settings are defaults: one the URL sets (``keepalives_idle=60``,
+        ``tcp_user_timeout=0``...) is the user's and wins, since psycopg lets
+        keyword options override the URL's without a word.
+        """
+        defaults: dict[str, Any] = {
             # libpq counts whole seconds, and takes less than 2 as 2.
             "connect_timeout": max(2, math.ceil(self._connect_timeout_s)),
             "keepalives": 1,
             "keepalives_idle": KEEPALIVE_IDLE_S,
             "keepalives_interval": KEEPALIVE_INTERVAL_S,
             "keepalives_count": KEEPALIVE_COUNT,
-            "tcp_user_timeout": max(1, round(self._request_timeout_s * 1000)),
+            "tcp_user_timeout": _milliseconds(self._request_timeout_s),
         }
+        options = {k: v for k, v in defaults.items() if k not in self._conninfo}
+        return {"autocommit": True, **options}
 
     def _getconn(
         self, pool: ConnectionPool[Any], running: _Running, wait_s: float
@@ -947,6 +955,17 @@ def _check_seconds(name: str, value: object) -> None:
     # bool is an int in Python: refuse it; an endless wait is no limit at all.
     if isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value < math.inf):
         raise UsageError(f"{name}: expected a positive number of seconds, got {value!r}")
+
+
+#: The longest timeout PostgreSQL and libpq take, in milliseconds (a C int):
+#: about 24.8 days. A longer one is that long on the server and the socket;
+#: the client's deadline is still the one asked for.
+MAX_TIMEOUT_MS = 2**31 - 1
+
+
+def _milliseconds(seconds: float) -> int:
+    """``seconds`` as a timeout setting of the server or libpq: 1 ms to ``MAX_TIMEOUT_MS``."""
+    return min(MAX_TIMEOUT_MS, max(1, round(seconds * 1000)))
 
 
 def _first_line(exc: BaseException) -> str:
