@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     # embedding
     "Kernel": "kernel",
     "open_kernel": "kernel",
+    "IdleSessions": "kernel",
     "Agent": "agent",
     "RunLimits": "agent",
     "TurnFinished": "agent",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from .executor import CallStarted as CallStarted
     from .executor import ordered_observations as ordered_observations
     from .executor import run_tool_calls as run_tool_calls
+    from .kernel import IdleSessions as IdleSessions
     from .kernel import Kernel as Kernel
     from .kernel import open_kernel as open_kernel
     from .messages import ERROR_KINDS as ERROR_KINDS

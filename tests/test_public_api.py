@@ -14,7 +14,7 @@ EXPECTED = {
     "run_tool_calls", "CallLimits", "BatchHandle", "CallStarted", "CallFinished", "CallEvent",
     "ordered_observations",
     "Plugin", "Permissions", "ToolContext", "context",
-    "Kernel", "open_kernel", "Agent", "RunLimits", "TurnFinished", "Session",
+    "Kernel", "open_kernel", "IdleSessions", "Agent", "RunLimits", "TurnFinished", "Session",
     "open_client",
     "KernelError", "UsageError", "TurnRunning", "StoreError", "CorruptTranscript", "SandboxError",
     "ModelAPIError", "ProtocolError",
