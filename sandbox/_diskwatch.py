@@ -112,7 +112,13 @@ async def measure_budget(
     async with pool.frozen() if frozen is None else frozen:
         await trio.to_thread.run_sync(workspace.refresh_usage)
         device = os.fstat(workspace.fileno()).st_dev
-        hidden = await pool.unlinked_open_bytes(device)
+        # Only what this workspace's workers hold (a pool that tells them apart):
+        # another workspace's workers keep their own files, on the same device too.
+        of_workspace = getattr(pool, "unlinked_open_bytes_in", None)
+        if of_workspace is not None:
+            hidden = await of_workspace(workspace.path, device)
+        else:
+            hidden = await pool.unlinked_open_bytes(device)
         if hidden:
             workspace.add_usage(hidden)
         over = workspace.over_budget()

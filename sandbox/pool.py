@@ -1065,12 +1065,29 @@ class WorkerPool:
         A walk of the workspace cannot see such a file (``_cgroup.unlinked_open_bytes``);
         the disk budget adds this to what the walk found. Read it inside ``frozen()``.
         """
+        return await self._unlinked_open_bytes(device, None)
+
+    async def unlinked_open_bytes_in(self, workspace: Path, device: int) -> int:
+        """``unlinked_open_bytes``, of the workers confined to ``workspace`` only.
+
+        What the workers of another workspace on the same file system hold is theirs:
+        charged to this one, it would kill this workspace's writers and refuse its calls
+        for files they cannot even see.
+        """
+        return await self._unlinked_open_bytes(device, workspace)
+
+    async def _unlinked_open_bytes(self, device: int, workspace: Path | None) -> int:
         total = 0
         for conn in list(self._processes):
-            if conn.cgroups:
-                total += await trio.to_thread.run_sync(
-                    _cgroup.unlinked_open_bytes, conn.cgroups, device
-                )
+            if not conn.cgroups:
+                continue
+            if workspace is not None and (
+                conn.worker is None or conn.worker.workspace != workspace
+            ):
+                continue
+            total += await trio.to_thread.run_sync(
+                _cgroup.unlinked_open_bytes, conn.cgroups, device
+            )
         return total
 
     async def aclose(self) -> None:
