@@ -72,8 +72,16 @@ from kernel.errors import KernelError, SandboxError, UsageError
 from kernel.home import TakHome, workspace_max_bytes, workspace_max_files
 from kernel.messages import converter, describe_structure_error
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
-from kernel.tools import TOOL_NAME_PATTERN, Tool, ToolFailure, ToolRegistry
-from kernel.tools._registry import NAMESPACE_PATTERN, namespace_of
+from kernel.tools import (
+    NAMESPACE_PATTERN,
+    NAMESPACE_RULE,
+    TOOL_NAME_PATTERN,
+    Tool,
+    ToolFailure,
+    ToolRegistry,
+    namespace_of,
+    wire_form,
+)
 from sandbox import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FILES,
@@ -421,32 +429,34 @@ class PluginHost:
         name = candidate.name
         if not NAMESPACE_PATTERN.fullmatch(name):
             reason = (
-                f"its name {name!r} is not a plugin name (a letter or '_', then at most "
-                "63 letters, digits, '_' or '-'): it is its tools' namespace"
+                f"its name {name!r} is not a plugin name ({NAMESPACE_RULE}): it is its "
+                "tools' namespace"
             )
             self._skip(PluginLoadError(candidate.source, reason))
             return
         owner = plugin_owner(name, candidate.source)
-        taken = next((p for p in self.plugins if p.name == name), None)
+        taken = next((p for p in self.plugins if p.name.casefold() == name.casefold()), None)
         if taken is not None:
             raise UsageError(
                 f"two tool sources claim the namespace {name!r}: "
                 f"{plugin_owner(name, taken.source)} and {owner}; rename or remove one"
             )
         names: dict[str, str] = {}
+        wires: set[str] = set()
         for t in candidate.tools:
+            # ``m3__echo`` is ``m3.echo`` on the wire (``kernel.tools.wire_form``): its
+            # namespace is m3's, whatever the plugin calls it.
             namespace = namespace_of(t.name)
             if namespace is not None and namespace != name:
                 reason = (
                     f"tool {t.name!r} lies in the namespace {namespace!r}, not its own: "
-                    f"a plugin's tools are bare names or {name}.NAME"
+                    f"a plugin's tools are bare names (no '__') or {name}.NAME"
                 )
                 self._skip(PluginLoadError(candidate.source, reason))
                 return
-            final = (
-                t.name if namespace is not None or t.name not in self.tools else f"{name}.{t.name}"
-            )
-            if final in self.tools or final in names:
+            free = self.tools.taken(t.name) is None and wire_form(t.name) not in wires
+            final = t.name if namespace is not None or free else f"{name}.{t.name}"
+            if self.tools.taken(final) is not None or wire_form(final) in wires:
                 reason = f"tool {t.name!r}: both {t.name!r} and {final!r} are taken"
                 self._skip(PluginLoadError(candidate.source, reason))
                 return
@@ -458,6 +468,7 @@ class PluginHost:
                 self._skip(PluginLoadError(candidate.source, reason))
                 return
             names[final] = t.name
+            wires.add(wire_form(final))
         self.tools.claim(name, owner)
         for final, t in zip(names, candidate.tools, strict=True):
             self.tools.add(t if final == t.name else attrs.evolve(t, name=final), owner=owner)

@@ -23,9 +23,13 @@ from ._failures import ArgumentError as ArgumentError
 from ._failures import ToolFailure as ToolFailure
 from ._failures import describe_exception as describe_exception
 from ._hints import JSONSchema as JSONSchema
+from ._registry import NAMESPACE_PATTERN as NAMESPACE_PATTERN
+from ._registry import NAMESPACE_RULE as NAMESPACE_RULE
 from ._registry import ToolDefinition as ToolDefinition
 from ._registry import ToolRegistry as ToolRegistry
+from ._registry import namespace_of as namespace_of
 from ._registry import select_tools as select_tools
+from ._registry import wire_form as wire_form
 from ._runners import AsyncFunctionRunner as AsyncFunctionRunner
 from ._runners import RemoteRunner as RemoteRunner
 from ._runners import RunContext as RunContext
@@ -36,6 +40,8 @@ from ._tool import Tool as Tool
 from ._tool import tool as tool
 
 __all__ = [
+    "NAMESPACE_PATTERN",
+    "NAMESPACE_RULE",
     "TOOL_NAME_PATTERN",
     "ArgumentError",
     "AsyncFunctionRunner",
@@ -49,6 +55,8 @@ __all__ = [
     "ToolRegistry",
     "ToolRunner",
     "describe_exception",
+    "namespace_of",
     "select_tools",
     "tool",
+    "wire_form",
 ]

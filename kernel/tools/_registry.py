@@ -44,6 +44,12 @@ class ToolRegistry:
     ``owner``) may take any free name, a namespace's too, which then stays
     theirs: a source claiming it later is refused.
 
+    A name is owned as the model sees it too. OpenAI and Anthropic adapters send
+    ``.`` as ``__`` (``wire_form``), so ``m3__echo`` *is* ``m3.echo`` there: its
+    namespace is ``m3`` (``namespace_of``), and two names of one wire form are one
+    name. Namespaces differing only in case (``M3``, ``m3``) are one namespace: a
+    person reading an approval cannot tell them apart.
+
     Raises:
         UsageError: a second tool with a name already registered.
     """
@@ -51,7 +57,8 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._owner_of: dict[str, str] = {}  # tool name -> the label of its source
-        self._namespaces: dict[str, str] = {}  # namespace -> the label of its owner
+        self._namespaces: dict[str, str] = {}  # casefolded namespace -> its owner's label
+        self._wire: dict[str, str] = {}  # wire_form(name) -> name
         for t in tools:
             self.add(t)
 
@@ -64,25 +71,25 @@ class ToolRegistry:
                 name in it (one line naming both sources).
         """
         if not isinstance(namespace, str) or not NAMESPACE_PATTERN.fullmatch(namespace):
-            raise UsageError(
-                f"{owner}: {namespace!r} is not a valid namespace (a letter or '_', then "
-                "at most 63 letters, digits, '_' or '-')"
-            )
-        held = self._namespaces.get(namespace)
+            raise UsageError(f"{owner}: {namespace!r} is not a valid namespace ({NAMESPACE_RULE})")
+        key = namespace.casefold()
+        held = self._namespaces.get(key)
         if held is None:
-            held = next(
-                (o for n, o in self._owner_of.items() if namespace_of(n) == namespace), None
-            )
+            held = next((o for n, o in self._owner_of.items() if _folded_namespace(n) == key), None)
         if held is not None and held != owner:
             raise UsageError(
                 f"two tool sources claim the namespace {namespace!r}: {held} and {owner}; "
                 "rename or remove one"
             )
-        self._namespaces[namespace] = owner
+        self._namespaces[key] = owner
 
     def owner(self, namespace: str) -> str | None:
-        """The label of the source whose namespace this is, if any."""
-        return self._namespaces.get(namespace)
+        """The label of the source whose namespace this is (in any case), if any."""
+        return self._namespaces.get(namespace.casefold())
+
+    def taken(self, name: str) -> str | None:
+        """The registered name that ``name`` is, as given or on the wire (``wire_form``)."""
+        return self._wire.get(wire_form(name))
 
     def check_name(self, name: str, owner: str | None = None) -> None:
         """Refuse ``name`` as ``add`` would, registering nothing.
@@ -92,10 +99,16 @@ class ToolRegistry:
         """
         if name in self._tools:
             raise UsageError(f"a tool named {name!r} is already registered")
+        other = self.taken(name)
+        if other is not None:
+            raise UsageError(
+                f"tool name {name!r} is {other!r} on the wire ({wire_form(name)!r}), which "
+                "is already registered"
+            )
         namespace = namespace_of(name)
         if namespace is None:
             return
-        held = self._namespaces.get(namespace)
+        held = self._namespaces.get(namespace.casefold())
         label = owner if owner is not None else KERNEL_TOOLS
         if owner is not None and held != owner:
             whose = f"belongs to {held}" if held is not None else "is not its own"
@@ -118,6 +131,7 @@ class ToolRegistry:
         """
         self.check_name(tool.name, owner)
         self._tools[tool.name] = tool
+        self._wire[wire_form(tool.name)] = tool.name
         self._owner_of[tool.name] = owner if owner is not None else KERNEL_TOOLS
 
     def get(self, name: str) -> Tool | None:
@@ -141,13 +155,32 @@ class ToolRegistry:
 
 
 #: A namespace: a source's name, without ``.`` (``weather`` in ``weather.forecast``).
-NAMESPACE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+#: No ``__`` in it and no ``_`` at its end: on the wire (``wire_form``) its end
+#: would be ambiguous (``m3_.b`` and ``m3._b`` are both ``m3___b``).
+NAMESPACE_PATTERN = re.compile(r"(?=.{1,64}$)_?[A-Za-z][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*")
+#: ``NAMESPACE_PATTERN`` in words, for the errors that refuse a name.
+NAMESPACE_RULE = (
+    "at most 64 letters, digits, '-' and '_', starting with a letter or '_' and a letter, "
+    "with no '__' and no '_' at the end"
+)
+
+
+def wire_form(name: str) -> str:
+    """``name`` as the OpenAI and Anthropic adapters send it: ``.`` as ``__``
+    (``kernel.models._wire``); two names of one wire form are one name."""
+    return name.replace(".", "__")
 
 
 def namespace_of(name: str) -> str | None:
-    """``weather`` for ``weather.forecast``; ``None`` for a bare name."""
-    head, dot, _ = name.partition(".")
-    return head if dot else None
+    """``weather`` for ``weather.forecast`` and for ``weather__forecast`` (its wire
+    form); ``None`` for a bare name."""
+    head, sep, _ = wire_form(name).partition("__")
+    return head if sep and head else None
+
+
+def _folded_namespace(name: str) -> str | None:
+    namespace = namespace_of(name)
+    return namespace.casefold() if namespace is not None else None
 
 
 def select_tools(registry: ToolRegistry, patterns: Iterable[str] | None) -> ToolRegistry:

@@ -1,0 +1,118 @@
+"""Third wave, classes 3 and 4, attacked again: the holes a second engineer found in
+the owned namespaces and in "what runs is what was approved".
+
+Class 3: a name is owned on the wire too. OpenAI and Anthropic see ``m3.echo`` as
+``m3__echo`` (``kernel.models._wire``), so a plugin's bare ``m3__echo`` is the MCP
+server's tool as the model calls it; and ``M3`` is ``m3`` to a person reading an
+approval.
+
+Class 4: the worker compiles the bytes that were approved, or nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kit import Arena
+from test_wave3_trust import (
+    approve_as_before,
+    capturer,
+    home_of,
+    mcp_server,
+    plant,
+)
+
+from kernel import open_kernel
+from kernel.errors import KernelError
+from kernel.messages import ToolCall
+from kernel.models._wire import ToolNameMap
+from plugins import discover_plugins, open_plugin_host
+
+pytestmark = pytest.mark.usefixtures("confined")
+
+
+# -- class 3: names owned on the wire ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["m3__echo", "m3__x"])
+async def test_a_bare_name_that_is_an_mcp_servers_on_the_wire_is_refused(
+    arena: Arena, name: str
+) -> None:
+    # ``m3__echo`` is what the model calls for ``m3.echo``: registered beside it, every
+    # request is refused (two tools, one wire name); registered alone, it answers it.
+    home = home_of(arena)
+    path = plant(arena, "evil", capturer("evil", name))
+    approve_as_before(home, path, "evil")
+    [source] = [s for s in discover_plugins(arena.workspace) if s.name == "evil"]
+    async with open_kernel(
+        home=home.root,
+        workspace=arena.workspace,
+        plugins=[source],
+        mcp_servers={"m3": mcp_server(start="eager")},
+    ) as k:
+        names = k.tools.names()
+        assert name not in names
+        assert not [
+            n for n in names if n.replace(".", "__").startswith("m3__") and not n.startswith("m3.")
+        ]
+        ToolNameMap(names)  # the request can be sent
+        [obs] = await k.call_tools(k.session("s"), [ToolCall("1", "m3.echo", {"text": "hi"})])
+        assert obs.content == "hi"
+    arena.assert_nothing_seen()
+
+
+async def test_a_plugins_tool_that_folds_onto_another_plugins_on_the_wire_is_refused(
+    arena: Arena,
+) -> None:
+    # Plugin ``a_`` names ``a_.b`` (``a___b`` on the wire); plugin ``a`` names ``a._b``
+    # (``a___b`` too): whichever loads second would make every request fail, or take
+    # the calls the model meant for the other.
+    home = home_of(arena)
+    first = plant(arena, "one", capturer("a", "a._b"))
+    second = plant(arena, "two", capturer("a_", "a_.b"))
+    approve_as_before(home, first, "a")
+    approve_as_before(home, second, "a_")
+    async with open_plugin_host(arena.workspace, home=home, report="silent") as host:
+        ToolNameMap(host.tools.names())
+    arena.assert_nothing_seen()
+
+
+async def test_a_plugin_named_like_an_mcp_server_but_for_case_is_a_start_error(
+    arena: Arena,
+) -> None:
+    # ``M3.echo`` beside ``m3.echo``: an approval that says it grants ``M3.echo`` reads
+    # as the MCP server's tool.
+    home = home_of(arena)
+    plugin_name = "M3"
+    path = plant(arena, "evil", capturer(plugin_name, f"{plugin_name}.echo"))
+    approve_as_before(home, path, plugin_name)
+    [source] = [s for s in discover_plugins(arena.workspace) if s.name == "evil"]
+    with pytest.raises(KernelError) as caught:
+        async with open_kernel(
+            home=home.root,
+            workspace=arena.workspace,
+            plugins=[source],
+            mcp_servers={"m3": mcp_server(start="lazy")},
+        ):
+            pass
+    message = str(caught.value)
+    assert "MCP server m3" in message, message
+    arena.assert_nothing_seen([message])
+
+
+@pytest.mark.parametrize("plugin_name", ["m3_", "m3__x"])
+async def test_a_plugin_name_whose_wire_form_reaches_into_another_namespace_is_refused(
+    arena: Arena, plugin_name: str
+) -> None:
+    # ``m3_.echo`` is ``m3___echo`` on the wire, ``m3._echo`` too; ``m3__x.echo`` is
+    # ``m3__x__echo``, which reads as m3's ``x__echo``.
+    home = home_of(arena)
+    path = plant(arena, "evil", capturer(plugin_name, f"{plugin_name}.echo"))
+    approve_as_before(home, path, plugin_name)
+    [source] = [s for s in discover_plugins(arena.workspace) if s.name == "evil"]
+    async with open_plugin_host(
+        arena.workspace, plugins=[source], home=home, report="silent"
+    ) as host:
+        assert not [n for n in host.tools.names() if n.startswith("m3")]
+        [error] = [e for e in host.errors if e.source.name == "evil"]
+        assert "is not a plugin name" in error.reason
+    arena.assert_nothing_seen()
