@@ -8,6 +8,10 @@ what they started, never on a clock.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+import pytest
 from kit import Arena
 
 from kernel.executor import run_tool_calls
@@ -78,3 +82,68 @@ async def test_a_file_held_in_another_workspace_is_not_charged_to_this_one(
     assert not wrote.is_error and "wrote" in wrote.content, wrote.content
     assert not then.is_error and "after" in then.content, then.content
     arena.assert_nothing_seen([held.content, wrote.content, then.content])
+
+
+# 60,000 one-page mappings of one file (alternate offsets: neighbours never merge), and
+# 1,000 of an 8 MiB file then unlinked: held by mappings only, in no directory.
+_MAPPINGS = r"""
+import subprocess, sys
+mapper = '''
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+def many(fd, n):
+    for i in range(n):
+        assert libc.mmap(None, 4096, 1, 1, fd, 4096 * (i % 2)) != ctypes.c_void_p(-1).value
+fd = os.open('pages', os.O_CREAT | os.O_RDWR, 0o600)
+os.ftruncate(fd, 8192)
+many(fd, 60_000)
+os.close(fd)
+fd = os.open('gone', os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, os.urandom(8 << 20))
+many(fd, 1_000)
+os.close(fd)
+os.unlink('gone')
+open('mapped', 'w').write('done')
+time.sleep(600)
+'''
+import os, time
+subprocess.Popen([sys.executable, '-c', mapper], stdin=subprocess.DEVNULL)
+while not os.path.exists('mapped'):
+    time.sleep(0.05)
+print('started')
+"""
+
+
+async def test_many_mappings_do_not_make_every_walk_slow(
+    arena: Arena, confined: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk adds what workers keep mapped after unlinking. It stat'ed every mapping
+    of every member: 60,000 one-page mappings made each walk take over a second, and the
+    watchdog spaces its walks by their time (a bound-asked walk waits four walk times, a
+    forced one twenty), so a worker could buy itself seconds of unchecked writing. The
+    work must follow the unlinked files, not the mappings: counted in stats of /proc."""
+    config = {"workspace": {"max_bytes": 64 * MIB}}
+    async with open_plugin_host(
+        arena.workspace, plugins=["python"], config=config, home=_home(arena)
+    ) as host:
+        started = await _python(host, _MAPPINGS, "1")
+        stats = 0
+        real_stat = os.stat
+
+        def counting(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+            nonlocal stats
+            if str(path).startswith("/proc/"):
+                stats += 1
+            return real_stat(path, *args, **kwargs)
+
+        device = os.stat(arena.workspace).st_dev
+        monkeypatch.setattr(os, "stat", counting)
+        hidden = await host.pool.unlinked_open_bytes_in(arena.workspace, device)
+        monkeypatch.setattr(os, "stat", real_stat)
+    assert "started" in started.content, started.content
+    assert 8 * MIB <= hidden < 9 * MIB, f"{hidden} bytes held by mappings of one 8 MiB file"
+    assert stats < 2_000, f"{stats} stats of /proc for 61,000 mappings of two files"
+    arena.assert_nothing_seen([started.content])
