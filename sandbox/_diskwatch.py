@@ -17,7 +17,9 @@ the workspace lives, whether a call is under way or not:
    the bound), it walks the tree with every worker frozen (``measure_budget``: the cgroup
    freezer) and adds what the workers keep open after unlinking; walks the bound
    asks for come at most once per four walk times, so a workspace kept near its
-   budget by others' writes costs its workers at most a fifth of their time, and
+   budget by others' writes costs its workers at most a fifth of their time (unless
+   the bound is more than a quarter past the budget: then at once, since the walk's
+   time is the workers' to lengthen), and
    kill a worker that does not stop within ``SUSPECT_FREEZE_S`` (a task stops only
    between system calls: one long ``write`` after another would keep the walk
    waiting while the disk fills);
@@ -61,6 +63,8 @@ SUSPECT_FREEZE_S: Final = 0.25
 #: A forced walk comes after at least this many walks' time, a bound-asked one four.
 _FORCED_FACTOR: Final = 20
 _ASKED_FACTOR: Final = 4
+#: How far past the budget the bound may go while a bound-asked walk waits its turn.
+_SPACED_SLACK: Final = 0.25
 
 
 class Freezer(Protocol):
@@ -183,8 +187,15 @@ class DiskWatch:
         )
         since = trio.current_time() - self._last_walk
         forced = since >= max(FORCED_WALK_S, _FORCED_FACTOR * self._walk_s)
-        if not forced and (bound is not None or since < _ASKED_FACTOR * self._walk_s):
+        if not forced and bound is not None:
             return
+        if not forced and since < _ASKED_FACTOR * self._walk_s:
+            # Spaced out so that others' writes on the file system cost the workers at
+            # most a fifth of their time; but the walk's time is the workers' to make
+            # (a big tree, a freeze they delay): past a quarter over, walk now.
+            far = functools.partial(ws.far_over, _SPACED_SLACK)
+            if not await trio.to_thread.run_sync(far, limiter=self._limiter):
+                return
         # The bound says the workspace may be over: a writer that keeps the freezer
         # waiting (one long write(2) after another) is killed after SUSPECT_FREEZE_S,
         # not the 2 s a routine walk grants a legitimate big write.

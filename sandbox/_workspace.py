@@ -759,6 +759,26 @@ class Workspace:
                 self._settles = 0
         return None
 
+    def far_over(self, fraction: float) -> bool:
+        """Whether the free-space bound (``bounded_usage``) passes ``max_bytes`` or
+        ``max_files`` by more than ``fraction`` of it, or cannot be formed. Blocking
+        (two ``fstatvfs``); it keeps nothing."""
+        free_now, ffree_now = self._free()
+        with self._usage_lock:
+            current, seen = self._usage, self._free_seen
+            names, fseen = self._files, self._ffree_seen
+        if current is None or seen is None:
+            return True
+        if self.max_bytes is not None:
+            if current + max(0, seen - free_now) > self.max_bytes * (1 + fraction):
+                return True
+        if self.max_files is not None and names is not None:
+            if fseen is not None and ffree_now is not None:
+                names += max(0, fseen - ffree_now)
+            if names > self.max_files * (1 + fraction):
+                return True
+        return False
+
     def add_usage(self, n: int) -> int:
         """Count ``n`` bytes the walk could not see (files open but unlinked); the usage."""
         with self._usage_lock:

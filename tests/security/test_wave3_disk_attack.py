@@ -8,10 +8,14 @@ what they started, never on a clock.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from kit import Arena
 
 from kernel.executor import run_tool_calls
@@ -19,7 +23,7 @@ from kernel.home import TakHome
 from kernel.messages import Observation, ToolCall
 from kernel.plugin import use_context
 from plugins import PluginHost, open_plugin_host
-from sandbox import Workspace
+from sandbox import DiskWatch, Workspace
 
 MIB = 1 << 20
 
@@ -147,3 +151,50 @@ async def test_many_mappings_do_not_make_every_walk_slow(
     assert 8 * MIB <= hidden < 9 * MIB, f"{hidden} bytes held by mappings of one 8 MiB file"
     assert stats < 2_000, f"{stats} stats of /proc for 61,000 mappings of two files"
     arena.assert_nothing_seen([started.content])
+
+
+class _SlowToFreeze:
+    """A pool whose workers take a second to stop: the attacker's to arrange (a tree
+    that is slow to walk, many processes to freeze and read, a freeze they delay)."""
+
+    def __init__(self) -> None:
+        self.kills: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def frozen(self, *, wait_s: float = 2.0) -> AsyncIterator[bool]:
+        await trio.sleep(1.0)
+        yield True
+
+    async def unlinked_open_bytes(self, device: int) -> int:
+        return 0
+
+    def writers(self, workspace: Path) -> int:
+        return 1
+
+    async def writers_changed(self) -> None:
+        await trio.sleep_forever()
+
+    async def kill_writers(self, workspace: Path, reason: str) -> None:
+        self.kills.append(reason)
+
+
+async def test_a_slow_walk_does_not_buy_unchecked_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.abc.Clock
+) -> None:
+    """Walks the bound asks for wait four walk times after the last: a walk that took a
+    second let the workers write for four more with nothing looking, however far past
+    the budget the bound said they were. 100 MiB gone from the file system at once,
+    against a 4 MiB budget: the next look walks."""
+    free = [10_000_000_000, 1_000_000]
+    with Workspace(tmp_path, max_bytes=4 * MIB) as ws:
+        monkeypatch.setattr(ws, "free_bytes", lambda: free[0])
+        monkeypatch.setattr(ws, "free_inodes", lambda: free[1])
+        watch = DiskWatch(ws, _SlowToFreeze())
+        await watch.look()  # the first look walks (and takes a second)
+        assert watch.walks == 1
+        free[0] -= 100 * MIB
+        await watch.look()
+        assert watch.walks == 2, "a bound 25 times the budget waited for its turn"
+        free[0] -= MIB // 2  # a little past the bound's last figure: within a quarter
+        await watch.look()
+        assert watch.walks == 2, "a bound just past the budget walked at once"
