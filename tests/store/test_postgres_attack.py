@@ -6,13 +6,21 @@ Each test names the guarantee of kernel/store/_postgres.py it attacks.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from kernel.errors import StoreError
 from kernel.store import PostgresStore, SessionKey
 
+from . import pg_server
+
 KEY = SessionKey("p", "s")
+_databases = itertools.count()
 
 
 def entry(n: int) -> dict[str, Any]:
@@ -67,3 +75,58 @@ async def test_keepalives_the_url_turns_off_stay_off(db_url: str) -> None:
         await store.append(KEY, [entry(1)])
     assert params["keepalives"] == "0"
     assert params["tcp_user_timeout"] == "30000"
+
+
+class _CommitFreezes:
+    """A connection whose transaction's COMMIT goes to a frozen server: the client
+    gives up at its deadline, and the server, once thawed, commits anyway."""
+
+    def __init__(self, conn: Any, freezer: pg_server.Freezer) -> None:
+        self._conn = conn
+        self._freezer = freezer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Any]:
+        with self._conn.transaction() as tx:
+            yield tx
+            self._freezer.freeze()
+
+
+async def test_an_append_that_timed_out_but_committed_is_not_stored_twice_by_its_retry(
+    pg_to_break: pg_server.PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 and 10: an append whose COMMIT reached the server as it froze fails at its
+    deadline (the caller is told it failed), whether or not the server commits it
+    once thawed (here its idle-in-transaction timeout ends that session first; over
+    a slow network it may commit): the caller's retry of the same entries (same
+    uuids) stores them once, and the summary counts them once."""
+    from kernel.store import _postgres
+
+    url = pg_server.create_database(pg_to_break, f"atk{os.getpid()}_{next(_databases)}")
+    freezer = pg_server.Freezer(pg_to_break, thaw_after_s=60.0)
+    real_append = _postgres._append
+    armed = [False]
+
+    def append(conn: Any, key: SessionKey, batch: Any, clock_ms: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            conn = _CommitFreezes(conn, freezer)
+        real_append(conn, key, batch, clock_ms)
+
+    monkeypatch.setattr(_postgres, "_append", append)
+    try:
+        async with PostgresStore(url, request_timeout_s=2) as store:
+            await store.append(KEY, [entry(0)])  # connected; the next append is armed
+            armed[0] = True
+            with pytest.raises(StoreError, match=r"append to p/s timed out after 2 s"):
+                await store.append(KEY, [entry(1), entry(2)])
+            freezer.thaw()
+            await store.append(KEY, [entry(1), entry(2)])  # the caller's retry
+            assert await store.load(KEY) == [entry(0), entry(1), entry(2)]
+            [summary] = await store.list_session_summaries("p")
+            assert summary.data.entry_count == 3 and summary.data.type_counts == {"t": 3}
+    finally:
+        freezer.thaw()
