@@ -98,7 +98,7 @@ from sandbox import (
 )
 
 from ._discovery import PluginSource, builtin_sources, discover_plugins, source_for
-from ._loading import PluginInfo, find_plugin, tool_spec
+from ._loading import PluginInfo, find_plugin, pin, tool_spec, unpin
 from ._remote import policy_for, remote_tool
 from ._trust import (
     MAX_FILE_BYTES,
@@ -543,7 +543,9 @@ class PluginHost:
                 approve,
             )
         if digest.content is None:
-            return source, approval
+            # The worker hashes the package again and compiles what it hashed: a file
+            # changed after this hash, before a worker (re)starts, never runs.
+            return attrs.evolve(source, target=pin(source.target, approval.sha256)), approval
         name = os.path.basename(source.target)
         copy = await trio.to_thread.run_sync(approved_copy, self.home.data, digest, name)
         imported = attrs.evolve(source, target=str(copy), path=(str(copy.parent),))
@@ -585,9 +587,9 @@ class PluginHost:
         permissions differ from the approved ones is refused before it gets them.
         """
         target = imported if imported is not None else source
-        with self.load_output.holding(_stem(target)):
+        with self.load_output.holding(_stem(source)):
             probe = await self.pool.start(
-                target.target, policy=PROBE_POLICY, name=_stem(target), path=target.path
+                target.target, policy=PROBE_POLICY, name=_stem(source), path=target.path
             )
         if probe.plugin_info is None:
             await probe.aclose()
@@ -887,7 +889,8 @@ def _approve_argument(source: PluginSource) -> str:
 
 
 def _stem(source: PluginSource) -> str:
-    target = source.target.partition(":")[0] if source.kind != "path" else source.target
+    target = unpin(source.target)[0]
+    target = target.partition(":")[0] if source.kind != "path" else target
     return os.path.splitext(os.path.basename(target.rstrip("/")))[0].rpartition(".")[2]
 
 
@@ -1029,7 +1032,9 @@ async def trust_plugin(
         imported = PluginSource("path", str(copy), source.label, (str(copy.parent),))
     else:
         digest = await trio.to_thread.run_sync(digest_source, source, workspace)
-        imported = PluginSource("module", source.target, source.label, source.path)
+        # Pinned: the probe runs the bytes hashed here, or refuses (see ``_approved``).
+        target = pin(source.target, digest.sha256)
+        imported = PluginSource("module", target, source.label, source.path)
     scratch = await trio.to_thread.run_sync(lambda: tempfile.mkdtemp(prefix="tak-trust-"))
     try:
         async with open_plugin_host(

@@ -11,13 +11,21 @@ an optional ``:attribute`` (the entry-point form ``module:plugin``). The served
 ``Tool`` attribute).
 
 A plugin's own package (or module, or file) is imported from its source files
-only (``source_only``): the bytes an approval hashed are the bytes compiled,
-never a ``.pyc`` beside them (``__pycache__`` is not hashed), nor bytecode
-without source, nor a zip archive.
+only (``source_only``): never a ``.pyc`` beside them (``__pycache__`` is not
+hashed), nor bytecode without source, nor a zip archive.
+
+An approved entry point's target is *pinned* (``pin``) to the digest its
+approval recorded. The worker then reads every file of the package once
+(``package_digest``, the hash ``tak plugins trust`` recorded), refuses to load
+when the digest differs, and compiles each module from the bytes it hashed,
+kept in memory: a file rewritten or added after the host hashed the package (an
+upgrade while ``tak serve`` runs, before a worker starts or restarts) never runs,
+and a module found outside the hashed files is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -25,7 +33,7 @@ import importlib.util
 import os
 import sys
 import zipimport
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import CodeType, ModuleType
 from typing import Any
@@ -90,31 +98,144 @@ def split_target(target: str) -> tuple[str, str | None]:
     return target, None
 
 
+#: Bounds of an entry point's package, so that hashing it stays quick.
+MAX_FILES = 5000
+MAX_BYTES = 256 * 1024 * 1024
+#: Between a pinned target's top-level name and the digest (``pin``).
+_PIN = ".#sha256="
+
+
+def pin(target: str, sha256: str) -> str:
+    """``pkg.mod:plugin`` pinned to ``sha256``: ``pkg.#sha256=HEX.mod:plugin``.
+
+    The pin rides after the top-level name, so what reads a target without knowing
+    of pins (the confinement's ``plugin_read_paths``) still finds the package.
+    """
+    module, attribute = split_target(target)
+    top, _, rest = module.partition(".")
+    pinned = f"{top}{_PIN}{sha256}" + (f".{rest}" if rest else "")
+    return pinned + (f":{attribute}" if attribute is not None else "")
+
+
+def unpin(target: str) -> tuple[str, str | None]:
+    """``(target, sha256)`` of a pinned target; ``(target, None)`` of any other."""
+    module, attribute = split_target(target)
+    top, sep, tail = module.partition(_PIN)
+    if not sep:
+        return target, None
+    sha256, _, rest = tail.partition(".")
+    module = top + (f".{rest}" if rest else "")
+    return module + (f":{attribute}" if attribute is not None else ""), sha256
+
+
+def walk_package(root: str) -> Iterator[tuple[str, str]]:
+    """``(relative name, path)`` of every file under ``root`` that a digest covers:
+    all but ``__pycache__`` and ``.pyc``/``.pyo`` files, in a stable order."""
+    for folder, dirs, names in os.walk(root):  # os.walk never follows directory links
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            if name.endswith((".pyc", ".pyo")) or not os.path.isfile(path):
+                continue
+            yield os.path.relpath(path, root), path
+
+
+def package_files(top: str) -> list[tuple[str, str]]:
+    """``(relative name, path)`` of every file of the top-level package ``top``.
+
+    Found with ``importlib.util.find_spec``, which asks the import system where
+    the package is without importing it.
+
+    Raises:
+        SandboxError: not installed, no source file, in a zip archive, or more
+            than ``MAX_FILES`` files.
+    """
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError) as exc:
+        raise SandboxError(f"{top}: {exc}") from None
+    if spec is None:
+        raise SandboxError(f"module {top} is not installed")
+    locations = list(spec.submodule_search_locations or ())
+    if not locations:
+        if spec.origin is None or not os.path.isfile(spec.origin):
+            raise SandboxError(f"{top} has no source file to hash")
+        return [(os.path.basename(spec.origin), spec.origin)]
+    found: list[tuple[str, str]] = []
+    for index, location in enumerate(locations):
+        if not os.path.isdir(location):  # a zip archive: nothing here could be walked
+            raise SandboxError(
+                f"{location} is not a directory; only a package installed as files can be hashed"
+            )
+        for rel, path in walk_package(location):
+            found.append((f"{index}/{rel}", path))
+            if len(found) > MAX_FILES:
+                raise SandboxError(f"{top}: more than {MAX_FILES} files to hash")
+    return sorted(found)
+
+
+def package_digest(files: Sequence[tuple[str, str]], label: str) -> tuple[str, dict[str, bytes]]:
+    """The SHA-256 of ``files`` (``package_files``), each read once; and the bytes
+    read of each ``.py`` file, by absolute path: what a pinned import compiles.
+
+    Raises:
+        SandboxError: more than ``MAX_BYTES`` bytes.
+    """
+    total = hashlib.sha256()
+    size = 0
+    sources: dict[str, bytes] = {}
+    for rel, path in files:
+        with open(path, "rb") as f:
+            content = f.read(MAX_BYTES + 1 - size)
+        size += len(content)
+        if size > MAX_BYTES:
+            raise SandboxError(f"{label}: its package is more than {MAX_BYTES} bytes")
+        total.update(f"{rel}\0{len(content)}\0".encode())
+        total.update(content)
+        if path.endswith(".py"):
+            sources[os.path.abspath(path)] = content
+    return total.hexdigest(), sources
+
+
 class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
-    """Runs the code compiled from the bytes it reads now: never a cached ``.pyc``.
+    """Runs the code compiled from source bytes: never a cached ``.pyc``.
 
     An approval is of source bytes (``plugins._trust``); the default loader runs
     ``__pycache__/NAME.pyc`` instead whenever its header records the source's
     mtime and size, which anyone who can write there (or a wheel that ships one)
-    chooses. Nothing is written back either.
+    chooses. Nothing is written back either. With ``sources`` (a pinned import),
+    the bytes are those hashed, not read again; a file not among them is refused.
     """
+
+    def __init__(self, fullname: str, path: str, sources: Mapping[str, bytes] | None) -> None:
+        super().__init__(fullname, path)
+        self.sources = sources
 
     def get_code(self, fullname: str) -> CodeType:
         path = self.get_filename(fullname)
-        return self.source_to_code(self.get_data(path), path)
+        if self.sources is None:
+            return self.source_to_code(self.get_data(path), path)
+        content = self.sources.get(os.path.abspath(path))
+        if content is None:
+            raise ImportError(
+                f"{fullname}: {path} is not among the files of the approved package; a "
+                "pinned plugin runs only the code its approval hashed"
+            )
+        return self.source_to_code(content, path)
 
 
-def _source_only(spec: ModuleSpec) -> ModuleSpec:
+def _source_only(spec: ModuleSpec, sources: Mapping[str, bytes] | None = None) -> ModuleSpec:
     """``spec`` with its loader made ``_SourceOnlyLoader``.
 
     Raises:
         ImportError: bytecode without its source, or code from a zip archive (its
-            pycs are trusted by timestamp, and its files were not hashed).
+            pycs are trusted by timestamp, and its files were not hashed); with
+            ``sources``, any loader but one of source files.
     """
     loader = spec.loader
     if isinstance(loader, importlib.machinery.SourceFileLoader):
         if not isinstance(loader, _SourceOnlyLoader):
-            spec.loader = _SourceOnlyLoader(loader.name, loader.path)
+            spec.loader = _SourceOnlyLoader(loader.name, loader.path, sources)
     elif isinstance(loader, importlib.machinery.SourcelessFileLoader):
         raise ImportError(
             f"{spec.name}: {spec.origin} is bytecode without its source; a plugin's code "
@@ -125,6 +246,14 @@ def _source_only(spec: ModuleSpec) -> ModuleSpec:
             f"{spec.name}: {spec.origin} lies in a zip archive; a plugin's code is imported "
             "from source files only"
         )
+    elif sources is not None and spec.origin not in (None, "namespace"):
+        # An extension module, or a loader of some finder's own: its bytes were
+        # hashed (or not), but it would read them again.
+        if not (spec.origin and os.path.abspath(spec.origin) in sources):
+            raise ImportError(
+                f"{spec.name}: {spec.origin} is loaded by {type(loader).__name__}, not "
+                "from the approved source bytes"
+            )
     return spec
 
 
@@ -132,8 +261,9 @@ class _SourceOnlyFinder(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: the modules of one top-level package are found as
     usual (the other finders, editable installs' included), then loaded from source."""
 
-    def __init__(self, top: str) -> None:
+    def __init__(self, top: str, sources: Mapping[str, bytes] | None = None) -> None:
         self.top = top
+        self.sources = sources
 
     def find_spec(
         self,
@@ -149,12 +279,13 @@ class _SourceOnlyFinder(importlib.abc.MetaPathFinder):
                 continue
             spec = find(fullname, path, target)
             if spec is not None:
-                return _source_only(spec)
+                return _source_only(spec, self.sources)
         return None
 
 
-def source_only(top: str) -> None:
-    """Import the package (or module) ``top`` and its submodules from source only.
+def source_only(top: str, sources: Mapping[str, bytes] | None = None) -> None:
+    """Import the package (or module) ``top`` and its submodules from source only;
+    with ``sources``, from those bytes only (see ``_SourceOnlyLoader``).
 
     A package already imported (the kernel's own, in a worker) is left as it is.
     """
@@ -162,10 +293,10 @@ def source_only(top: str) -> None:
         isinstance(f, _SourceOnlyFinder) and f.top == top for f in sys.meta_path
     ):
         return
-    sys.meta_path.insert(0, _SourceOnlyFinder(top))
+    sys.meta_path.insert(0, _SourceOnlyFinder(top, sources))
 
 
-def _import_plugin(plugin: str) -> ModuleType:
+def _import_plugin(plugin: str, sha256: str | None = None) -> ModuleType:
     if plugin.endswith(".py") or os.sep in plugin:
         path = os.path.abspath(plugin)
         stem = os.path.splitext(os.path.basename(path.rstrip(os.sep)))[0]
@@ -185,7 +316,19 @@ def _import_plugin(plugin: str) -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
         return module
-    source_only(plugin.partition(".")[0])
+    top = plugin.partition(".")[0]
+    if sha256 is None:
+        source_only(top)
+        return importlib.import_module(plugin)
+    if top in sys.modules:  # imported before the pin could hold: not what was approved
+        raise SandboxError(f"plugin {top}: already imported in the worker; it cannot be pinned")
+    digest, sources = package_digest(package_files(top), top)
+    if digest != sha256:
+        raise SandboxError(
+            f"plugin {top}: its files changed since it was approved (sha256 {digest[:16]}, "
+            f"approved {sha256[:16]}); approve it again"
+        )
+    source_only(top, sources)
     return importlib.import_module(plugin)
 
 
@@ -223,8 +366,9 @@ def load_plugin(target: str) -> tuple[Plugin | None, list[Tool]]:
         SandboxError: no tools, something in ``TOOLS`` that is not a Tool, or two
             tools with one name.
     """
+    target, sha256 = unpin(target)
     name, attribute = split_target(target)
-    module = _import_plugin(name)
+    module = _import_plugin(name, sha256)
     plugin = find_plugin(module, attribute, target)
     found: Sequence[Any] | None
     if plugin is not None:

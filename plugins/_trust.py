@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib.util
 import json
 import os
 import secrets
@@ -50,12 +49,15 @@ from typing import Any, Generic, Literal, TypeVar
 import attrs
 import cattrs
 
-from kernel.errors import UsageError
+from kernel.errors import SandboxError, UsageError
 from kernel.messages import converter as _messages_converter
 from kernel.messages import describe_structure_error
 from kernel.plugin import Permissions
 
 from ._discovery import PluginSource
+from ._loading import MAX_BYTES as MAX_BYTES
+from ._loading import MAX_FILES as MAX_FILES
+from ._loading import package_digest, package_files, walk_package
 
 #: The trust file's name, under ``$TAK_HOME/config``.
 TRUST_FILE = "trusted-plugins.json"
@@ -65,9 +67,6 @@ MCP_TRUST_FILE = "trusted-mcp-servers.json"
 APPROVED_DIR = "plugins"
 #: A workspace plugin file larger than this is not hashed (nor loaded).
 MAX_FILE_BYTES = 4 * 1024 * 1024
-#: Bounds of an entry point's package, so that hashing it stays quick.
-MAX_FILES = 5000
-MAX_BYTES = 256 * 1024 * 1024
 TRUST_VERSION = 1
 
 
@@ -428,17 +427,11 @@ def digest_source(source: PluginSource, workspace: str | os.PathLike[str] | None
                 f"{source.label}: its file {inside} lies inside the workspace, where tools "
                 "can rewrite it; install it elsewhere"
             )
-    total = hashlib.sha256()
-    size = 0
-    for rel, path in files:
-        with open(path, "rb") as f:
-            content = f.read(MAX_BYTES + 1 - size)
-        size += len(content)
-        if size > MAX_BYTES:
-            raise TrustError(f"{source.label}: its package is more than {MAX_BYTES} bytes")
-        total.update(f"{rel}\0{len(content)}\0".encode())
-        total.update(content)
-    return Digest(key, total.hexdigest())
+    try:
+        sha256, _ = package_digest(files, source.label)
+    except SandboxError as exc:
+        raise TrustError(str(exc)) from None
+    return Digest(key, sha256)
 
 
 def file_digest(source: PluginSource, content: bytes) -> Digest:
@@ -447,45 +440,16 @@ def file_digest(source: PluginSource, content: bytes) -> Digest:
 
 
 def _package_files(target: str) -> list[tuple[str, str]]:
-    """``(relative name, path)`` of every file of the entry point's top-level package.
-
-    Found with ``importlib.util.find_spec`` on the top-level name, which asks the
-    import system where the package is without importing it.
-    """
-    top = target.partition(":")[0].partition(".")[0]
+    """``(relative name, path)`` of every file of the entry point's top-level package
+    (``plugins._loading.package_files``: the worker walks it the same way)."""
     try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError) as exc:
+        return package_files(target.partition(":")[0].partition(".")[0])
+    except SandboxError as exc:
         raise TrustError(f"entry point {target}: {exc}") from None
-    if spec is None:
-        raise TrustError(f"entry point {target}: module {top} is not installed")
-    locations = list(spec.submodule_search_locations or ())
-    if not locations:
-        if spec.origin is None or not os.path.isfile(spec.origin):
-            raise TrustError(f"entry point {target}: {top} has no source file to hash")
-        return [(os.path.basename(spec.origin), spec.origin)]
-    found: list[tuple[str, str]] = []
-    for index, location in enumerate(locations):
-        if not os.path.isdir(location):  # a zip archive: nothing here could be walked
-            raise TrustError(
-                f"entry point {target}: {location} is not a directory; only a package "
-                "installed as files can be hashed"
-            )
-        for rel, path in _walk(location):
-            found.append((f"{index}/{rel}", path))
-            if len(found) > MAX_FILES:
-                raise TrustError(f"entry point {target}: more than {MAX_FILES} files to hash")
-    return sorted(found)
 
 
 def _walk(root: str) -> Iterator[tuple[str, str]]:
-    for folder, dirs, names in os.walk(root):  # os.walk never follows directory links
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(names):
-            path = os.path.join(folder, name)
-            if name.endswith((".pyc", ".pyo")) or not os.path.isfile(path):
-                continue
-            yield os.path.relpath(path, root), path
+    return walk_package(root)
 
 
 # -- the code an MCP server runs ---------------------------------------------------------

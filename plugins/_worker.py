@@ -35,7 +35,7 @@ from kernel.tools import ArgumentError, Tool, ToolFailure, describe_exception
 from sandbox import CallFrame, FatalFrame, ReadyFrame, ResultFrame, WorkerConfig, Workspace
 from sandbox import worker as mechanism
 
-from ._loading import PluginInfo, load_plugin, split_target, tool_spec
+from ._loading import PluginInfo, load_plugin, split_target, tool_spec, unpin
 
 _USAGE = "usage: python -I -m plugins._worker FD"
 
@@ -141,14 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc()
         channel.send(
             FatalFrame(
-                message=f"cannot load plugin {config.plugin}: {type(exc).__name__}: "
+                message=f"cannot load plugin {unpin(config.plugin)[0]}: {type(exc).__name__}: "
                 f"{describe_exception(exc)}"
             )
         )
         return 1
     attempts = mechanism.Attempts()
     attempts.install()  # after the import: the plugin's own imports are not audited
-    label = plugin.name if plugin is not None else split_target(config.plugin)[0]
+    label = plugin.name if plugin is not None else split_target(unpin(config.plugin)[0])[0]
     info = PluginInfo.of(plugin) if plugin is not None else None
     channel.send(
         ReadyFrame(

@@ -11,14 +11,22 @@ Class 4: the worker compiles the bytes that were approved, or nothing.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from kit import Arena
 from test_wave3_trust import (
+    IMPL,
+    IMPL_PWNED,
+    PACKAGE_INIT,
     approve_as_before,
+    call_hello,
     capturer,
+    entry_point,
     home_of,
     mcp_server,
     plant,
+    site_package,
 )
 
 from kernel import open_kernel
@@ -26,6 +34,7 @@ from kernel.errors import KernelError
 from kernel.messages import ToolCall
 from kernel.models._wire import ToolNameMap
 from plugins import discover_plugins, open_plugin_host
+from plugins._host import trust_plugin
 
 pytestmark = pytest.mark.usefixtures("confined")
 
@@ -115,4 +124,40 @@ async def test_a_plugin_name_whose_wire_form_reaches_into_another_namespace_is_r
         assert not [n for n in host.tools.names() if n.startswith("m3")]
         [error] = [e for e in host.errors if e.source.name == "evil"]
         assert "is not a plugin name" in error.reason
+    arena.assert_nothing_seen()
+
+
+# -- class 4: the bytes compiled are the bytes approved ------------------------------------
+
+WRITER_INIT = PACKAGE_INIT.replace(
+    'description="Harmless.")', 'description="Harmless.", permissions={"workspace": "write"})'
+)
+
+
+@pytest.mark.parametrize("change", ["module rewritten", "module added"])
+async def test_an_entry_point_changed_after_its_hash_never_runs_unapproved(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    # The host hashes the package when it starts; the worker that serves the calls
+    # (another policy than the probe's) starts on the first call, and again after a
+    # crash: an upgrade in between would run code nobody approved.
+    home = home_of(arena)
+    site = site_package(
+        arena, {"tak_helper_late/__init__.py": WRITER_INIT, "tak_helper_late/impl.py": IMPL}
+    )
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    source = entry_point(site, "tak_helper_late:plugin")
+    await trust_plugin(source, home=home, workspace=arena.workspace)
+    async with open_plugin_host(arena.workspace, plugins=[source], home=home) as host:
+        assert not host.errors, host.errors
+        package = site / "tak_helper_late"
+        if change == "module rewritten":
+            (package / "impl.py").write_text(IMPL_PWNED)
+        else:
+            (package / "impl.py").unlink()
+            (package / "impl").mkdir()
+            (package / "impl" / "__init__.py").write_text(IMPL_PWNED)
+        answer = await call_hello(host)
+        assert "pwned" not in answer
+        assert "changed since it was approved" in answer, answer
     arena.assert_nothing_seen()
