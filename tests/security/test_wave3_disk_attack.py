@@ -198,3 +198,74 @@ async def test_a_slow_walk_does_not_buy_unchecked_writing(
         free[0] -= MIB // 2  # a little past the bound's last figure: within a quarter
         await watch.look()
         assert watch.walks == 2, "a bound just past the budget walked at once"
+
+
+# Blocks allocated by the kernel's own copy loops, from a sparse source (512 MiB of
+# holes, no block): no user-space buffer, up to 512 MiB per system call.
+_COPIER = r"""
+import subprocess, sys
+copier = '''
+import os, sys
+how = sys.argv[1]
+src = os.open('sparse', os.O_CREAT | os.O_RDWR, 0o600)
+os.ftruncate(src, 1 << 29)
+for i in range(8):
+    dst = os.open(f'copy{i}', os.O_CREAT | os.O_WRONLY, 0o600)
+    done = 0
+    while done < 1 << 29:
+        if how == 'copy_file_range':
+            done += os.copy_file_range(src, dst, (1 << 29) - done, done, done)
+        elif how == 'sendfile':
+            done += os.sendfile(dst, src, done, (1 << 29) - done)
+        else:  # splice: a pipe's pages moved into the file
+            r, w = os.pipe()
+            os.write(w, bytes(65536))
+            done += os.splice(r, dst, 65536)
+            os.close(r)
+            os.close(w)
+    os.close(dst)
+open('w.done', 'w').write('copied 4 GiB')
+'''
+p = subprocess.Popen([sys.executable, '-c', copier, HOW], stdin=subprocess.DEVNULL)
+open('w.pid', 'w').write(str(p.pid))
+print('started')
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _allocated(root: Path) -> int:
+    return sum(
+        os.lstat(os.path.join(top, name)).st_blocks * 512
+        for top, dirs, files in os.walk(root)
+        for name in dirs + files
+    )
+
+
+@pytest.mark.parametrize("how", ["copy_file_range", "sendfile", "splice"])
+async def test_kernel_side_copies_are_stopped_at_the_budget(
+    arena: Arena, how: str, confined: None
+) -> None:
+    config = {"workspace": {"max_bytes": 4 * MIB}}
+    async with open_plugin_host(
+        arena.workspace, plugins=["python"], config=config, home=_home(arena)
+    ) as host:
+        started = await _python(host, _COPIER.replace("HOW", repr(how)), "1")
+        pid_file = arena.workspace / "w.pid"
+        with trio.move_on_after(120):
+            while True:  # until the copier has ended (it does by itself, or is killed)
+                if not pid_file.exists() or _gone(int(pid_file.read_text())):
+                    break
+                await trio.sleep(0.1)
+        used = await trio.to_thread.run_sync(_allocated, arena.workspace)
+        then = await _python(host, "print('after')", "2")
+    assert not (arena.workspace / "w.done").exists(), f"{how} copied all 4 GiB"
+    assert used < 256 * MIB, f"{used} bytes in a workspace of 4 MiB"
+    assert then.is_error and "workspace over its budget" in then.content, then.content
+    arena.assert_nothing_seen([started.content, then.content])
