@@ -212,16 +212,19 @@ def test_a_broken_trusted_plugin_is_one_line_per_command(tmp_path: Path) -> None
     assert "Traceback" not in listed.stderr
     [line] = listed.stderr.splitlines()
     assert "flaky" in line and "RuntimeError: the flag file says break" in line
-    assert f"details: {TAK} plugins check {folder / 'flaky.py'}" in line
+    assert f"details: {TAK} --debug plugins check {folder / 'flaky.py'}" in line
     assert "read_file" in listed.stdout and "ping" not in listed.stdout
 
 
-def test_plugins_check_shows_the_details(tmp_path: Path) -> None:
-    checked = installed_tak("plugins", "check", str(FIXTURES / "crash_on_import.py"), home=tmp_path)
-    assert checked.returncode == 1
-    assert "Traceback" in checked.stderr  # the worker's, asked for
-    assert checked.stderr.splitlines()[-1].startswith("tak plugins check: ")
-    assert "RuntimeError: this plugin crashes on import" in checked.stderr
+def test_plugins_check_says_why_in_one_line_and_the_details_with_debug(tmp_path: Path) -> None:
+    plugin = str(FIXTURES / "crash_on_import.py")
+    checked = installed_tak("plugins", "check", plugin, home=tmp_path)
+    one_line_failure(checked, "tak plugins check:", "RuntimeError: this plugin crashes on import")
+    detailed = installed_tak("--debug", "plugins", "check", plugin, home=tmp_path)
+    assert detailed.returncode == 1
+    assert "Traceback" in detailed.stderr  # the worker's, asked for
+    assert detailed.stderr.splitlines()[-1].startswith("tak plugins check: ")
+    assert "RuntimeError: this plugin crashes on import" in detailed.stderr
 
 
 def test_trusting_a_plugin_that_crashes_is_one_line(tmp_path: Path) -> None:
