@@ -402,7 +402,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         def open_postgres(settings: dict[str, Any] | None) -> Any:
             from ..batch import open_postgres_ledger
 
-            return open_postgres_ledger(url, run_id, settings=settings)
+            return open_postgres_ledger(
+                url, run_id, settings=settings, request_timeout_s=_request_timeout_s(args.home)
+            )
 
         return _drive(args, open_postgres, tasks=tasks, given=given, run_dir=None, shared=url)
     run_dir = (args.out if args.out is not None else runs_dir(args.home) / run_id).absolute()
@@ -455,7 +457,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     def open_postgres(settings: dict[str, Any] | None) -> Any:
         from ..batch import open_postgres_ledger
 
-        return open_postgres_ledger(url, args.run, create=False)
+        return open_postgres_ledger(
+            url, args.run, create=False, request_timeout_s=_request_timeout_s(args.home)
+        )
 
     return _drive(args, open_postgres, run_dir=None, concurrency=args.concurrency, shared=url)
 
@@ -490,7 +494,11 @@ def _drive(
                 from ..store import PostgresStore
 
                 sessions = await stack.enter_async_context(
-                    PostgresStore(shared, retry_lost_connections=True)
+                    PostgresStore(
+                        shared,
+                        retry_lost_connections=True,
+                        request_timeout_s=_request_timeout_s(args.home),
+                    )
                 )
             if given is not None:
                 # Checked before the run is made: a mistake is not kept as its settings.
@@ -993,7 +1001,7 @@ def _local_time(unix: float) -> str:
 @one_line_errors("tak batch show")
 def cmd_show(args: argparse.Namespace) -> int:
     if args.store is not None:
-        view = _read_postgres_run(args.store, args.run)
+        view = _read_postgres_run(args.store, args.run, args.home)
     else:
         view = read_run(_run_dir(args.home, args.run))
     if args.json:
@@ -1003,7 +1011,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_postgres_run(url: str, run_id: str) -> RunView:
+def _request_timeout_s(home: Path | None) -> float:
+    """``[store] request_timeout_s`` of the home's tak.toml: it bounds the run's
+    PostgreSQL calls (ledger and sessions) as it bounds the sessions' store."""
+    return TakHome.locate(home).read_config().store.request_timeout_s
+
+
+def _read_postgres_run(url: str, run_id: str, home: Path | None) -> RunView:
     import trio
 
     from ..batch import check_run_id, open_postgres_ledger
@@ -1011,7 +1025,9 @@ def _read_postgres_run(url: str, run_id: str) -> RunView:
     check_run_id(run_id, "RUN")
 
     async def main() -> RunView:
-        async with open_postgres_ledger(url, run_id, create=False) as ledger:
+        async with open_postgres_ledger(
+            url, run_id, create=False, request_timeout_s=_request_timeout_s(home)
+        ) as ledger:
             results = await ledger.results()
             counts = await ledger.counts()
             model = ledger.settings.get("model")
