@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -89,6 +88,8 @@ _MIGRATION_LOCK = 0x74616B02
 
 #: How long a claim lasts unless renewed, for a run made without ``lease_seconds``.
 DEFAULT_LEASE_S = 30.0
+#: The longest lease a run may have: a year (a lease is renewed every third of it).
+MAX_LEASE_S = 365 * 24 * 3600.0
 
 # Connections (and threads) one ledger uses at most: a worker claims, renews
 # and finishes, a few statements at a time.
@@ -414,9 +415,14 @@ async def open_postgres_ledger(
     check_run_id(run_id, "run_id")
     if lease_seconds is not None and (
         isinstance(lease_seconds, bool)
-        or not (isinstance(lease_seconds, int | float) and 0 < lease_seconds < math.inf)
+        or not (isinstance(lease_seconds, int | float) and 0 < lease_seconds <= MAX_LEASE_S)
     ):
-        raise UsageError(f"lease_seconds: expected a positive number, got {lease_seconds!r}")
+        # Past the database's timestamps, every claim would fail ("timestamp out of
+        # range") far from the setting: refused here, with the bound.
+        raise UsageError(
+            f"lease_seconds: expected a positive number of seconds up to {MAX_LEASE_S:g}"
+            f" (a year), got {lease_seconds!r}"
+        )
     new_lease = DEFAULT_LEASE_S if lease_seconds is None else float(lease_seconds)
     settings_text = _json_text(dict(settings or {}), "settings")
     store = PostgresStore(
@@ -564,4 +570,4 @@ def _same_result(stored: str, result: TaskResult) -> bool:
     return bool(ours == theirs)
 
 
-__all__ = ["DEFAULT_LEASE_S", "PostgresLedger", "open_postgres_ledger"]
+__all__ = ["DEFAULT_LEASE_S", "MAX_LEASE_S", "PostgresLedger", "open_postgres_ledger"]

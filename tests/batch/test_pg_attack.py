@@ -23,7 +23,7 @@ import trio
 from kernel import open_kernel
 from kernel.batch import BatchTask, run_batch
 from kernel.batch._postgres import open_postgres_ledger
-from kernel.errors import StoreError
+from kernel.errors import StoreError, UsageError
 from kernel.models import ModelRequest, ScriptedModel
 from kernel.store import PostgresStore
 from tests.batch.test_many_hosts import psql
@@ -181,3 +181,27 @@ async def test_a_result_whose_commit_went_unanswered_is_recorded_once(
         " GROUP BY task_id ORDER BY task_id",
     )
     assert history == [(t.id, 1) for t in tasks]
+
+
+@pytest.mark.parametrize("lease", [1e13, 1e300, 365 * 24 * 3600.0 + 1])
+async def test_a_lease_past_what_the_database_can_time_is_refused_when_the_run_is_opened(
+    url: str, lease: float
+) -> None:
+    """A lease of 1e13 s passed the check (positive, finite), and every claim then
+    failed with ``StoreError: timestamp out of range``: the run stopped as if the
+    database had failed. A lease is at most a year, refused in one line at open."""
+    with pytest.raises(UsageError) as info:
+        async with open_postgres_ledger(url, "too-long", lease_seconds=lease):
+            pass
+    assert str(info.value) == (
+        f"lease_seconds: expected a positive number of seconds up to 3.1536e+07 (a year), "
+        f"got {lease!r}"
+    )
+
+
+async def test_a_lease_of_a_year_claims_and_renews(url: str) -> None:
+    async with open_postgres_ledger(url, "a-year", lease_seconds=365 * 24 * 3600.0) as ledger:
+        await ledger.add_tasks([BatchTask(id="a", prompt="x")])
+        [claim] = await ledger.claim("w", 1)
+        assert claim.task.id == "a"
+        assert await ledger.renew("w", ["a"]) == []
