@@ -71,7 +71,8 @@ INTERRUPTED = ToolError(
 
 _MESSAGE_TYPES = frozenset({"system", "user", "assistant", "tool"})
 
-#: How long a shielded write of the turn may take once the turn was cancelled.
+#: How long a shielded write of the turn may take once the turn was cancelled
+#: (before that, only the store's own bound applies: ``_persist_whole``).
 _PERSIST_GRACE_S = 10.0
 
 COMPACTION_PROMPT = (
@@ -725,14 +726,41 @@ def _ignore(event: AgentEvent) -> None:
     pass
 
 
-async def _persist_whole(write: Awaitable[None]) -> None:
-    """Finish ``write`` even if the caller is being cancelled, within a grace period.
+async def _persist_whole(write: Awaitable[None]) -> bool:
+    """Finish ``write`` even if the caller is being cancelled; whether it finished.
 
-    A cancellation that arrives meanwhile is delivered at the caller's next checkpoint.
+    The write has no deadline of its own while the caller runs: the store bounds
+    its calls (a PostgreSQL restart is ridden out within ``[store]
+    request_timeout_s``, 30 s by default), and a turn that gave up on a slow write
+    after a fixed 10 s dropped a record the store was about to take. Once the
+    caller is cancelled, the write gets ``_PERSIST_GRACE_S`` more, then is
+    abandoned (``False``). A cancellation that arrives meanwhile is delivered at
+    the caller's next checkpoint (Trio's cancellation is level-triggered: the
+    watcher below takes it only to start the grace period).
+
+    Raises:
+        Exception: what ``write`` raised.
     """
-    with trio.CancelScope(shield=True) as persist:
-        persist.deadline = trio.current_time() + _PERSIST_GRACE_S
-        await write
+    persist = trio.CancelScope(shield=True)
+    problem: Exception | None = None
+
+    async def grace_once_cancelled() -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            persist.deadline = min(persist.deadline, trio.current_time() + _PERSIST_GRACE_S)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(grace_once_cancelled)
+        with persist:
+            try:
+                await write
+            except Exception as exc:
+                problem = exc
+        nursery.cancel_scope.cancel()
+    if problem is not None:
+        raise problem
+    return not persist.cancelled_caught
 
 
 async def _record_before_running(
@@ -750,16 +778,19 @@ async def _record_before_running(
     """
     problem: Exception | None = None
     answers: str | None = None
-    with trio.CancelScope(shield=True) as persist:
-        persist.deadline = trio.current_time() + _PERSIST_GRACE_S
-        try:
-            answers = await session.record_calls(
-                assistant, usage=usage, model=model, cost_usd=cost_usd
-            )
-        except Exception as exc:
-            problem = exc
+
+    async def record() -> None:
+        nonlocal answers
+        answers = await session.record_calls(assistant, usage=usage, model=model, cost_usd=cost_usd)
+
+    try:
+        await _persist_whole(record())
+    except Exception as exc:
+        problem = exc
     if answers is None:
-        reason = problem or f"the store did not finish within {_PERSIST_GRACE_S:g} s"
+        reason = problem or (
+            f"the turn was cancelled and the store did not finish within {_PERSIST_GRACE_S:g} s"
+        )
         raise StoreError(
             f"session {session.key}: could not record the model's "
             f"{len(assistant.tool_calls)} tool call(s), so none ran: {reason}"
@@ -794,7 +825,7 @@ async def _answer_interrupted(session: Session, entry: Mapping[str, Any], messag
     if ours is None:
         raise StoreError(
             f"session {session.key}: the results of the interrupted calls were not "
-            f"recorded within {_PERSIST_GRACE_S:g} s"
+            f"recorded within {_PERSIST_GRACE_S:g} s of the cancellation"
         )
     if not ours:
         raise UsageError(
