@@ -1,7 +1,7 @@
 """A slow store is waited for; a cancelled turn waits only its grace (kernel.agent).
 
 The store bounds its own calls (``[store] request_timeout_s``: a PostgreSQL
-restart of 8–12 s is ridden out inside it). A turn that gave up on its own after
+restart of 8-12 s is ridden out inside it). A turn that gave up on its own after
 a fixed 10 s dropped the results the store was about to take — or refused to run
 calls whose record was being written — so a database restart failed every turn
 writing at the time.
