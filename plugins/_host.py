@@ -1140,6 +1140,17 @@ def _parent_of(package_init: str) -> str:
 def _check_overlap(workspace: str | os.PathLike[str], home: TakHome) -> None:
     disjoint, not_inside = guarded_paths(home)
     check_workspace_overlap(workspace, disjoint=disjoint, not_inside=not_inside)
+    # A worker's current directory is its workspace, where a relative entry (an
+    # editable install's path hook name) is a directory again: the file system's
+    # hook comes before the one that owns the name, and a `sitecustomize.py` there
+    # would run at the worker's interpreter start, before it is confined.
+    for entry in sys.path:
+        if entry and not os.path.isabs(entry) and os.path.lexists(os.path.join(workspace, entry)):
+            raise SandboxError(
+                f"workspace {os.fspath(workspace)} holds {entry}, a relative entry of "
+                "sys.path: a worker, which starts in its workspace, would import from it; "
+                "remove it"
+            )
 
 
 def _has_port(entry: object) -> bool:

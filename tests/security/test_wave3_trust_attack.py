@@ -11,7 +11,9 @@ Class 4: the worker compiles the bytes that were approved, or nothing.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 from kit import Arena
@@ -30,9 +32,12 @@ from test_wave3_trust import (
 )
 
 from kernel import open_kernel
-from kernel.errors import KernelError
+from kernel.errors import KernelError, SandboxError
+from kernel.executor import run_tool_calls
+from kernel.home import TakHome
 from kernel.messages import ToolCall
 from kernel.models._wire import ToolNameMap
+from kernel.plugin import use_context
 from plugins import discover_plugins, open_plugin_host
 from plugins._host import trust_plugin
 
@@ -160,4 +165,73 @@ async def test_an_entry_point_changed_after_its_hash_never_runs_unapproved(
         answer = await call_hello(host)
         assert "pwned" not in answer
         assert "changed since it was approved" in answer, answer
+    arena.assert_nothing_seen()
+
+
+# -- class 4 / item 11: a relative entry of sys.path, resolved in the workspace ------------
+
+#: setuptools' editable install (the project's own .venv is one) appends this name; a
+#: worker's current directory is its workspace, where Python resolves a relative entry
+#: as a directory, before the hook that owns the name gets it (``sys.path_hooks``).
+RELATIVE_ENTRIES = [e for e in sys.path if e and not os.path.isabs(e)]
+needs_relative_entry = pytest.mark.skipif(
+    not RELATIVE_ENTRIES, reason="no relative entry on sys.path (not an editable install)"
+)
+SITECUSTOMIZE = """
+import os
+with open({marker!r}, "a") as f:
+    f.write(f"ran in pid {{os.getpid()}}\\n")
+"""
+
+
+def plant_sitecustomize(folder: Path, marker: Path) -> None:
+    folder.mkdir(parents=True)
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE.format(marker=str(marker)))
+
+
+async def recall_in_a_worker(workspace: Path, home: TakHome) -> str:
+    async with open_plugin_host(workspace, plugins=["notes"], home=home) as host:
+        with use_context(host.context()):
+            [obs] = await run_tool_calls([ToolCall("1", "recall", {"query": "x"})], host.tools)
+    return obs.content
+
+
+@needs_relative_entry
+async def test_a_workspace_holding_a_relative_sys_path_entry_is_refused(
+    arena: Arena, tmp_path: Path
+) -> None:
+    # A cloned repository ships ``__editable__.….__path_hook__/sitecustomize.py``: every
+    # worker process would run it at interpreter start, before it is confined, as the
+    # kernel's user. The kernel's own directory is elsewhere: its check resolved the
+    # entry there.
+    home = home_of(arena)
+    marker = tmp_path / "ran"
+    plant_sitecustomize(arena.workspace / RELATIVE_ENTRIES[-1], marker)
+    with pytest.raises(SandboxError, match=r"relative entry of sys\.path"):
+        await recall_in_a_worker(arena.workspace, home)
+    assert not marker.exists()
+    arena.assert_nothing_seen()
+
+
+@needs_relative_entry
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs sandbox/pool.py: a worker starts in a directory no tool writes (/), "
+    "and enters its workspace once confined",
+)
+async def test_a_relative_sys_path_entry_made_by_a_tool_never_runs_in_a_worker(
+    arena: Arena, tmp_path: Path
+) -> None:
+    # The same directory, written by a tool after the start's check (fs.write_file can):
+    # the next worker process that starts (a restart, a spare) must not run it.
+    home = home_of(arena)
+    marker = tmp_path / "ran"
+    async with open_plugin_host(arena.workspace, plugins=["notes"], home=home) as host:
+        plant_sitecustomize(arena.workspace / RELATIVE_ENTRIES[-1], marker)
+        for _ in range(3):  # the spare made before the tool wrote, then fresh ones
+            with use_context(host.context()):
+                await run_tool_calls([ToolCall("1", "recall", {"query": "x"})], host.tools)
+            for worker in list(host.pool.workers):
+                await worker.aclose()
+    assert not marker.exists(), marker.read_text()
     arena.assert_nothing_seen()
