@@ -876,9 +876,10 @@ class Workspace:
         try:
             top = os.fstat(fd)
             total = _disk_bytes(top)
-            links: set[_Identity] = set()
+            links = _Seen()
             # (identity, names of subdirectories still to visit) for each level
             stack: list[tuple[_Identity, list[str]]] = []
+            links.limit = cap
             subdirs, size, names = _scan(fd, links)
             total += size
             stack.append((_identity(top), subdirs))
@@ -900,6 +901,7 @@ class Workspace:
                     os.close(fd)
                     fd = child
                     total += _disk_bytes(st)
+                    links.limit = None if cap is None else cap - names
                     subdirs, size, count = _scan(fd, links)
                     total += size
                     names += count
@@ -1127,16 +1129,27 @@ class _TreeChanged(Exception):
     """The tree moved under a usage walk; the walk starts again."""
 
 
+class _Seen(set[_Identity]):
+    """The hard links a walk has counted, and how many names its next ``_scan`` may read."""
+
+    limit: int | None = None
+
+
 def _scan(fd: int, links: set[_Identity]) -> tuple[list[str], int, int]:
     """Names of the subdirectories of ``fd``, the bytes its other entries take, and how
     many entries it holds (each name once: a hard link's blocks count once, its names
-    each)."""
+    each). It stops once it has counted more than ``links.limit`` names (a ``_Seen``): one directory of
+    millions of hard links (names without inodes, which no free-inode bound sees) then
+    costs no more than one just over ``max_files``."""
     subdirs: list[str] = []
     total = 0
     names = 0
+    limit = links.limit if isinstance(links, _Seen) else None
     with os.scandir(fd) as it:
         for entry in it:
             names += 1
+            if limit is not None and names > limit:
+                break
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:

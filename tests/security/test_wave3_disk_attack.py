@@ -269,3 +269,26 @@ async def test_kernel_side_copies_are_stopped_at_the_budget(
     assert used < 256 * MIB, f"{used} bytes in a workspace of 4 MiB"
     assert then.is_error and "workspace over its budget" in then.content, then.content
     arena.assert_nothing_seen([started.content, then.content])
+
+
+async def test_one_directory_of_hard_links_does_not_make_the_walk_read_it_all(
+    arena: Arena, confined: None
+) -> None:
+    """Hard links are names without inodes: no free-inode bound sees them, so one
+    directory can hold millions before a walk. The walk stopped past ``max_files`` only
+    between directories, and read that one whole (every name a stat), on every walk and
+    every refused call's walk, with every worker of the pool frozen meanwhile."""
+    config = {"workspace": {"max_files": 1000}}
+    code = (
+        "import os\nos.mkdir('l')\nopen('l/one', 'w').close()\n"
+        "for i in range(30_000):\n    os.link('l/one', f'l/{i}')\nprint('linked')"
+    )
+    async with open_plugin_host(
+        arena.workspace, plugins=["python"], config=config, home=_home(arena)
+    ) as host:
+        linked = await _python(host, code, "1")
+        await trio.to_thread.run_sync(host.workspace.refresh_usage)
+        names = host.workspace.files()
+    assert len(os.listdir(arena.workspace / "l")) > 1000, linked.content
+    assert 1000 < names <= 1001, f"the walk counted {names} names to find more than 1000"
+    arena.assert_nothing_seen([linked.content])
