@@ -32,7 +32,7 @@ from test_wave3_trust import (
 )
 
 from kernel import open_kernel
-from kernel.errors import KernelError, SandboxError
+from kernel.errors import KernelError, SandboxError, UsageError
 from kernel.executor import run_tool_calls
 from kernel.home import TakHome
 from kernel.messages import ToolCall
@@ -234,4 +234,27 @@ async def test_a_relative_sys_path_entry_made_by_a_tool_never_runs_in_a_worker(
             for worker in list(host.pool.workers):
                 await worker.aclose()
     assert not marker.exists(), marker.read_text()
+    arena.assert_nothing_seen()
+
+
+async def test_a_package_directory_linked_elsewhere_runs_no_unhashed_code(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``impl/`` is a link to a directory the hash never walks (os.walk does not follow
+    # it); the import system does. Changing its files would need no new approval.
+    home = home_of(arena)
+    site = site_package(arena, {"tak_helper_link/__init__.py": PACKAGE_INIT})
+    elsewhere = arena.root / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "__init__.py").write_text(IMPL)
+    (site / "tak_helper_link" / "impl").symlink_to(elsewhere, target_is_directory=True)
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    source = entry_point(site, "tak_helper_link:plugin")
+    with pytest.raises(UsageError, match="not among the files of the approved package"):
+        await trust_plugin(source, home=home, workspace=arena.workspace)
+    (elsewhere / "__init__.py").write_text(IMPL_PWNED)
+    async with open_plugin_host(
+        arena.workspace, plugins=[source], home=home, report="silent"
+    ) as host:
+        assert "hello" not in host.tools
     arena.assert_nothing_seen()
