@@ -207,20 +207,33 @@ class FileStore(BaseStore):
             await trio.to_thread.run_sync(self._close_all_sync, handles)
 
     def _close_all_sync(self, handles: list[_OpenTranscript]) -> None:
+        # Each is closed whatever happened to the one before: the handles have
+        # left the open table, and a descriptor skipped here is leaked for good
+        # (close_idle runs again and again in a long-running process).
+        first: BaseException | None = None
         for h in handles:
-            _disk.close_transcript(
-                self._root,
-                h.key,
-                h.fd,
-                size=h.size,
-                summary=h.summary,
-                mtime_ms=h.mtime_ms,
-                dirty=h.dirty,
-                durable=self._durable,
-                lines=h.lines,
-                last_len=h.last_len,
-                uuids=h.uuids,
-            )
+            try:
+                self._close_one_sync(h)
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _close_one_sync(self, h: _OpenTranscript) -> None:
+        # close_transcript closes the descriptor whatever else fails.
+        _disk.close_transcript(
+            self._root,
+            h.key,
+            h.fd,
+            size=h.size,
+            summary=h.summary,
+            mtime_ms=h.mtime_ms,
+            dirty=h.dirty,
+            durable=self._durable,
+            lines=h.lines,
+            last_len=h.last_len,
+            uuids=h.uuids,
+        )
 
     def _discard(self, handle: _OpenTranscript) -> None:
         """Forget a handle whose file state is unknown; the next open rescans."""
