@@ -41,6 +41,8 @@ Guarantees (each test in tests/store/test_postgres.py names the one it checks):
 8. The schema is versioned in the database (``tak_schema_version``); new
    versions are applied under an advisory lock, so processes starting
    together do not race, and a database newer than this code is refused.
+   The wait for that lock is bounded by the statement timeout, like every
+   statement: a lock held elsewhere fails the call, never holds a thread.
    (``migrate_schema`` does the same for tables of other code beside the
    store's: the batch ledger's.)
 9. Made with ``retry_lost_connections=True``, the store outlives a server
@@ -419,11 +421,6 @@ class PostgresStore(ClosableStore):
         import psycopg
         from psycopg_pool import ConnectionPool
 
-        try:
-            with psycopg.connect(self._url, **self._connection_options()) as conn:
-                migrate_schema(conn, self._where)
-        except psycopg.Error as exc:
-            raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
         timeout_ms = self._timeout_ms
 
         def configure(conn: Connection[Any]) -> None:
@@ -433,6 +430,16 @@ class PostgresStore(ClosableStore):
                 "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
                 (str(timeout_ms),),
             )
+
+        try:
+            with psycopg.connect(self._url, **self._connection_options()) as conn:
+                # Bounded too: a migration lock held elsewhere (a process hung
+                # migrating) would hold this thread and its connection forever,
+                # abandoned at the call's deadline, and the next call would open one more.
+                configure(conn)
+                migrate_schema(conn, self._where)
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {_first_line(exc)}") from exc
 
         pool: ConnectionPool[Any] = ConnectionPool(
             self._url,

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import trio
 
 from kernel.errors import StoreError
 from kernel.store import PostgresStore, SessionKey
@@ -130,3 +131,79 @@ async def test_an_append_that_timed_out_but_committed_is_not_stored_twice_by_its
             assert summary.data.entry_count == 3 and summary.data.type_counts == {"t": 3}
     finally:
         freezer.thaw()
+
+
+async def test_more_calls_than_connections_on_a_frozen_server_each_end_at_its_deadline(
+    pg_to_break: pg_server.PgServer,
+) -> None:
+    """10 and 6: six calls at once on a store of two connections, the server frozen:
+    the two that hold a connection and the four that wait for one all fail at their
+    deadlines while the server is still frozen (none waits for a frozen
+    connection past its own deadline); once thawed, the store works."""
+    url = pg_server.create_database(pg_to_break, f"atk{os.getpid()}_{next(_databases)}")
+    freezer = pg_server.Freezer(pg_to_break, thaw_after_s=60.0)
+    outcomes: dict[int, str] = {}
+    try:
+        async with PostgresStore(url, max_connections=2, request_timeout_s=2) as store:
+            await store.append(KEY, [entry(0)])
+            freezer.freeze()
+
+            async def call(n: int) -> None:
+                try:
+                    await store.append(SessionKey("p", f"s{n}"), [entry(n)])
+                except StoreError as exc:
+                    outcomes[n] = "timed out" if "timed out after 2 s" in str(exc) else str(exc)
+                else:
+                    outcomes[n] = "stored"
+                if freezer.frozen:
+                    outcomes[n] += " while frozen"
+
+            async with trio.open_nursery() as nursery:
+                for n in range(1, 7):
+                    nursery.start_soon(call, n)
+            freezer.thaw()
+            await store.append(KEY, [entry(7)])
+            assert await store.load(KEY) == [entry(0), entry(7)]
+    finally:
+        freezer.thaw()
+    assert outcomes == {n: "timed out while frozen" for n in range(1, 7)}
+
+
+async def test_a_migration_lock_held_elsewhere_leaves_no_connection_waiting_on_it(
+    db_url: str,
+) -> None:
+    """10: the first use applies the schema under an advisory lock; another process
+    holding it (a migration hung, a frozen host that took it) made each call's
+    connecting thread wait on the server forever, abandoned at the call's deadline,
+    and the next call start one more: connections to the server and threads grew
+    with every call. The schema's statements are bounded like every other: while
+    the lock is still held, every waiting connection ends, and once it is free the
+    store works."""
+    import psycopg
+
+    from kernel.store._postgres import _MIGRATION_LOCK
+
+    def waiting(conn: psycopg.Connection[Any]) -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with psycopg.connect(db_url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        async with PostgresStore(db_url, request_timeout_s=1) as store:
+            for n in range(4):
+                # The call's deadline, or (on a loaded machine, where it is seen late)
+                # the schema's statement timeout: both one line.
+                with pytest.raises(
+                    StoreError, match=r"timed out after 1 s|canceling statement due to"
+                ):
+                    await store.append(KEY, [entry(n)])
+            with trio.fail_after(30):  # a hang guard: unbounded, they never end
+                while await trio.to_thread.run_sync(waiting, holder):  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+            holder.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+            await store.append(KEY, [entry(9)])
+            assert await store.load(KEY) == [entry(9)]
