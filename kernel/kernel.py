@@ -76,7 +76,7 @@ class IdleSessions:
     history, ``Kernel.history``) is given back once the session is idle: when
     more than ``keep`` idle sessions hold theirs (the least recently used goes
     first), and when one has not been used for ``after_s`` seconds (released
-    within ``after_s * 1.25``). A session in use (an append in flight, a turn
+    within ``after_s * 1.25``, or ``after_s + 0.1`` when that is later). A session in use (an append in flight, a turn
     holding it) is never released; using a released one reads it back from the
     store, which is all it costs.
 
@@ -107,6 +107,9 @@ class IdleSessions:
         ):
             raise UsageError(f"IdleSessions.after_s must be a positive number, got {value!r}")
 
+
+#: The shortest time between two of the idle-session releaser's timed rounds.
+MIN_RELEASE_PERIOD_S = 0.1
 
 #: How many other-model agents ``Kernel.agent_for`` keeps (least recently used goes first):
 #: a client choosing a model per request must not grow the kernel without bound.
@@ -172,7 +175,7 @@ class Kernel:
         """Give back what idle sessions hold, as ``idle_sessions`` says (see
         ``IdleSessions``). ``open_kernel`` runs it in the kernel's nursery after
         each call and turn that leaves more than ``keep`` idle, and every
-        ``after_s / 4`` seconds; a call waits for the one running to finish.
+        ``after_s / 4`` seconds (0.1 s at the least); a call waits for the one running to finish.
         Closing is best effort (a summary not written is rebuilt at the next open).
         """
         async with self._releasing:
@@ -185,7 +188,9 @@ class Kernel:
 
     async def _release_idle_sessions_forever(self) -> None:
         """The kernel's releaser: never raises (see ``open_kernel``'s nursery)."""
-        period = self.idle_sessions.after_s / 4
+        # A floor: a period below the clock's resolution (after_s=1e-9) made
+        # now + period == now, and the loop never slept again.
+        period = max(self.idle_sessions.after_s / 4, MIN_RELEASE_PERIOD_S)
         next_round = trio.current_time() + period
         while True:
             with trio.move_on_at(next_round):
