@@ -32,7 +32,9 @@ Guarantees (each test in tests/store/test_postgres.py names the one it checks):
    once; that connection is closed, never handed out again. If the append
    committed before the cancel landed, it returns normally instead (the
    cancellation is seen at the caller's next checkpoint): an append that
-   raises ``Cancelled`` stored nothing. A thread still waiting for a
+   raises ``Cancelled`` stored nothing, unless its COMMIT was on its way when
+   the server stopped answering (then, as after a timeout, it may have
+   committed: entries with uuids are safe to append again). A thread still waiting for a
    connection (the server is down, the pool reconnecting) asks the pool in
    short slices and stops at the next one once cancelled, so a cancel is
    prompt then too; uncancelled, it gives up after ``connect_timeout_s`` with
@@ -647,8 +649,11 @@ class PostgresStore(ClosableStore):
         connection's socket shut down under the thread (guarantee 6)."""
         if done.is_set():
             return
+        # One grace for the cancel and the wait after it: a frozen server holds
+        # cancel_safe for its whole timeout, which must not double the bound.
+        grace = trio.current_time() + CANCEL_GRACE_S
         await trio.to_thread.run_sync(running.cancel, limiter=self._cancel_limiter)
-        with trio.move_on_after(CANCEL_GRACE_S):
+        with trio.move_on_at(grace):
             await done.wait()
         if not done.is_set():
             await trio.to_thread.run_sync(running.sever, limiter=self._cancel_limiter)
