@@ -38,18 +38,22 @@ def url(pg_to_break: pg_server.PgServer) -> str:  # noqa: F811
     return pg_server.create_database(pg_to_break, f"a{os.getpid()}_{next(_databases)}")
 
 
-@pytest.mark.parametrize("down_s", [8.0, 12.0])
+@pytest.mark.parametrize(
+    ("outage", "down_s"), [("restart", 8.0), ("restart", 12.0), ("freeze", 8.0)]
+)
 async def test_two_workers_ride_out_a_slow_restart_shorter_than_their_calls(
     tmp_path: Path,
     url: str,
     pg_to_break: pg_server.PgServer,  # noqa: F811
+    outage: str,
     down_s: float,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Two workers (two kernels, as two hosts), tasks running, the server down for
-    ``down_s`` (longer than the 3 s lease, shorter than the 30 s request timeout):
-    both runs end normally, every task is finished ``final`` once (one finished
-    row in the history each), none is ``error``."""
+    """Two workers (two kernels, as two hosts), tasks running, the server down (or
+    frozen: its connections kept, nothing answered) for ``down_s``, longer than the
+    3 s lease and shorter than the 30 s request timeout: both runs end normally,
+    every task is finished ``final`` once (one finished row in the history each),
+    none is ``error``."""
     caplog.set_level(logging.WARNING, logger="tak.store")
     tasks = [BatchTask(id=f"t{i}", prompt=f"task t{i}") for i in range(8)]
     requests = 0
@@ -86,10 +90,19 @@ async def test_two_workers_ride_out_a_slow_restart_shorter_than_their_calls(
         nursery.start_soon(worker, "w2")
         await running.wait()
         before = requests
-        await trio.to_thread.run_sync(lambda: pg_server.restart(pg_to_break, down_s=down_s))
-    assert before < len(tasks), "the run ended before the restart: nothing to ride out"
+        if outage == "restart":
+            await trio.to_thread.run_sync(lambda: pg_server.restart(pg_to_break, down_s=down_s))
+        else:
+            freezer = pg_server.Freezer(pg_to_break, thaw_after_s=60.0)
+            try:
+                freezer.freeze()
+                await trio.sleep(down_s)
+            finally:
+                freezer.thaw()
+    assert before < len(tasks), "the run ended before the outage: nothing to ride out"
     assert errors == []
-    assert any("trying again in" in r.getMessage() for r in caplog.records)
+    if outage == "restart":
+        assert any("trying again in" in r.getMessage() for r in caplog.records)
     rows = psql(
         url,
         "SELECT task_id, finished, result->>'reason' FROM tak_batch_tasks ORDER BY ord",
