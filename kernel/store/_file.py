@@ -220,6 +220,18 @@ class FileStore(BaseStore):
             raise first
 
     def _close_one_sync(self, h: _OpenTranscript) -> None:
+        # The summary goes in the session's directory by name: when another
+        # process deleted this transcript (and maybe started the session
+        # again), ours describes a file that is gone, and put beside its
+        # successor it was taken for the new one's (same size, same
+        # millisecond). So only for the file still at the path.
+        dirty = h.dirty
+        if dirty:
+            try:
+                st = _disk.transcript_stat(h.path)
+            except OSError:
+                st = None
+            dirty = st is not None and (st.st_dev, st.st_ino) == (h.dev, h.ino)
         # close_transcript closes the descriptor whatever else fails.
         _disk.close_transcript(
             self._root,
@@ -228,7 +240,7 @@ class FileStore(BaseStore):
             size=h.size,
             summary=h.summary,
             mtime_ms=h.mtime_ms,
-            dirty=h.dirty,
+            dirty=dirty,
             durable=self._durable,
             lines=h.lines,
             last_len=h.last_len,

@@ -216,3 +216,45 @@ async def test_two_processes_releasing_one_home(tmp_path: Path) -> None:
                 assert mine == [f"{tag}-{j}" for j in range(i, n, 3)]
         summaries = await store.list_session_summaries("p")
         assert [sum(s.data.type_counts.values()) for s in summaries if s.data] == [200] * 3
+
+
+async def test_a_summary_written_at_release_is_not_put_beside_another_processes_new_transcript(
+    tmp_path: Path,
+) -> None:
+    """Another process (here: another store on the same root, which locks the
+    same way) deletes an idle session and starts it again; this one's release
+    then wrote its old summary and checkpoint into the new session's
+    directory, and the listing counted the deleted transcript's entries."""
+    key = SessionKey("p", "s")
+    async with FileStore(tmp_path) as serve, FileStore(tmp_path) as other:
+        await serve.append(key, [entry("old", n) for n in range(5)])
+        assert await other.delete(key)
+        await other.append(key, [entry("new", 0)])
+        await other.close_idle(keep=0)  # its summary: 1 entry
+        assert await serve.close_idle(keep=0) == 1
+    async with FileStore(tmp_path) as again:
+        assert [e["uuid"] for e in await again.load(key) or []] == ["new-0"]
+        (summary,) = await again.list_session_summaries("p")
+        assert summary.data is not None
+        assert sum(summary.data.type_counts.values()) == 1, summary
+        await again.append(key, [entry("new", 1)])
+    async with FileStore(tmp_path) as again:
+        (summary,) = await again.list_session_summaries("p")
+        assert summary.data is not None
+        assert sum(summary.data.type_counts.values()) == 2, summary
+
+
+async def test_a_release_after_delete_and_restart_in_the_same_millisecond(tmp_path: Path) -> None:
+    """As above, the new transcript of the same size and stamped in the same
+    millisecond: the old summary was taken for the new one's."""
+    key = SessionKey("p", "s")
+    ms = lambda: 1_800_000_000_000  # noqa: E731
+    async with FileStore(tmp_path, clock=ms) as serve, FileStore(tmp_path, clock=ms) as other:
+        await serve.append(key, [{"type": "old", "uuid": "u-0"}])
+        assert await other.delete(key)
+        await other.append(key, [{"type": "new", "uuid": "u-1"}])  # the same size
+        await other.close_idle(keep=0)
+        assert await serve.close_idle(keep=0) == 1
+    async with FileStore(tmp_path) as again:
+        (summary,) = await again.list_session_summaries("p")
+        assert summary.data is not None and summary.data.type_counts == {"new": 1}, summary
