@@ -207,3 +207,32 @@ async def test_a_migration_lock_held_elsewhere_leaves_no_connection_waiting_on_i
             holder.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
             await store.append(KEY, [entry(9)])
             assert await store.load(KEY) == [entry(9)]
+
+
+async def test_streaming_a_transcript_from_a_server_that_freezes_midway_fails_at_the_deadline(
+    pg_to_break: pg_server.PgServer,
+) -> None:
+    """10: ``iter_entries`` reads a page per query; the server frozen after the
+    first page was yielded, the next page fails with the read's StoreError while
+    the server is still frozen (the consumer is not held); ``list_sessions`` too.
+    Once thawed, a new stream reads everything."""
+    url = pg_server.create_database(pg_to_break, f"atk{os.getpid()}_{next(_databases)}")
+    freezer = pg_server.Freezer(pg_to_break, thaw_after_s=60.0)
+    entries = [entry(n) for n in range(1200)]  # three pages
+    try:
+        async with PostgresStore(url, request_timeout_s=2) as store:
+            await store.append(KEY, entries)
+            seen: list[dict[str, Any]] = []
+            with pytest.raises(StoreError, match=r"read of p/s timed out after 2 s"):
+                async for e in store.iter_entries(KEY):
+                    seen.append(e)
+                    if len(seen) == 1:
+                        freezer.freeze()
+            assert freezer.frozen and seen == entries[:500]
+            with pytest.raises(StoreError, match=r"list_sessions of p timed out after 2 s"):
+                await store.list_sessions("p")
+            assert freezer.frozen
+            freezer.thaw()
+            assert [e async for e in store.iter_entries(KEY)] == entries
+    finally:
+        freezer.thaw()
