@@ -804,9 +804,9 @@ class WorkerPool:
     def closing(self) -> bool:
         return self._closing
 
-    async def _spawn(self, workspace: Path | None = None) -> _Connection:
-        """A new worker process, waiting for its configuration, its cwd ``workspace``
-        (default: the pool's)."""
+    async def _spawn(self) -> _Connection:
+        """A new worker process, waiting for its configuration (whose ``workspace``
+        becomes its cwd once it is confined)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         refused = _protocol.refuse_descriptors(ours)  # see sandbox._protocol
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -823,7 +823,12 @@ class WorkerPool:
                 stdout=out_w,
                 stderr=err_w,
                 pass_fds=(theirs.fileno(),),
-                cwd=str(workspace if workspace is not None else self.workspace),
+                # Not the workspace: the interpreter imports from relative entries of
+                # sys.path (an editable install's path hook name) against its cwd at
+                # start, before it is confined, and a tool can write one there
+                # (``sitecustomize.py`` in it would run unconfined). The worker enters
+                # its workspace once confined (sandbox.worker.start).
+                cwd="/",
                 env=env,
                 start_new_session=True,
             )
@@ -862,11 +867,11 @@ class WorkerPool:
     async def _take_process(self, workspace: Path) -> _Connection:
         """The spare process if one is ready (and start the next), else a new one.
 
-        The spare's working directory is the pool's workspace: a worker of another
-        workspace gets a process of its own, started there.
+        The spare is the pool's workspace's: a worker of another workspace gets a
+        process of its own.
         """
         if workspace != self.workspace:
-            return await self._spawn(workspace)
+            return await self._spawn()
         spare, self._spare = self._spare, None
         if self.spare:
             self._nursery.start_soon(self._make_spare)

@@ -120,6 +120,9 @@ def start(fd: int, program: str) -> tuple[Channel, WorkerConfig, Confinement]:
         raise SystemExit(2) from None
     try:
         report = confine(config)
+        # Started in "/" (sandbox.pool: nothing a tool writes is on the path while
+        # the interpreter starts); relative paths of tools are inside the workspace.
+        os.chdir(config.workspace)
     except (SandboxError, OSError) as exc:
         channel.send(FatalFrame(message=str(exc)))
         raise SystemExit(1) from None

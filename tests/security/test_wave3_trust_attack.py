@@ -214,11 +214,6 @@ async def test_a_workspace_holding_a_relative_sys_path_entry_is_refused(
 
 
 @needs_relative_entry
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs sandbox/pool.py: a worker starts in a directory no tool writes (/), "
-    "and enters its workspace once confined",
-)
 async def test_a_relative_sys_path_entry_made_by_a_tool_never_runs_in_a_worker(
     arena: Arena, tmp_path: Path
 ) -> None:
