@@ -3,7 +3,6 @@ the public surface, and ``tak doctor``."""
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import struct
@@ -16,7 +15,6 @@ import attrs
 import pytest
 
 import sandbox
-from kernel.cli import doctor
 from kernel.errors import SandboxError, UsageError
 from sandbox import Limits, Policy, _protocol, landlock, probe_isolation, seccomp
 
@@ -342,9 +340,9 @@ def test_the_worker_needs_its_channel() -> None:
 
 
 def run_doctor(*argv: str) -> int:
-    parser = argparse.ArgumentParser()
-    doctor.add_commands(parser.add_subparsers())
-    args = parser.parse_args(["doctor", *argv])
+    from kernel.cli import build_parser  # tak's own options (--home) with the command's
+
+    args = build_parser().parse_args(["doctor", *argv])
     code: int = args.func(args)
     return code
 
