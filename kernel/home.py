@@ -161,19 +161,7 @@ def workspace_max_bytes(
     Raises:
         UsageError: not a positive integer (one line naming ``source`` and the key).
     """
-    section = config.get("workspace", {})
-    if not isinstance(section, Mapping):
-        raise UsageError(f"{source}: [workspace] must be a table, got {section!r}")
-    value = section.get("max_bytes")
-    # bool is an int in Python, and a float would be silently truncated: refuse both.
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UsageError(
-            f"{source}: [workspace] max_bytes must be a positive whole number of bytes, "
-            f"got {value!r}"
-        )
-    return value
+    return _workspace_count(config, source, "max_bytes", "bytes")
 
 
 def workspace_max_files(
@@ -184,16 +172,22 @@ def workspace_max_files(
     Raises:
         UsageError: not a positive integer (one line naming ``source`` and the key).
     """
+    return _workspace_count(config, source, "max_files", "files")
+
+
+def _workspace_count(
+    config: Mapping[str, Any], source: str | os.PathLike[str], key: str, unit: str
+) -> int | None:
     section = config.get("workspace", {})
     if not isinstance(section, Mapping):
         raise UsageError(f"{source}: [workspace] must be a table, got {section!r}")
-    value = section.get("max_files")
+    value = section.get(key)
+    # bool is an int in Python, and a float would be silently truncated: refuse both.
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise UsageError(
-            f"{source}: [workspace] max_files must be a positive whole number of files, "
-            f"got {value!r}"
+            f"{source}: [workspace] {key} must be a positive whole number of {unit}, got {value!r}"
         )
     return value
 
