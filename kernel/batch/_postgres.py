@@ -247,6 +247,11 @@ class PostgresLedger:
         return self._lease
 
     @property
+    def request_timeout_s(self) -> float:
+        """The longest one ledger call may take, its retries included."""
+        return self._store.request_timeout_s
+
+    @property
     def created(self) -> float:
         """When the run was first opened: Unix time, by the database clock."""
         return self._created

@@ -92,7 +92,9 @@ logger = logging.getLogger("tak.batch")
 
 #: How long a stopped run may take to record its running tasks as cancelled.
 CANCEL_RECORD_S = 5.0
-#: How long recording a finished task's result may take (even while the run stops).
+#: How long recording a finished task's result may take (even while the run stops),
+#: or longer: a ledger with a ``request_timeout_s`` of its own (PostgreSQL's, which
+#: rides out a restart within it) gets that, and the time to take its thread back.
 FINISH_S = 60.0
 #: How often an idle runner asks the ledger again while other workers hold tasks
 #: (their leases may lapse, and the tasks come to this worker).
@@ -491,7 +493,8 @@ class _Runner:
         # cancellation arrives at the next checkpoint. Bounded: a ledger that hangs
         # must not hold a stopping run forever (the task then runs again on resume).
         accepted: bool | None = None
-        with trio.CancelScope(shield=True), trio.move_on_after(FINISH_S):
+        finish_s = _finish_s(self.ledger)
+        with trio.CancelScope(shield=True), trio.move_on_after(finish_s):
             accepted = await self.ledger.finish(self.worker, result)
         if accepted is None:
             logger.error(
@@ -499,7 +502,7 @@ class _Runner:
                 "on resume",
                 task.id,
                 result.reason,
-                FINISH_S,
+                finish_s,
             )
         elif accepted and result.finished:
             self.totals.add(result)
@@ -683,6 +686,18 @@ class _Runner:
             if failure is None:
                 raise
             return None, f"scorer: {one_line(failure)}"
+
+
+def _finish_s(ledger: Ledger) -> float:
+    """How long recording a result may take: ``FINISH_S``, or the ledger's own bound
+    on a call (its ``request_timeout_s``, plus the time to take its thread back) when
+    longer, so a result the ledger would still record is not given up on."""
+    from kernel.store._postgres import CANCEL_GRACE_S
+
+    own = getattr(ledger, "request_timeout_s", None)
+    if isinstance(own, int | float) and not isinstance(own, bool):
+        return max(FINISH_S, float(own) + 2 * CANCEL_GRACE_S)
+    return FINISH_S
 
 
 def default_worker() -> str:

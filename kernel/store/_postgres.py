@@ -504,6 +504,11 @@ class PostgresStore(ClosableStore):
             return conn
 
     @property
+    def request_timeout_s(self) -> float:
+        """The longest one call may take, its retries included (guarantee 10)."""
+        return self._request_timeout_s
+
+    @property
     def where(self) -> str:
         """The server, as this store's errors name it: ``PostgreSQL host:port/db``."""
         return self._where

@@ -218,3 +218,61 @@ async def test_a_lease_of_a_year_claims_and_renews(url: str) -> None:
         [claim] = await ledger.claim("w", 1)
         assert claim.task.id == "a"
         assert await ledger.renew("w", ["a"]) == []
+
+
+async def test_a_result_is_waited_for_as_long_as_the_ledger_rides_an_outage_out(
+    tmp_path: Path,
+    url: str,
+    pg_to_break: pg_server.PgServer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """run_batch gave a result's write ``FINISH_S`` (60 s) whatever the ledger's
+    ``request_timeout_s``: with ``[store] request_timeout_s = 120`` a database
+    frozen for 70 s during the write had the result given up on ("could not be
+    recorded"), the task claimed again once its lease lapsed and scored twice,
+    though the ledger would have recorded it. Here ``FINISH_S`` is made 1 s, the
+    ledger's timeout 20 s, and the database freezes for 3 s as the first result is
+    written: it is recorded by that attempt, each task is scored once."""
+    from kernel.batch import _postgres, _run
+
+    monkeypatch.setattr(_run, "FINISH_S", 1.0)
+    freezer = pg_server.Freezer(pg_to_break, thaw_after_s=3.0)
+    real_finish = _postgres._finish
+    armed = [True]
+
+    def finish(conn: Any, run_id: str, worker: str, result: Any, *, again: bool) -> bool:
+        if armed[0] and result.finished:
+            armed[0] = False
+            freezer.freeze()  # thawed by its timer, 3 s on
+        return real_finish(conn, run_id, worker, result, again=again)
+
+    monkeypatch.setattr(_postgres, "_finish", finish)
+    scored: list[str] = []
+
+    async def model(request: ModelRequest) -> Any:
+        return "done"
+
+    def scorer(task: BatchTask, outcome: Any) -> float:
+        scored.append(task.id)
+        return 1.0
+
+    tasks = [BatchTask(id=f"t{i}", prompt=f"task t{i}") for i in range(2)]
+    try:
+        store = PostgresStore(url, request_timeout_s=20, retry_lost_connections=True)
+        async with (
+            open_kernel(
+                home=tmp_path / "home", model=ScriptedModel(model), plugins=[], store=store
+            ) as kernel,
+            open_postgres_ledger(url, "patient", lease_seconds=1.0, request_timeout_s=20) as ledger,
+        ):
+            summary = await run_batch(
+                kernel, tasks, ledger=ledger, max_concurrency=1, scorer=scorer
+            )
+    finally:
+        freezer.thaw()
+    assert not armed[0], "no result was written through the freeze"
+    assert [(r.id, r.reason, r.attempt) for r in summary.results] == [
+        ("t0", "final", 1),
+        ("t1", "final", 1),
+    ]
+    assert sorted(scored) == ["t0", "t1"]
