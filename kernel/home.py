@@ -25,7 +25,6 @@ import functools
 import json
 import math
 import os
-import re
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -391,8 +390,6 @@ _STDIO_ONLY: Final = (
     "processes",
 )
 
-_SERVER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,30}")
-
 
 @attrs.frozen(kw_only=True)
 class McpServerConfig:
@@ -473,10 +470,14 @@ def _check_stdio_only(names: Any) -> None:
 
 
 def _check_server_name(name: str) -> None:
-    if not _SERVER_NAME.fullmatch(name):
+    # A server's name is its tools' namespace (``m3.echo``): the registry's rule, so
+    # a name it would refuse at start (``m3_``, ``a__b``) is refused here, in tak.toml.
+    # (Imported here: kernel.tools costs ``tak --help`` what this module saves it.)
+    from .tools import NAMESPACE_PATTERN, NAMESPACE_RULE
+
+    if len(name) > 31 or not NAMESPACE_PATTERN.fullmatch(name):
         raise _BadValue(
-            f"server name {_shown(name)}: expected letters, digits, '_' or '-' "
-            "(at most 31, not starting with a digit or '-')"
+            f"server name {_shown(name)}: expected at most 31 characters, {NAMESPACE_RULE}"
         )
 
 

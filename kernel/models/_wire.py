@@ -32,13 +32,14 @@ from typing import Any
 
 from ..errors import UsageError
 from ..messages import Attachment, Message, Observation, escape_surrogates, json_problem
+from ..tools import wire_form
 from ._base import ModelRequest
 
 _MAX_WIRE_NAME = 64
 
 
 def wire_name(name: str) -> str:
-    return name.replace(".", "__")
+    return wire_form(name)  # the registry's rule: two names of one wire form are one
 
 
 class ToolNameMap:

@@ -169,3 +169,11 @@ def test_is_error_is_an_exception_observation() -> None:
             result(types.TextContent(type="text", text="no such page"), is_error=True)
         )
     assert (caught.value.kind, caught.value.message) == ("exception", "no such page")
+
+
+@pytest.mark.parametrize("name", ["m3_", "a__b", "_", "x" * 32])
+def test_a_server_name_the_registry_would_refuse_is_refused_in_tak_toml(name: str) -> None:
+    # The namespace rule (kernel.tools.NAMESPACE_PATTERN): refused when tak.toml is read,
+    # not only when the servers start (m3_ and a__b share wire forms with other names).
+    with pytest.raises(UsageError, match=r"server name .*no '__' and no '_' at the end"):
+        Config.from_toml({"mcp": {"servers": {name: {"command": "x"}}}}, source=FILE)
