@@ -8,11 +8,15 @@ plugin file whose *name* carries them; an MCP server (approved) whose tool
 description and output carry them, and one whose program's name does; a model
 (an OpenAI-compatible server on 127.0.0.1: only the provider is faked) whose
 text, tool-call names and arguments and error replies carry them; the session
-and the batch run those made. Each command of the parser is run as a real
-``tak`` process on that home, and its stdout and stderr must hold none of
+and the batch run those made; a batch task's seed directory with a link whose
+name carries them (a warning names it: a log record). Each command of the parser
+is run on that home in this process (``kernel.cli.main``, its descriptors
+captured, so a child's writes count; a log record nobody handles reaches stderr
+as in a ``tak`` process), and its stdout and stderr must hold none of
 ``kernel.terminal.ESCAPES`` but the newline, nor a forged line, except where
 multi-line content is shown (a tool's output, a model's text), whose newlines
-are kept.
+are kept. ``tak serve`` runs as a process for ``tak repl`` to talk to, and a
+client that names itself and closes with controls: its log must hold none either.
 
 The walk is built from the parser: a command added to ``tak`` without a case
 here fails ``test_every_command_is_walked``.
@@ -22,11 +26,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,8 +43,10 @@ import attrs
 import pytest
 import trio
 
-from kernel.cli import build_parser
-from kernel.terminal import ESCAPES
+from kernel.cli import build_parser, main
+from kernel.cli._exit import exit_code
+from kernel.terminal import ESCAPES, escape_terminal
+from tests.cli_kit import child_environ, die_with_parent, tak_argv
 
 #: Every trick at once; FORGED starts the line the ``\n`` would forge.
 FORGED = "FORGED-LINE"
@@ -168,28 +177,56 @@ class World:
     root: Path
     home: Path
     workspace: Path
-    env: dict[str, str]
     repl_url: str
+    serve_log: Path
 
 
-def tak(world: World, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``tak --home HOME ARGV...`` as a process (this file's own small helper)."""
-    return subprocess.run(
-        [sys.executable, "-m", "kernel.cli", "--home", str(world.home), *argv],
-        capture_output=True,
-        text=True,
-        env=world.env,
-        input=stdin,
-        timeout=180,
-    )
+@attrs.frozen
+class Ran:
+    argv: list[str]
+    code: int
+    stdout: str
+    stderr: str
 
 
-def _checked(result: subprocess.CompletedProcess[str]) -> None:
-    assert result.returncode == 0, result.stdout + result.stderr
+def tak(world: World, *argv: str, stdin: str = "") -> int:
+    """``tak --home HOME ARGV...`` in this process (``kernel.cli.main``); its status.
+    Its output is what a terminal would get: what the command prints and whatever a
+    child process it starts writes to the same descriptors (``capfd`` holds both).
+
+    A log record that no handler takes reaches stderr through ``logging.lastResort``,
+    as in a ``tak`` process: pytest's own capturing handlers are taken off the root
+    logger meanwhile.
+    """
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    for handler in handlers:
+        root.removeHandler(handler)
+    before = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        code = main(["--home", str(world.home), *argv])
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exit_code(exc)
+    finally:
+        sys.stdin = before
+        for handler in handlers:
+            root.addHandler(handler)
+    return code
+
+
+def _setup(world: World, *argv: str) -> None:
+    """A step that makes the home (its output is not what is checked)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = tak(world, *argv)
+    assert code == 0, f"tak {' '.join(argv)}: {code}\n{out.getvalue()}{err.getvalue()}"
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The hostile home, made once for the module (one test uses it: a test process of
+    pytest-xdist makes it once), with ``tak serve`` running on it."""
     root = tmp_path_factory.mktemp("hostile")
     home, workspace = root / "home", root / "workspace"
     plugins = workspace / ".tak" / "plugins"
@@ -206,36 +243,30 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         "[mcp.servers.gone]\n"
         f"command = {json.dumps('/nonexistent/' + BAD_NAME)}\n"
     )
+    # A task seeded from a directory (a cloned repository) whose link's name is an attack
+    # and leads out of it: the warning that names it is a log record.
+    seed = root / "seed"
+    seed.mkdir()
+    (seed / f"link{BAD_NAME}").symlink_to("/etc/passwd")
     (root / "tasks.jsonl").write_text(
-        "".join(json.dumps({"id": f"t{i}", "prompt": HOSTILE}) + "\n" for i in range(2))
-    )
-    with hostile_model() as base_url:
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.endswith("_API_KEY") and key not in ("TAK_HOME", "TAK_STORE_URL")
-        }
-        env.update(OPENAI_BASE_URL=base_url, OPENAI_API_KEY="sk-test")
-        world = World(root, home, workspace, env, repl_url="")
-        _checked(tak(world, "plugins", "trust", "hostile", "--workspace", str(workspace)))
-        _checked(tak(world, "mcp", "trust", "m"))
-        # A session whose transcript holds the model's text, its calls and their results.
-        _checked(
-            tak(
-                world,
-                "run",
-                HOSTILE,
-                "--model",
-                "openai:gpt-4.1-mini",
-                "--session",
-                "hostile",
-                "--workspace",
-                str(workspace),
-            )
+        "".join(
+            json.dumps({"id": f"t{i}", "prompt": HOSTILE, "workspace": str(seed)}) + "\n"
+            for i in range(2)
         )
-        trio.run(_append_title, home)  # a title, as a kernel writes one (the session's ls line)
-        # A batch run whose tasks failed with the provider's hostile error.
-        _checked(tak(world, "batch", "run", str(root / "tasks.jsonl"), "--model", "openai:fail"))
+    )
+    with hostile_model() as base_url, pytest.MonkeyPatch.context() as env:
+        for key in [k for k in os.environ if k.endswith("_API_KEY")]:
+            env.delenv(key)
+        env.delenv("TAK_HOME", raising=False)
+        env.delenv("TAK_STORE_URL", raising=False)
+        env.setenv("OPENAI_BASE_URL", base_url)
+        env.setenv("OPENAI_API_KEY", "sk-test")
+        world = World(root, home, workspace, repl_url="", serve_log=root / "serve.log")
+        _setup(world, "plugins", "trust", "hostile", "--workspace", str(workspace))
+        _setup(world, "mcp", "trust", "m")
+        # A title, as a kernel writes one (the session's ls line); the walk's tak run
+        # adds the model's text, its calls and their results to the same session.
+        trio.run(_append_title, home)
         with _served(world) as url:
             yield attrs.evolve(world, repl_url=url)
 
@@ -251,40 +282,47 @@ async def _append_title(home: Path) -> None:
 
 @contextlib.contextmanager
 def _served(world: World) -> Iterator[str]:
-    """``tak serve`` on the hostile home (for ``tak repl``), its log in ``serve.log``;
-    its URL."""
-    log = (world.root / "serve.log").open("w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kernel.cli",
-            "--home",
-            str(world.home),
-            "serve",
-            "--port",
-            "0",
-            "--workspace",
-            str(world.workspace),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        env=world.env,
-    )
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
-        assert url.startswith("ws://"), url
-        yield url
-    finally:
-        server.terminate()
+    """``tak serve`` on the hostile home as a process (``tak repl`` talks to it), its
+    stderr (its log) in ``serve_log``; its URL."""
+    with world.serve_log.open("w") as log:
+        server = subprocess.Popen(
+            tak_argv("serve", "--port", "0", "--workspace", str(world.workspace), home=world.home),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=child_environ(),
+            preexec_fn=die_with_parent,
+        )
         try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+            assert server.stdout is not None
+            url = server.stdout.readline().strip()
+            assert url.startswith("ws://"), url
+            yield url
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            server.stdout.close() if server.stdout else None
+
+
+#: A client's own words, short enough for a close frame's reason (123 bytes).
+CLIENT_TEXT = f"\x1b[8mhid\x1b]0;t\x07\r\x9b\u202e\n{FORGED} x"
+
+
+async def _hostile_client(url: str) -> None:
+    """A client of ``tak serve`` that names itself with controls and closes with them
+    (``tak serve`` logs a connection's close and its reason)."""
+    from trio_websocket import open_websocket_url
+
+    async with open_websocket_url(url) as ws:
+        await ws.send_message(
+            json.dumps({"v": 1, "type": "hello", "id": "h", "client": CLIENT_TEXT})
+        )
+        await ws.get_message()
+        await ws.aclose(code=4000, reason=CLIENT_TEXT)
 
 
 # --- the walk ----------------------------------------------------------------------------
@@ -297,27 +335,41 @@ class Case:
     multiline: bool = False
     #: the hostile text must be in the output (escaped): the case shows it
     shows: bool = True
-    stdin: str | None = None
+    stdin: str = ""
 
 
 W = "{workspace}"  # replaced by the world's workspace
 ROOT = "{root}"  # by its root directory
 URL = "{url}"  # by tak serve's URL
 
-# One case a command where one shows the most (each is a process that loads the
-# plugins and starts the eager MCP server: a few seconds each).
+# One case a command where one shows the most, walked in this order: tak run and tak
+# batch run make the session and the run that the commands after them show. Each runs
+# in this process (only tak serve is a process of its own: tak repl talks to it).
 CASES: dict[str, list[Case]] = {
+    # the model's text, its calls (one to a tool named with controls), their results
+    "run": [
+        Case(
+            (
+                "run",
+                HOSTILE,
+                "--model",
+                "openai:gpt-4.1-mini",
+                "--session",
+                "hostile",
+                "--workspace",
+                W,
+            ),
+            multiline=True,
+        )
+    ],
+    # the provider's hostile error; the seed's hostile link name (a log record)
+    "batch run": [Case(("batch", "run", f"{ROOT}/tasks.jsonl", "--model", "openai:fail"))],
     "tools": [Case(("tools", "--workspace", W))],  # the plugin's and the server's descriptions
     "call": [
         Case(("call", "--workspace", W, "shout", json.dumps({"text": "!"})), multiline=True),
         Case(("call", "--workspace", W, "m.say", "--json")),
     ],
     "demo": [Case(("demo",), shows=False)],  # shows only its own tools' text
-    # the model's text, its calls (one to a tool named with controls), their results
-    "run": [
-        Case(("run", "hi", "--model", "openai:gpt-4.1-mini", "--workspace", W), multiline=True)
-    ],
-    "batch run": [Case(("batch", "run", f"{ROOT}/tasks.jsonl", "--model", "openai:fail"))],
     "batch resume": [Case(("batch", "resume", "tasks"))],
     "batch ls": [Case(("batch", "ls", "--json"), shows=False)],  # numbers and the model string
     "batch show": [Case(("batch", "show", "tasks")), Case(("batch", "show", "tasks", "--json"))],
@@ -332,7 +384,8 @@ CASES: dict[str, list[Case]] = {
     "plugins untrust": [Case(("plugins", "untrust", BAD_NAME, "--workspace", W))],
     "plugins new": [Case(("plugins", "new", BAD_NAME, "--dir", f"{ROOT}/new"))],
     "plugins check": [Case(("plugins", "check", f"{W}/.tak/plugins/hostile.py"))],
-    "serve": [Case(("serve", "--host", BAD_NAME))],
+    # a hostile word where none is expected: argparse quotes what it was given
+    "serve": [Case(("serve", "--host", BAD_NAME)), Case(("serve", "--port", "1", BAD_NAME))],
     "repl": [
         Case(
             ("repl", URL, "--session", "hostile"),
@@ -374,38 +427,49 @@ def test_raw_controls_sees_each_trick() -> None:
     )
 
 
-Ran = tuple[list[str], subprocess.CompletedProcess[str]]
+def problems(ran: Ran, case: Case) -> list[str]:
+    """What is wrong with what ``case`` wrote: raw controls, a forged line, nothing hostile
+    shown where the case shows it."""
+    where = f"tak {' '.join(ran.argv)!r} (status {ran.code})"
+    found = []
+    for name, text in (("stdout", ran.stdout), ("stderr", ran.stderr)):
+        if raw_controls(text):
+            found.append(f"{where}: raw controls {raw_controls(text)} on {name}:\n{text}")
+        forged = [line for line in text.splitlines() if line.startswith(FORGED)]
+        if forged and not case.multiline:
+            found.append(f"{where}: a forged line on {name}:\n{text}")
+    if case.shows and not any(s in ran.stdout + ran.stderr for s in SHOWN):
+        found.append(f"{where}: shows nothing hostile:\n{ran.stdout}{ran.stderr}")
+    return found
 
 
-@pytest.fixture(scope="module")
-def walked(world: World) -> dict[Case, Ran]:
-    """Every case run once, two at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def run(case: Case) -> Ran:
-        argv = [
-            word.replace(W, str(world.workspace))
-            .replace(ROOT, str(world.root))
-            .replace(URL, world.repl_url)
-            for word in case.argv
-        ]
-        return argv, tak(world, *argv, stdin=case.stdin)
-
-    cases = [case for command in sorted(CASES) for case in CASES[command]]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(cases, pool.map(run, cases), strict=True))
-
-
-@pytest.mark.parametrize("command", sorted(CASES))
-def test_no_raw_control_reaches_the_terminal(walked: dict[Case, Ran], command: str) -> None:
-    for case in CASES[command]:
-        argv, result = walked[case]
-        where = f"tak {' '.join(argv)!r} (status {result.returncode})"
-        for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-            assert raw_controls(text) == [], f"{where}: raw controls on {name}:\n{text}"
-            if not case.multiline:
-                forged = [line for line in text.splitlines() if line.startswith(FORGED)]
-                assert forged == [], f"{where}: a forged line on {name}:\n{text}"
-        if case.shows:
-            both = result.stdout + result.stderr
-            assert any(s in both for s in SHOWN), f"{where}: shows nothing hostile:\n{both}"
+def test_no_raw_control_reaches_the_terminal(
+    world: World, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Every case of every command, in one test (the home is made once), each failure
+    named; then tak serve's log, after tak repl and a hostile client talked to it."""
+    found: list[str] = []
+    for cases in CASES.values():
+        for case in cases:
+            argv = [
+                word.replace(W, str(world.workspace))
+                .replace(ROOT, str(world.root))
+                .replace(URL, world.repl_url)
+                for word in case.argv
+            ]
+            capfd.readouterr()
+            code = tak(world, *argv, stdin=case.stdin)
+            out, err = capfd.readouterr()
+            found += problems(Ran(argv, code, out, err), case)
+    trio.run(_hostile_client, world.repl_url)
+    shown = escape_terminal(CLIENT_TEXT)
+    for _ in range(600):  # a hang guard: the close is logged once the server has seen it
+        log = world.serve_log.read_text()
+        if shown in log:
+            break
+        time.sleep(0.1)
+    else:
+        found.append(f"tak serve's log never showed the client's close:\n{log}")
+    if raw_controls(log) or any(line.startswith(FORGED) for line in log.splitlines()):
+        found.append(f"tak serve's log: raw controls or a forged line:\n{log}")
+    assert found == [], "\n\n".join(found)

@@ -29,10 +29,14 @@ class _Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
+        # The message quotes the words given (``unrecognized arguments: ...``), and a
+        # command pasted from a hint or a page may carry a hostile name: escaped.
+        from ..terminal import escape_terminal
+
         hint = _plugin_hint(message)
         if hint is not None:
-            self.exit(2, f"{self.prog}: {message}: {hint}\n")
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+            self.exit(2, escape_terminal(f"{self.prog}: {message}: {hint}") + "\n")
+        self.exit(2, escape_terminal(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")
 
 
 def _plugin_hint(message: str) -> str | None:
@@ -87,8 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return BAD_INPUT
+    from ._terminal_log import terminal_logging
+
     try:
-        code: int = func(args)
+        with terminal_logging():  # a log record on the terminal: escaped
+            code: int = func(args)
     except BaseException as exc:
         # Errors come out of nurseries wrapped in groups; a person wants the one line.
         leaf = _single_leaf(exc)

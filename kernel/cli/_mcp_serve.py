@@ -46,8 +46,9 @@ import trio
 
 from ..terminal import escape_terminal
 from ._exit import FAILED, OK, one_line_errors, os_error_line, report, single_leaf
+from ._terminal_log import log_to_terminal
 from .plugins import ensure_home
-from .serve import log_to_stderr, read_token, refuse_remote_bind
+from .serve import read_token, refuse_remote_bind
 
 if TYPE_CHECKING:
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             import secrets
 
             token = secrets.token_urlsafe(32)
-    log_to_stderr()
+    log_to_terminal()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:

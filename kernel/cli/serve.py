@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..terminal import escape_terminal
 from . import DEFAULT_PROJECT
@@ -113,23 +112,6 @@ async def refuse_remote_bind(host: str, *, allow_remote: bool) -> None:
         )
 
 
-def log_to_stderr() -> None:
-    """The servers' log lines on stderr, from INFO up (once the command's input is checked),
-    each escaped for the terminal: a record may quote a tool's name, a client's, a model's."""
-    import logging
-
-    class EscapingFormatter(logging.Formatter):
-        def formatMessage(self, record: logging.LogRecord) -> str:
-            return escape_terminal(super().formatMessage(record))
-
-        def formatException(self, ei: Any) -> str:
-            return escape_terminal(super().formatException(ei), keep_newlines=True)
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
-
-
 @one_line_errors("tak serve")
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
@@ -153,7 +135,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"tak serve: --token-file: {escape_terminal(os_error_line(exc))}", file=sys.stderr)
         return FAILED
-    log_to_stderr()
+    from ._terminal_log import log_to_terminal
+
+    log_to_terminal()
 
     async def main() -> None:
         async with open_kernel(
