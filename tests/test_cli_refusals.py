@@ -8,25 +8,42 @@ so no log line comes first.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest
 
+from kernel.cli import main
+from kernel.cli._exit import exit_code
 
-def tak(*argv: str) -> subprocess.CompletedProcess[str]:
-    """``tak ARGV...`` as a process (this file's own small helper)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TAK_HOME", "TAK_STORE_URL")}
-    return subprocess.run(
-        [sys.executable, "-m", "kernel.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+
+@attrs.frozen
+class Refused:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def tak(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> Callable[..., Refused]:
+    """``tak ARGV...`` in this process, its status and what it wrote (its descriptors:
+    a log handler's lines too)."""
+    monkeypatch.delenv("TAK_HOME", raising=False)
+    monkeypatch.delenv("TAK_STORE_URL", raising=False)
+
+    def run(*argv: str) -> Refused:
+        capfd.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:
+            code = exit_code(exc)
+        out, err = capfd.readouterr()
+        return Refused(code, out, err)
+
+    return run
 
 
 @pytest.mark.parametrize(
@@ -36,11 +53,12 @@ def tak(*argv: str) -> subprocess.CompletedProcess[str]:
         (["run", "hi"], "tak run"),
         (["sessions", "ls"], "tak: error"),
         (["mcp", "ls"], "tak mcp ls"),
+        (["batch", "ls"], "tak batch ls"),
         (["serve", "--port", "0"], "tak serve"),
     ],
 )
 def test_a_tak_home_that_is_a_file_is_said_so(
-    tmp_path: Path, command: list[str], prog: str
+    tak: Callable[..., Refused], tmp_path: Path, command: list[str], prog: str
 ) -> None:
     home = tmp_path / "home"
     home.write_text("")
@@ -55,7 +73,7 @@ def test_a_tak_home_that_is_a_file_is_said_so(
     [["serve", "--host", "0.0.0.0", "--port", "0"], ["mcp", "serve", "--http", "0.0.0.0:0"]],
 )
 def test_a_remote_host_is_refused_before_anything_is_logged(
-    tmp_path: Path, command: list[str]
+    tak: Callable[..., Refused], tmp_path: Path, command: list[str]
 ) -> None:
     refused = tak("--home", str(tmp_path / "home"), *command)
     assert refused.returncode == 2, refused.stdout + refused.stderr

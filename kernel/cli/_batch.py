@@ -922,7 +922,9 @@ def _complete_lines(path: Path) -> list[tuple[int, bytes]]:
 @one_line_errors("tak batch ls")
 def cmd_ls(args: argparse.Namespace) -> int:
     """The runs under the home; one that cannot be read is named on stderr, the rest
-    listed (status 0: the listing is what was asked for)."""
+    listed (status 0: the listing is what was asked for). A home that is a file, or
+    a wrong tak.toml, is refused as every command refuses them (status 2)."""
+    TakHome.locate(args.home).read_config()
     root = runs_dir(args.home)
     entries = sorted(root.iterdir()) if root.is_dir() else []
     runs: list[RunView] = []
