@@ -522,20 +522,25 @@ class HistoryCache:
         self, *, keep: int, used_before: float = -math.inf, busy: Container[str] = ()
     ) -> int:
         """Drop the sessions last used before ``used_before`` (a ``trio.current_time()``),
-        and the least recently used beyond the ``keep`` most recent; how many.
+        and the least recently used beyond the ``keep`` most recent of those not
+        in use; how many.
 
         In use, and kept: a session whose turn is held (``hold_turn``), and those
         whose main transcript's name (``SessionKey.name``) is in ``busy`` (their
         child transcripts too). A session dropped is read again from the store at
         its next use.
         """
-        excess = len(self._sessions) - keep
+        # keep counts idle sessions: those in use are kept besides them.
+        candidates = [
+            (name, state)
+            for name, state in self._sessions.items()
+            if name not in self._turns and name.partition(":")[0] not in busy
+        ]
+        excess = len(candidates) - keep
         idle = [
             name
-            for at, (name, state) in enumerate(self._sessions.items())
-            if (at < excess or state.used < used_before)
-            and name not in self._turns
-            and name.partition(":")[0] not in busy
+            for at, (name, state) in enumerate(candidates)
+            if at < excess or state.used < used_before
         ]
         for name in idle:
             state = self._sessions.pop(name)

@@ -835,8 +835,8 @@ class FileStore(BaseStore):
     ) -> int:
         """Close the descriptors of transcripts nobody is appending to now: those
         last appended to (or opened) before ``used_before`` (a ``trio.current_time()``),
-        and the least recently used beyond the ``keep`` most recent. Returns how
-        many were closed. Kept, besides those with an append in flight: the
+        and the least recently used beyond the ``keep`` most recent of them (those
+        in use are not counted). Returns how many were closed. Kept, besides those with an append in flight: the
         transcripts of the sessions whose main transcript's name
         (``SessionKey.name``) is in ``busy``.
 
@@ -848,13 +848,17 @@ class FileStore(BaseStore):
         """
         if self._closed:
             return 0
-        excess = len(self._open) - keep
+        # keep counts idle transcripts: those in use are kept besides them.
+        idle = [
+            (name, handle)
+            for name, handle in self._open.items()
+            if name not in self._locks and name.partition(":")[0] not in busy
+        ]
+        excess = len(idle) - keep
         victims = [
             name
-            for at, (name, handle) in enumerate(self._open.items())
-            if (at < excess or handle.used < used_before)
-            and name not in self._locks
-            and name.partition(":")[0] not in busy
+            for at, (name, handle) in enumerate(idle)
+            if at < excess or handle.used < used_before
         ]
         if not victims:
             return 0

@@ -187,3 +187,21 @@ async def test_the_kernel_closing_while_a_round_closes_descriptors(
             assert sum(s.data.type_counts.values()) == len(
                 await store.load(SessionKey("default", s.session_id)) or []
             )
+
+
+async def test_busy_sessions_do_not_count_against_keep_in_the_history_cache() -> None:
+    """keep is the idle sessions kept: two busy ones, the most recent, made
+    release_idle(keep=2) drop every idle one."""
+    from kernel.history import HistoryCache
+    from kernel.store import MemoryStore
+
+    store = MemoryStore()
+    cache = HistoryCache()
+    keys = [SessionKey("p", f"s{i}") for i in range(5)]
+    for k in keys:
+        await store.append(
+            k, [{"type": "user", "uuid": k.session_id, "message": {"role": "user", "parts": []}}]
+        )
+        await cache.history(store, k)
+    assert cache.release_idle(keep=2, busy={keys[3].name, keys[4].name}) == 1
+    assert list(cache._sessions) == [k.name for k in keys[1:]]

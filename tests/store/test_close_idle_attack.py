@@ -258,3 +258,37 @@ async def test_a_release_after_delete_and_restart_in_the_same_millisecond(tmp_pa
     async with FileStore(tmp_path) as again:
         (summary,) = await again.list_session_summaries("p")
         assert summary.data is not None and summary.data.type_counts == {"new": 1}, summary
+
+
+@pytest.mark.parametrize("released", [True, False])
+async def test_a_torn_last_line_left_while_released_is_cut_at_reopen(
+    tmp_path: Path, released: bool
+) -> None:
+    """Another process killed half-way through an append leaves a torn last line
+    (its flock went with it). The next append of this one, reopening after a
+    release or catching up on a descriptor kept open, goes after the whole
+    lines, never glued to the torn one."""
+    key = SessionKey("p", "s")
+    async with FileStore(tmp_path) as store:
+        await store.append(key, [entry("a", n) for n in range(3)])
+        if released:
+            assert await store.close_idle(keep=0) == 1
+        path = tmp_path / "p" / "s" / "transcript.jsonl"
+        with path.open("ab") as f:
+            f.write(b'{"type":"user","uuid":"torn-0","n":')
+        await store.append(key, [entry("a", 3)])
+        got = await store.load(key)
+        assert [e["uuid"] for e in got or []] == ["a-0", "a-1", "a-2", "a-3"]
+    await check_on_disk(tmp_path, {key: ["a-0", "a-1", "a-2", "a-3"]})
+
+
+async def test_sessions_kept_busy_do_not_count_against_keep(tmp_path: Path) -> None:
+    """keep is the idle transcripts kept: with two busy sessions the most recent,
+    close_idle(keep=2) closed every idle one (the busy counted as the kept)."""
+    keys = [SessionKey("p", f"s{i}") for i in range(5)]
+    async with FileStore(tmp_path) as store:
+        for k in keys:
+            await store.append(k, [entry(k.session_id, 0)])
+        busy = {keys[3].name, keys[4].name}
+        assert await store.close_idle(keep=2, busy=busy) == 1
+        assert list(store._open) == [k.name for k in keys[1:]]
