@@ -29,6 +29,9 @@ MALFORMED_OUTPUT_SIGNS = (
     # llama.cpp's llama-server, HTTP 500: a call's arguments in the history (cut
     # by max_tokens, say) are not JSON.
     "failed to parse tool call",
+    # llama-server's PEG parser, HTTP 500: "The model produced output that does not
+    # match the expected peg-native format" (the reply fits no tool-call format).
+    "the model produced output that does not match",
     # Ollama, HTTP 500: "error parsing tool call: raw='...', err=..."
     "error parsing tool call",
     # OpenAI, HTTP 500 model_error.

@@ -41,6 +41,19 @@ MALFORMED = [
         id="llama-server",
     ),
     pytest.param(
+        # llama-server's PEG parser (--jinja): the reply itself fits no tool-call format
+        # (seen from SmolLM2 in `make interop`, the step after a forced call).
+        {
+            "error": {
+                "code": 500,
+                "message": "The model produced output that does not match the expected "
+                "peg-native format",
+                "type": "server_error",
+            }
+        },
+        id="llama-server-peg",
+    ),
+    pytest.param(
         {
             "error": 'error parsing tool call: raw=\'{"term": "ab\', err=unexpected end of JSON input'
         },
