@@ -65,7 +65,10 @@ def test_every_section_is_read_into_its_record(tmp_path: Path) -> None:
             {"store": {"url": "mysql://root:secret@db/x"}},
             '$.store.url: expected a postgresql:// URL, got "mysql://..."',  # no password
         ),
-        ({"store": {"path": "x"}}, "$.store: unknown setting 'path' (known: url, request_timeout_s)"),
+        (
+            {"store": {"path": "x"}},
+            "$.store: unknown setting 'path' (known: url, request_timeout_s)",
+        ),
         (
             {"workspace": {"max_bytes": 0}},
             "$.workspace.max_bytes: expected a positive whole number of bytes, got 0",
