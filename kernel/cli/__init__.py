@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from types import TracebackType
 from typing import NoReturn
 
 from ._exit import BAD_INPUT, INTERRUPTED, OK, report, single_leaf
@@ -108,10 +109,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             # a worker or a server is an error like any other, below.)
             _quiet_stdout()
             return OK
+        if args.debug and not isinstance(leaf, SystemExit):
+            # The traceback asked for, printed by the interpreter as it leaves: its
+            # messages may quote a plugin, a model or a workspace, so escaped.
+            sys.excepthook = _escaped_traceback
         if args.debug or isinstance(leaf, SystemExit):
             raise
         return report(f"tak {args.command}", leaf)
     return code
+
+
+def _escaped_traceback(
+    kind: type[BaseException], value: BaseException, tb: TracebackType | None
+) -> None:
+    """``sys.excepthook`` for ``tak --debug``: the whole traceback, every line escaped
+    for the terminal (newlines kept)."""
+    import traceback
+
+    from ..terminal import escape_terminal
+
+    text = "".join(traceback.format_exception(kind, value, tb))
+    sys.stderr.write(escape_terminal(text, keep_newlines=True))
+    sys.stderr.flush()
 
 
 def _stdout_closed() -> bool:

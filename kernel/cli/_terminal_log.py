@@ -5,7 +5,8 @@ left out``), an MCP server's reason for ending, a worker's stderr, a client's
 request. Written as it is, that text would put its controls on the terminal, and
 a ``\\n`` in it would forge a log line of its own. ``EscapingFormatter`` passes the
 message, the traceback and the stack through ``kernel.terminal.escape_terminal``
-(a traceback keeps its newlines: it is the kernel's own many lines).
+(a traceback keeps its newlines, every line after its first indented: no line of
+it starts where a log line does).
 
 Two paths write records to the terminal, and both use it:
 
@@ -40,10 +41,17 @@ class EscapingFormatter(logging.Formatter):
         return escape_terminal(super().formatMessage(record))
 
     def formatException(self, ei: Any) -> str:
-        return escape_terminal(super().formatException(ei), keep_newlines=True)
+        return _indented(super().formatException(ei))
 
     def formatStack(self, stack_info: str) -> str:
-        return escape_terminal(super().formatStack(stack_info), keep_newlines=True)
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    """Many lines of the kernel's own (a traceback), escaped, every line after the first
+    indented: the last lines quote an exception's message, whose newlines must not
+    start a line that passes for a log line of its own."""
+    return escape_terminal(text, keep_newlines=True).replace("\n", "\n  ")
 
 
 class _StderrHandler(logging.StreamHandler[TextIO]):
