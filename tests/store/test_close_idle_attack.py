@@ -10,6 +10,7 @@ not by timing.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import subprocess
@@ -260,6 +261,18 @@ async def test_a_release_after_delete_and_restart_in_the_same_millisecond(tmp_pa
         assert summary.data is not None and summary.data.type_counts == {"new": 1}, summary
 
 
+def tear(sdir: Path) -> None:
+    """What a process killed half-way through an append leaves: under the
+    session's flock (as any writer takes it), a last line without its end."""
+    dfd = os.open(sdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX)  # waits for this process's hold to end
+        with (sdir / "transcript.jsonl").open("ab") as f:
+            f.write(b'{"type":"user","uuid":"torn-0","n":')
+    finally:
+        os.close(dfd)  # and the lock with it
+
+
 @pytest.mark.parametrize("released", [True, False])
 async def test_a_torn_last_line_left_while_released_is_cut_at_reopen(
     tmp_path: Path, released: bool
@@ -273,9 +286,7 @@ async def test_a_torn_last_line_left_while_released_is_cut_at_reopen(
         await store.append(key, [entry("a", n) for n in range(3)])
         if released:
             assert await store.close_idle(keep=0) == 1
-        path = tmp_path / "p" / "s" / "transcript.jsonl"
-        with path.open("ab") as f:
-            f.write(b'{"type":"user","uuid":"torn-0","n":')
+        await trio.to_thread.run_sync(tear, tmp_path / "p" / "s")
         await store.append(key, [entry("a", 3)])
         got = await store.load(key)
         assert [e["uuid"] for e in got or []] == ["a-0", "a-1", "a-2", "a-3"]
