@@ -254,6 +254,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             for i in range(2)
         )
     )
+    # A run's directory copied from elsewhere: its manifest is anyone's.
+    (root / "copied-run").mkdir()
+    (root / "copied-run" / "manifest.json").write_text(
+        json.dumps({"run_id": "r" + BAD_NAME, "created": 1.0, "nonce": HOSTILE})
+    )
+    (root / "copied-run" / "tasks.jsonl").write_text("")
     with hostile_model() as base_url, pytest.MonkeyPatch.context() as env:
         for key in [k for k in os.environ if k.endswith("_API_KEY")]:
             env.delenv(key)
@@ -372,7 +378,11 @@ CASES: dict[str, list[Case]] = {
     "demo": [Case(("demo",), shows=False)],  # shows only its own tools' text
     "batch resume": [Case(("batch", "resume", "tasks"))],
     "batch ls": [Case(("batch", "ls", "--json"), shows=False)],  # numbers and the model string
-    "batch show": [Case(("batch", "show", "tasks")), Case(("batch", "show", "tasks", "--json"))],
+    "batch show": [
+        Case(("batch", "show", "tasks")),
+        Case(("batch", "show", "tasks", "--json")),
+        Case(("batch", "show", f"{ROOT}/copied-run")),  # its id, its sessions' project
+    ],
     "batch worker": [Case(("batch", "worker", "--run", "tasks", "--store", "x" + BAD_NAME))],
     "sessions ls": [Case(("sessions", "ls"))],  # the session's title
     "sessions show": [Case(("sessions", "show", "hostile"), multiline=True)],

@@ -1071,8 +1071,8 @@ def summary_text(
 ) -> str:
     """``BatchSummary.table``, how many tasks finished, where the run and its tasks'
     sessions are, and each task that did not end ``final`` with its one-line error:
-    escaped for the terminal (a task's error quotes a model or a tool; a run's id and
-    directory are a manifest's)."""
+    escaped for the terminal (a task's error quotes a model or a tool; a run's id, its
+    nonce in the sessions' project and its directory are a manifest's)."""
     from ..batch import BatchSummary
 
     finished = sum(r.finished for r in results)
@@ -1086,7 +1086,7 @@ def summary_text(
     lines.append(f"  finished    {finished} of {total} tasks")
     if where is not None:
         lines.append(f"  run         {where}")
-    lines.append(f"  sessions    project {session_project}")
+    lines.append(f"  sessions    project {escape_terminal(session_project)}")
     failed = [r for r in results if r.reason != "final"]
     if failed:
         lines += ["", f"  not final ({len(failed)}):"]
