@@ -19,6 +19,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..terminal import escape_terminal
 from ._exit import one_line_errors
 from .plugins import pasteable, trust_command
@@ -118,6 +119,9 @@ def _yes(flag: bool, detail: str = "") -> str:
 
 @one_line_errors("tak doctor")
 def cmd_doctor(args: argparse.Namespace) -> int:
+    workspace: Path | None = getattr(args, "workspace", None)
+    if workspace is not None and not workspace.is_dir():
+        raise UsageError(f"--workspace {workspace}: not a directory")
     data = report(selftest=not args.no_selftest)
     selftest: dict[str, str] = data.get("selftest", {})
     escaped = [
@@ -126,7 +130,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if outcome != "denied" and not outcome.startswith("allowed")
     ]
     code = 1 if data["refused_because"] or escaped or data["level"] == "none" else 0
-    data["untrusted_plugins"] = plugin_approvals(args.home, getattr(args, "workspace", None))
+    data["untrusted_plugins"] = plugin_approvals(args.home, workspace)
     if args.json:
         print(json.dumps(data, indent=2))
         return code

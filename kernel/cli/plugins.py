@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelError
 from ..terminal import escape_terminal
-from ._exit import one_line_errors, os_error_line, report, single_leaf
+from ._exit import BAD_INPUT, one_line_errors, os_error_line, report, single_leaf
 
 if TYPE_CHECKING:
     from plugins import (
@@ -409,8 +409,9 @@ def cmd_untrust(args: argparse.Namespace) -> int:
     except (KernelError, OSError) as exc:
         return report("tak plugins untrust", exc)
     if removed is None:
+        # a name that names no approval: bad input, as `tak mcp untrust` (docs/cli.md)
         print(f"tak plugins untrust: {_plain(args.name)} was not trusted", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     print(_plain(f"untrusted: {removed.name} ({args.name})"))
     return 0
 
