@@ -8,6 +8,7 @@
     ├── StoreError            the session store could not do what was asked
     │   └── CorruptTranscript a transcript is damaged somewhere other than its last line
     ├── SandboxError          the sandbox refused something, or could not confine
+    │   └── WorkspaceRefused  the workspace named overlaps what it may not (also a UsageError)
     ├── ModelAPIError         an LLM provider answered with an error
     └── ProtocolError         a WebSocket peer broke the protocol
 
@@ -46,6 +47,12 @@ class CorruptTranscript(StoreError):
 
 class SandboxError(KernelError):
     """The sandbox refused an operation, or confinement could not be applied."""
+
+
+class WorkspaceRefused(SandboxError, UsageError):
+    """The workspace named overlaps the interpreter, site-packages, the kernel's
+    packages or ``$TAK_HOME``: the caller's choice of directory is wrong (bad input,
+    exit 2), and the sandbox is what refuses it."""
 
 
 class ModelAPIError(KernelError):

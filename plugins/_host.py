@@ -68,7 +68,7 @@ import attrs
 import cattrs
 import trio
 
-from kernel.errors import KernelError, SandboxError, UsageError
+from kernel.errors import KernelError, SandboxError, UsageError, WorkspaceRefused
 from kernel.home import TakHome, workspace_max_bytes, workspace_max_files
 from kernel.messages import converter, describe_structure_error
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
@@ -1146,7 +1146,7 @@ def _check_overlap(workspace: str | os.PathLike[str], home: TakHome) -> None:
     # would run at the worker's interpreter start, before it is confined.
     for entry in sys.path:
         if entry and not os.path.isabs(entry) and os.path.lexists(os.path.join(workspace, entry)):
-            raise SandboxError(
+            raise WorkspaceRefused(
                 f"workspace {os.fspath(workspace)} holds {entry}, a relative entry of "
                 "sys.path: a worker, which starts in its workspace, would import from it; "
                 "remove it"

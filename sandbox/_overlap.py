@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from kernel.errors import SandboxError
+from kernel.errors import WorkspaceRefused
 
 PathArg = str | os.PathLike[str]
 
@@ -66,7 +66,8 @@ def check_workspace_overlap(
             inside (``$TAK_HOME``, whose ``workspace/`` is the default workspace).
 
     Raises:
-        SandboxError: one line naming the workspace, the guarded path and what it is.
+        WorkspaceRefused: (a SandboxError and a UsageError) one line naming the
+            workspace, the guarded path and what it is.
     """
     ws = os.path.realpath(workspace)
     for what, path in disjoint:
@@ -79,12 +80,12 @@ def check_workspace_overlap(
             relation = "lies inside"
         else:
             continue
-        raise SandboxError(_message(workspace, ws, relation, what, guarded))
+        raise WorkspaceRefused(_message(workspace, ws, relation, what, guarded))
     for what, path in not_inside:
         guarded = os.path.realpath(path)
         if _contains(ws, guarded):
             relation = "is" if _contains(guarded, ws) else "contains"
-            raise SandboxError(_message(workspace, ws, relation, what, guarded))
+            raise WorkspaceRefused(_message(workspace, ws, relation, what, guarded))
 
 
 def _message(given: PathArg, real: str, relation: str, what: str, guarded: str) -> str:
