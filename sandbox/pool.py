@@ -351,22 +351,27 @@ class _Connection:
         """Pump replies and output until the process exits; then fail what was in flight."""
         try:
             async with trio.open_nursery() as nursery:
-                drained = [trio.Event(), trio.Event()]
+                drained = [trio.Event(), trio.Event(), trio.Event()]
                 pump = self._pump_output
                 nursery.start_soon(self._worker_only, pump, self.out, logging.INFO, drained[0])
                 nursery.start_soon(self._worker_only, pump, self.err, logging.WARNING, drained[1])
-                nursery.start_soon(self._worker_only, self._read_replies)
+                nursery.start_soon(self._worker_only, self._read_replies, drained[2])
                 await trio.lowlevel.wait_readable(self._pidfd)
                 self._killpg()  # whatever it started goes with it
                 returncode = self.popen.wait()
                 self.death = describe_exit(returncode)
                 if returncode == -signal.SIGKILL and self.kill_reason is None and self.cgroups:
                     await self._blame_oom()
-                if self.kill_reason is None:
-                    logger.warning("%s exited with %s", self._label(), self.death)
                 with trio.move_on_after(_DRAIN_S):
                     for event in drained:
                         await event.wait()
+                if self.kill_reason is None:
+                    # A worker that said why it stops (a plugin that cannot load) exits
+                    # as it said; whoever started it reports the reason, so the exit
+                    # itself is detail -- however late its frame was read.
+                    fatal = isinstance(self.hello, FatalFrame)
+                    level = logging.INFO if fatal else logging.WARNING
+                    logger.log(level, "%s exited with %s", self._label(), self.death)
                 nursery.cancel_scope.cancel()
             summary = self.log_budget.summary(final=True)
             if summary is not None:
@@ -418,7 +423,13 @@ class _Connection:
         sock = self.stream.socket
         return await _protocol.receive_some(sock, max_bytes, refused=self.descriptors_refused)
 
-    async def _read_replies(self) -> None:
+    async def _read_replies(self, drained: trio.Event) -> None:
+        try:
+            await self._read_frames()
+        finally:
+            drained.set()
+
+    async def _read_frames(self) -> None:
         limits = _protocol.FROM_WORKER
         buffer = bytearray()
         try:

@@ -533,3 +533,31 @@ async def test_a_warm_worker_runs_calls_on_the_threads_it_keeps(workspace: Path)
         assert pid is not None
         # The main thread, and the call threads kept between calls.
         assert len(os.listdir(f"/proc/{pid}/task")) <= 3
+
+
+async def test_a_plugin_that_cannot_load_says_so_once_however_late_its_word_is_read(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose plugin fails to import sends why and exits. On a loaded machine
+    the kernel may see the exit before it reads the frame: the reason reaches whoever
+    started it, and no warning about the exit is logged beside it (the CLI would
+    print it as a second line)."""
+    real = _protocol.receive_some
+
+    async def late(sock: trio.socket.SocketType, max_bytes: int, *, refused: bool) -> bytes:
+        await trio.sleep(0.3)  # the process has exited by now
+        return await real(sock, max_bytes, refused=refused)
+
+    monkeypatch.setattr(_protocol, "receive_some", late)
+    pool_log = logging.getLogger("sandbox.pool")
+    monkeypatch.setattr(pool_log, "disabled", False)  # whatever configured logging before
+    monkeypatch.setattr(pool_log, "propagate", True)
+    caplog.set_level(logging.INFO, logger="sandbox.pool")
+    async with open_worker_pool(workspace) as pool:
+        with pytest.raises(SandboxError, match="this plugin cannot be imported"):
+            await pool.start(str(PLUGINS / "broken.py"))
+    # (The exit is logged as detail, or not at all when the pool killed it first.)
+    warned = [r.getMessage() for r in caplog.records if r.name == "sandbox.pool"]
+    assert not [
+        r for r in caplog.records if r.name == "sandbox.pool" and r.levelno >= logging.WARNING
+    ], warned
