@@ -336,13 +336,17 @@ async def test_a_worker_cannot_move_itself_out_of_its_cgroups(arena: Arena) -> N
 
 _LOG_FLOOD = (
     "from kernel.plugin import context\nlog = context().logger\n"
-    "for i in range(20_000):\n    log.warning('x' * 8000)\nresult = 'flooded'"
+    "for i in range({records}):\n    log.warning('x' * 8000)\nresult = 'flooded'"
 )
 
 
 async def test_log_floods_from_four_workers_at_once_do_not_freeze_the_kernel(
-    arena: Arena,
+    arena: Arena, stress: bool
 ) -> None:
+    # Each flood is over three times what the kernel logs of a worker (1,200 records);
+    # make stress floods 20,000 records of 8 KB each.
+    code = _LOG_FLOOD.replace("{records}", "20_000" if stress else "4_000")
+
     async def flood() -> list[Observation]:
         async with open_worker_pool(arena.workspace, spare=False) as pool:
             workers = [await pool.start(str(PLUGINS / "attack.py"), name=f"w{i}") for i in range(4)]
@@ -350,7 +354,7 @@ async def test_log_floods_from_four_workers_at_once_do_not_freeze_the_kernel(
 
             async def one(i: int) -> None:
                 [obs] = await run_tool_calls(
-                    [ToolCall(str(i), "attack", {"code": _LOG_FLOOD})], remote_tools(workers[i])
+                    [ToolCall(str(i), "attack", {"code": code})], remote_tools(workers[i])
                 )
                 out.append(obs)
 
