@@ -41,6 +41,14 @@ def results(run_dir: Path) -> list[TaskResult]:
     return [converter.structure(json.loads(line), TaskResult) for line in lines]
 
 
+def finished(run_dir: Path) -> list[str]:
+    """The ids of the run's results so far (none before its results file exists)."""
+    try:
+        return [r.id for r in results(run_dir)]
+    except (FileNotFoundError, ValueError):  # not there yet, or a line half written
+        return []
+
+
 def one_line(result: subprocess.CompletedProcess[str], prefix: str) -> bool:
     return result.stderr.startswith(prefix) and result.stderr.count("\n") == 1
 
@@ -284,6 +292,8 @@ def test_sigterm_stops_like_ctrl_c(tmp_path: Path) -> None:
     proc = start_sleepy(home, tmp_path)
     try:
         wait_for(in_its_call(home, "sleepy", "sleepy"), "the sleep call", proc)
+        # (on a loaded machine the quick task may still be on its way)
+        wait_for(lambda: finished(home / "batch" / "sleepy") == ["quick"], "the quick task", proc)
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
