@@ -260,12 +260,23 @@ def _missing_program(config: McpServerConfig) -> str | None:
     return None
 
 
+#: What a stdio server inherits of the kernel's environment: the variables the MCP SDK's
+#: stdio client passes on POSIX (``mcp.client.stdio.DEFAULT_INHERITED_ENV_VARS``),
+#: written out here because importing that module to read them costs a second of CPU
+#: (every `tak mcp ls`, `tak mcp trust` and missing-program check paid it).
+INHERITED_ENV_VARS = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+
+
 def server_environment(config: McpServerConfig) -> dict[str, str]:
     """A stdio server's environment: a few safe variables (``PATH``, ``HOME``, ...) and
-    its ``env``, never the kernel's whole environment (keys, tokens)."""
-    from mcp.client.stdio import get_default_environment
-
-    return {**get_default_environment(), **config.env}
+    its ``env``, never the kernel's whole environment (keys, tokens). A value that is
+    a shell function (``() {...``) is not passed on, as the SDK does."""
+    inherited = {
+        key: value
+        for key in INHERITED_ENV_VARS
+        if (value := os.environ.get(key)) is not None and not value.startswith("()")
+    }
+    return {**inherited, **config.env}
 
 
 def mcp_approval(name: str, config: McpServerConfig) -> TrustedMcpServer:

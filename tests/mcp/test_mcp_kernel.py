@@ -115,3 +115,33 @@ def test_tak_mcp_ls(tmp_path: Path) -> None:
     assert (untrusted.returncode, untrusted.stdout) == (0, "untrusted: t\n")
     again = subprocess.run([*tak, "untrust", "t"], capture_output=True, text=True, env=env)
     assert (again.returncode, again.stderr) == (2, "tak mcp untrust: t was not trusted\n")
+
+
+def test_a_servers_environment_is_the_sdks_without_importing_it(tmp_path: Path) -> None:
+    """What a stdio server inherits is the SDK's list (kept in step by this test), and
+    approving a server does not import the SDK (a second of CPU on every `tak mcp`)."""
+    from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
+
+    from plugins._mcp import INHERITED_ENV_VARS
+
+    assert list(INHERITED_ENV_VARS) == list(DEFAULT_INHERITED_ENV_VARS)
+    probe = (
+        "import sys\n"
+        "from kernel.home import McpServerConfig\n"
+        "from plugins._mcp import mcp_approval, server_environment\n"
+        f"config = McpServerConfig(command={sys.executable!r}, args=[{SERVER!r}], env={{'K': 'v'}})\n"
+        "mcp_approval('t', config)\n"
+        "env = server_environment(config)\n"
+        "print(sorted(env), env['K'], 'SHELLFN' in env)\n"
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
+    )
+    environ = {**os.environ, "SHELLFN": "() { :; }", "SECRET_KEY": "k", "HOME": str(tmp_path)}
+    environ["USER"] = "() { evil; }"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=environ, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    names, imported = out.stdout.splitlines()
+    assert "SECRET_KEY" not in names and "'USER'" not in names and "'K'" in names, names
+    assert names.endswith("v False"), names
+    assert imported == "[]", imported
