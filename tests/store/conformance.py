@@ -301,8 +301,9 @@ class StoreConformance:
 
     # -- concurrency ---------------------------------------------------------
 
-    async def test_no_lost_update(self, store: BaseStore) -> None:
-        tasks, per_task = 50, 200
+    async def test_no_lost_update(self, store: BaseStore, stress: bool) -> None:
+        # 20 writers interleave as 50 do; make stress writes 10,000 entries.
+        tasks, per_task = (50, 200) if stress else (20, 100)
 
         async def writer(t: int) -> None:
             for i in range(per_task):
