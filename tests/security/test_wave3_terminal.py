@@ -37,7 +37,7 @@ def workspace_with_a_hostile_plugin_name(tmp_path: Path) -> Path:
     workspace = tmp_path / "ws"
     plugins = workspace / ".tak" / "plugins"
     plugins.mkdir(parents=True)
-    (plugins / f"x{HOSTILE.replace('/', '')}.py").write_text("x = 1\n")
+    (plugins / f"x{HOSTILE}.py").write_text("x = 1\n")
     return workspace
 
 
@@ -49,7 +49,7 @@ def test_a_plugin_file_name_cannot_forge_a_trusted_line_in_plugins_ls(tmp_path: 
     assert_shown_safely(result)
 
 
-def test_the_pasteable_trust_command_carries_no_control(tmp_path: Path) -> None:
+def test_trust_and_doctor_beside_a_hostile_plugin_name_carry_no_control(tmp_path: Path) -> None:
     workspace = workspace_with_a_hostile_plugin_name(tmp_path)
     w = str(workspace)
     for args in (("plugins", "trust", "nope", "--workspace", w), ("doctor", "--workspace", w)):
