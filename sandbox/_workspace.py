@@ -30,6 +30,7 @@ import errno
 import os
 import stat as stat_module
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Literal
@@ -161,6 +162,10 @@ def _describe_kind(mode: int) -> str:
 
 #: ``settle_usage`` walks the tree at least once in this many calls.
 _WALK_EVERY = 32
+#: A settle walks whenever the file system changed since the last walk and that walk
+#: took at most this long; a slower walk is spaced out so that it costs about this
+#: much a settle (every ``walk time / CHEAP_WALK_S`` settles, at most ``_WALK_EVERY``).
+CHEAP_WALK_S = 0.002
 
 
 class Workspace:
@@ -199,6 +204,8 @@ class Workspace:
     _usage_lock: threading.Lock = threading.Lock()
     _settles: int = 0
     _free_seen: int | None = None
+    _walk_s: float = 0.0
+    _free_walked: tuple[int, int | None] | None = None
 
     def __init__(
         self,
@@ -231,6 +238,8 @@ class Workspace:
         self._open_lock = threading.Lock()
         self._settles = 0
         self._free_seen = None
+        self._walk_s = 0.0
+        self._free_walked = None
         self._dirfd: int | None = None
         self._protect_on_open = tuple(protected)
         if not lazy:
@@ -705,10 +714,13 @@ class Workspace:
         """
         # Read before the walk: what is written during it counts in the next settle.
         free = self._free() if self._fd >= 0 else (None, None)
+        started = time.monotonic()
         measured, names = self._measure()
         with self._usage_lock:
             self._usage, self._files = measured, names
             self._free_seen, self._ffree_seen = free
+            self._walk_s = time.monotonic() - started
+            self._free_walked = free if free[0] is not None else None
         return measured
 
     def free_bytes(self) -> int:
@@ -729,15 +741,18 @@ class Workspace:
 
         The file system lost at most ``free space when the figure was last settled -
         free space now`` bytes since, whoever wrote them, so the kept figure plus that
-        is an upper bound on the usage; free inodes bound the new names the same way.
+        is an upper bound on the usage; free inodes bound the new names the same way
+        -- unless space was freed elsewhere on the same file system meanwhile, which
+        hides as much growth (another workspace's files removed; a loaded machine
+        does it all the time), and a hard link takes a name but no inode.
         The bound is returned (and kept) while it is within the budget; ``None`` means
         the tree must be walked (``refresh_usage``): the bound passed ``max_bytes`` or
         ``max_files``, nothing was measured yet, or (with ``settle``, the host's call
-        after each worker's call) ``_WALK_EVERY`` settles went by: space freed
-        elsewhere on the same file system could hide growth, and a hard link takes a
-        name but no inode. The disk watchdog passes ``settle=False`` and walks on a
-        clock of its own. A call in a workspace of 100,000 files does not pay a 250 ms
-        walk.
+        after each worker's call) the file system changed since the last walk and a
+        walk is due: at once when the last one took at most ``CHEAP_WALK_S``, else
+        once in ``walk time / CHEAP_WALK_S`` settles (at most ``_WALK_EVERY``), so
+        that a call in a workspace of 100,000 files does not pay a 250 ms walk. The
+        disk watchdog passes ``settle=False`` and walks on a clock of its own.
         """
         free_now, ffree_now = self._free()
         with self._usage_lock:
@@ -751,13 +766,21 @@ class Workspace:
                 if names is not None and fseen is not None and ffree_now is not None:
                     files = names + max(0, fseen - ffree_now)
                 within = files is None or self.max_files is None or files <= self.max_files
-                if bound <= self.max_bytes and within and self._settles < _WALK_EVERY:
+                due = settle and self._walk_due((free_now, ffree_now))
+                if bound <= self.max_bytes and within and not due:
                     self._usage, self._free_seen = bound, free_now
                     self._files, self._ffree_seen = files, ffree_now
                     return bound
             if settle:
                 self._settles = 0
         return None
+
+    def _walk_due(self, free: tuple[int, int | None]) -> bool:
+        """Whether a settle must walk (see ``bounded_usage``); the usage lock is held."""
+        if free == self._free_walked:
+            return False  # nothing on the file system changed since the walk
+        every = min(_WALK_EVERY, int(self._walk_s / CHEAP_WALK_S))
+        return self._settles >= every
 
     def far_over(self, fraction: float) -> bool:
         """Whether the free-space bound (``bounded_usage``) passes ``max_bytes`` or

@@ -125,12 +125,20 @@ def answering(entries: Sequence[dict[str, Any]], uuid: str) -> list[dict[str, An
 
 
 class ReadGate:
-    """Holds each append until two readers have read (or a while has passed): the
-    moment two resumes race, each having read the transcript before either wrote."""
+    """Holds each append until every store has read the transcript to its end (or a
+    while has passed): the moment two resumes race, each having read the transcript
+    before either wrote. Counted when a read finishes, per store: a read merely begun
+    (a thread slow under load) does not open the gate."""
 
-    def __init__(self) -> None:
-        self.reads = 0
+    def __init__(self, readers: int) -> None:
+        self.readers = readers
+        self.done: set[int] = set()
         self.both_read = trio.Event()
+
+    def finished(self, store: object) -> None:
+        self.done.add(id(store))
+        if len(self.done) >= self.readers:
+            self.both_read.set()
 
 
 class GatedFileStore(FileStore):
@@ -138,11 +146,12 @@ class GatedFileStore(FileStore):
         super().__init__(root)
         self.gate = gate
 
-    def iter_entries(self, key: SessionKey, *, start: int = 0) -> AsyncIterator[dict[str, Any]]:
-        self.gate.reads += 1
-        if self.gate.reads >= 2:
-            self.gate.both_read.set()
-        return super().iter_entries(key, start=start)
+    async def iter_entries(  # type: ignore[override]
+        self, key: SessionKey, *, start: int = 0
+    ) -> AsyncIterator[dict[str, Any]]:
+        async for entry in super().iter_entries(key, start=start):
+            yield entry
+        self.gate.finished(self)
 
     async def append(self, key: SessionKey, entries: Sequence[Mapping[str, Any]]) -> None:
         with trio.move_on_after(30):  # a fix that serialises resumes never lets both read
@@ -150,14 +159,21 @@ class GatedFileStore(FileStore):
         await super().append(key, entries)
 
 
+@pytest.fixture
+def patient_clock() -> trio.testing.MockClock:
+    """``thread_clock`` that waits 5 s of real idleness before it jumps: the gate's
+    30 s must not pass while a loaded machine's thread still reads the transcript."""
+    return trio.testing.MockClock(autojump_threshold=5)
+
+
 @pytest.mark.parametrize("processes", [1, 2])
 async def test_two_resumes_at_once_answer_the_interrupted_calls_once(
-    tmp_path: Path, processes: int, thread_clock: trio.abc.Clock
+    tmp_path: Path, processes: int, patient_clock: trio.abc.Clock
 ) -> None:
     entries = await crash_while_calls_run(ScriptedModel([reply(calls=[("hang", {})])]))
     async with FileStore(tmp_path) as seed:
         await seed.append(KEY, entries)
-    gate = ReadGate()
+    gate = ReadGate(readers=processes)
     stores = [GatedFileStore(tmp_path, gate) for _ in range(processes)]  # one per process
     first = Session(stores[0], KEY)
     sessions = [first, first] if processes == 1 else [Session(s, KEY) for s in stores]

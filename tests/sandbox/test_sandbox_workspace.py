@@ -15,6 +15,7 @@ from sandbox_kit import Canary
 
 from kernel.errors import SandboxError
 from sandbox import Entry, Workspace, openat2_available
+from sandbox import _workspace as workspace_module
 from sandbox._workspace import _WALK_EVERY
 
 # Every behaviour is checked with openat2 and with the O_NOFOLLOW walk, and with a
@@ -319,6 +320,8 @@ def test_symlink_swapped_between_check_and_use(ws: Workspace, canary: Canary, st
 def test_settling_usage_walks_only_when_the_budget_could_be_passed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A workspace whose walk is dear (every walk counts as slower than CHEAP_WALK_S)."""
+    monkeypatch.setattr(workspace_module, "CHEAP_WALK_S", 1e-12)
     (tmp_path / "a").write_bytes(b"x" * 10_000)
     # The file system's free space, as the test says (other processes share /tmp).
     free = [10_000_000_000]
@@ -351,8 +354,41 @@ def test_settling_usage_walks_only_when_the_budget_could_be_passed(
         ws.refresh_usage()
         # However small the writes, the tree is walked again every _WALK_EVERY settles.
         for _ in range(_WALK_EVERY):
+            free[0] -= 1
             ws.settle_usage()
         assert walks == 4
+
+
+def test_growth_hidden_by_space_freed_elsewhere_is_found_at_the_next_settle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flake a loaded machine showed: a worker's call wrote past the budget while
+    another process freed as much on the same file system, so the free-space bound
+    saw nothing. A cheap walk is made at every settle once the file system changed."""
+    (tmp_path / "a").write_bytes(b"x" * 10_000)
+    free = [10_000_000_000]
+    with Workspace(tmp_path, max_bytes=100_000) as ws:
+        walks = 0
+        measure = ws._measure
+
+        def counted() -> tuple[int, int]:
+            nonlocal walks
+            walks += 1
+            return measure()
+
+        monkeypatch.setattr(ws, "_measure", counted)
+        monkeypatch.setattr(ws, "free_bytes", lambda: free[0])
+        ws.usage()
+        assert walks == 1
+        # Nothing changed on the file system: the warm path makes no walk.
+        ws.settle_usage()
+        assert walks == 1
+        # 300 kB written in the workspace, 400 kB freed elsewhere at the same time.
+        (tmp_path / "big").write_bytes(b"x" * 300_000)
+        free[0] += 100_000
+        assert ws.settle_usage() > 100_000
+        assert walks == 2
+        assert ws.over_budget() is not None
 
 
 def test_a_directory_moving_during_the_usage_walk_is_not_skipped(
