@@ -332,6 +332,7 @@ class Kernel:
         """
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
+        self.plugins.prime()  # a worker's start is ready by the time calls come
         await self._list_mcp_tools(tools)
         with self._in_use(session), self.tool_context(session, workspace):
             result = await agent.run_turn(
@@ -391,6 +392,7 @@ class Kernel:
         """
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
+        self.plugins.prime()  # a worker's start is ready by the time calls come
         await self._list_mcp_tools(tools)
         with self._in_use(session), self.tool_context(session, workspace):
             result = await agent.resume_turn(
@@ -415,6 +417,7 @@ class Kernel:
         for the arguments)."""
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
+        self.plugins.prime()
         await self._list_mcp_tools(tools)
         # The agent's tasks start inside this block, so they inherit the context.
         with self._in_use(session), self.tool_context(session, workspace):

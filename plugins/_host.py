@@ -267,6 +267,12 @@ class PluginHost:
         self._lent: dict[int, _TaskWorkspace] = {}  # by id() of the workspace
         self._approvals: dict[str, TrustedPlugin] | TrustError | None = None
 
+    def prime(self) -> None:
+        """Workers are about to be wanted (a turn begins): have the pool's spare process
+        started now, while the model thinks (``WorkerPool.prime``)."""
+        if self._declared:
+            self.pool.prime()
+
     def plugin_config(self, name: str) -> dict[str, Any]:
         """``[plugins.<name>]`` of ``tak.toml``: what ``context().config`` holds."""
         section = self.config.get("plugins", {})

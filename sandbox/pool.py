@@ -890,6 +890,17 @@ class WorkerPool:
             return spare
         return await self._spawn()
 
+    def prime(self) -> None:
+        """Start the spare process now, if the pool keeps one and it is not there yet.
+
+        The spare comes with the first worker start anyway; whoever knows that workers
+        are about to be needed (a turn that begins: its calls come once the model
+        answers) primes the pool so that even the first start skips the interpreter's
+        start-up. A pool nobody primes and no worker uses never starts a process.
+        """
+        if self.spare and not self.closing():
+            self._nursery.start_soon(self._make_spare)
+
     async def _make_spare(self) -> None:
         if self._spare_coming or self._spare is not None or self.closing():
             return
@@ -1152,9 +1163,11 @@ async def open_worker_pool(
 
     ``isolation`` replaces the probe of this machine (tests use it to play a
     machine without Landlock). With ``spare`` (the default) one worker process
-    is kept started and unconfigured, so that starting or restarting a worker
-    skips the interpreter's start-up; it has run no plugin code and is
-    confined when it is given a plugin. With ``allow_unsandboxed``, plugins that need
+    is kept started and unconfigured from the first worker start (or
+    ``prime()``) on, so that starting or restarting a worker skips the
+    interpreter's start-up; it has run no plugin code and is confined when it
+    is given a plugin. A pool that starts no worker starts no process (a
+    command that only lists tools or sessions pays no interpreter). With ``allow_unsandboxed``, plugins that need
     isolation run even where it is missing, and every observation from them
     starts with ``[ran unconfined: <why>]``.
 
@@ -1175,8 +1188,6 @@ async def open_worker_pool(
                 spare=spare,
                 entry=entry,
             )
-            if spare:
-                nursery.start_soon(pool._make_spare)
             try:
                 yield pool
             finally:

@@ -307,8 +307,15 @@ async def test_without_a_spare_process(workspace: Path) -> None:
         assert sb.pool._spare is None
 
 
+async def test_a_pool_that_starts_no_worker_starts_no_process(workspace: Path) -> None:
+    async with open_worker_pool(workspace) as pool:
+        await trio.sleep(0.5)  # a spare, were one started at open, would be coming by now
+        assert pool._spare is None and not pool._spare_coming and not pool._processes
+
+
 async def test_the_spare_process_is_used_and_does_not_outlive_the_pool(workspace: Path) -> None:
     async with open_worker_pool(workspace) as pool:
+        pool.prime()  # as a turn that begins does
         with trio.fail_after(10):
             while pool._spare is None:  # noqa: ASYNC110 (the spare starts in the background)
                 await trio.sleep(0.01)
