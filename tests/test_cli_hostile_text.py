@@ -47,6 +47,7 @@ from kernel.cli import build_parser, main
 from kernel.cli._exit import exit_code
 from kernel.terminal import ESCAPES, escape_terminal
 from tests.cli_kit import child_environ, die_with_parent, tak_argv
+from tests.mcp.mcp_kit import light_server_args
 
 #: Every trick at once; FORGED starts the line the ``\n`` would forge.
 FORGED = "FORGED-LINE"
@@ -76,25 +77,9 @@ def shout(text: str) -> str:
     return H + text
 '''
 
-MCP_SERVER_SOURCE = f"""
-import sys
-
-import trio
-from mcp.server.mcpserver import MCPServer
-
-H = {HOSTILE!r}
-server = MCPServer("hostile")
-
-
-@server.tool(description="Say " + H, structured_output=False)
-def say() -> str:
-    return H
-
-
-if __name__ == "__main__":
-    print(H, file=sys.stderr, flush=True)
-    trio.run(server.run_stdio_async)
-"""
+#: The MCP server's one tool and what it prints at start: hostile text (a plain
+#: stdio server, tests/mcp/light_server.py: the subject is the kernel's side).
+MCP_TOOLS = [{"name": "say", "description": "Say " + HOSTILE, "reply": HOSTILE}]
 
 
 # --- a model that speaks hostile text ------------------------------------------------
@@ -233,12 +218,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     plugins.mkdir(parents=True)
     (plugins / "hostile.py").write_text(PLUGIN_SOURCE)
     (plugins / f"{BAD_NAME}.py").write_text("x = 1\n")  # a file name that is an attack
-    (root / "hostile_mcp.py").write_text(MCP_SERVER_SOURCE)
     (home / "config").mkdir(parents=True)
     (home / "config" / "tak.toml").write_text(
         "[mcp.servers.m]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f"args = [{json.dumps(str(root / 'hostile_mcp.py'))}]\n"
+        f"args = {json.dumps(light_server_args(root, MCP_TOOLS, stderr=HOSTILE))}\n"
         'start = "eager"\n'
         "[mcp.servers.gone]\n"
         f"command = {json.dumps('/nonexistent/' + BAD_NAME)}\n"

@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 
 from tests.cli_kit import tak
-
-SERVER = Path(__file__).parent / "mcp" / "server.py"
+from tests.mcp.mcp_kit import light_server_args
 
 
 def write_config(home: Path, text: str) -> None:
@@ -30,13 +29,15 @@ def write_config(home: Path, text: str) -> None:
 
 
 def approved_mcp_home(home: Path, *, start: str) -> None:
-    """A home with tests/mcp/server.py as ``[mcp.servers.testsrv]``, approved by
-    running the hint ``tak mcp ls`` prints, exactly as printed."""
+    """A home with an echo server (tests/mcp/light_server.py) as
+    ``[mcp.servers.testsrv]``, approved by running the hint ``tak mcp ls`` prints,
+    exactly as printed."""
+    home.mkdir(parents=True, exist_ok=True)
     write_config(
         home,
         "[mcp.servers.testsrv]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f"args = [{json.dumps(str(SERVER))}]\n"
+        f"args = {json.dumps(light_server_args(home))}\n"
         f'start = "{start}"\n',
     )
     listed = tak("mcp", "ls", home=home)

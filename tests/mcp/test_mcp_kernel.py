@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import trio
-from mcp_kit import SERVER, stdio_server
+from mcp_kit import ECHO, SERVER, light_server_args, stdio_server
 
 from kernel import ToolCall, open_kernel, tool
 from kernel.models import ScriptedModel
@@ -70,17 +70,21 @@ def test_tak_mcp_ls(tmp_path: Path) -> None:
     a server not approved is never started (its line says the command to run)."""
     home = tmp_path / "home"
     (home / "config").mkdir(parents=True)
+    # A plain stdio server (the subject is tak's side: tests/mcp/light_server.py).
+    served = light_server_args(
+        tmp_path, [ECHO, {"name": "pid", "reply": "1"}, {"name": "other", "reply": "x"}]
+    )
     (home / "config/tak.toml").write_text(
         "[mcp.servers.t]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f"args = [{json.dumps(SERVER)}]\n"
+        f"args = {json.dumps(served)}\n"
         'tools = ["echo", "pid"]\n'
         "[mcp.servers.quits]\n"
         f"command = {json.dumps(sys.executable)}\n"
         'args = ["-c", "raise SystemExit(3)"]\n'
         "[mcp.servers.new]\n"
         f"command = {json.dumps(sys.executable)}\n"
-        f"args = [{json.dumps(SERVER)}]\n"
+        f"args = {json.dumps(served)}\n"
     )
     env = {**os.environ, "TAK_HOME": str(home)}
     tak = [sys.executable, "-m", "kernel.cli", "mcp"]
