@@ -163,7 +163,7 @@ def _describe_kind(mode: int) -> str:
 #: ``settle_usage`` walks the tree at least once in this many calls.
 _WALK_EVERY = 32
 #: A settle walks whenever the file system changed since the last walk and that walk
-#: took at most this long; a slower walk is spaced out so that it costs about this
+#: took at most this much CPU time; a slower walk is spaced out so that it costs about this
 #: much a settle (every ``walk time / CHEAP_WALK_S`` settles, at most ``_WALK_EVERY``).
 CHEAP_WALK_S = 0.002
 
@@ -714,12 +714,14 @@ class Workspace:
         """
         # Read before the walk: what is written during it counts in the next settle.
         free = self._free() if self._fd >= 0 else (None, None)
-        started = time.monotonic()
+        # The walk's cost is its thread's CPU time: a loaded machine makes its wall
+        # time long without making it any dearer (and would space the walks out).
+        started = time.thread_time()
         measured, names = self._measure()
         with self._usage_lock:
             self._usage, self._files = measured, names
             self._free_seen, self._ffree_seen = free
-            self._walk_s = time.monotonic() - started
+            self._walk_s = time.thread_time() - started
             self._free_walked = free if free[0] is not None else None
         return measured
 

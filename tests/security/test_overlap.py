@@ -271,7 +271,14 @@ async def test_a_file_kept_open_after_unlinking_counts_against_the_budget(
                     [ToolCall(str(i), "run_python", {"code": code})], host.tools
                 )
                 seen.append(obs)
-    assert "workspace over its budget" in seen[0].content, seen[0].content
+    # Counted and over; or, on a machine so loaded that the writer (in its fsync) did
+    # not stop within the watchdog's SUSPECT_FREEZE_S, killed for that: either way the
+    # call fails and the holder is gone. What must never be seen is "held": a pass.
+    assert seen[0].is_error, seen[0].content
+    assert (
+        "workspace over its budget" in seen[0].content
+        or "could not be stopped to measure the workspace" in seen[0].content
+    ), seen[0].content
     # Refused until the watchdog's next look has killed the holder (with its worker):
     # then the 4 MiB are free, and the next calls run.
     assert seen[-1].content == "stdout:\nnothing written", seen
