@@ -173,6 +173,23 @@ def test_no_circle_between_units() -> None:
     )
 
 
+def test_no_circle_between_the_modules_of_a_package() -> None:
+    """Inside a package, no two modules import each other, directly or round about (a
+    command's parser and its body did: ``kernel.cli.batch`` <-> ``kernel.cli._batch``).
+    The package's ``__init__`` is left out: it re-exports its modules by design."""
+    found = modules()
+    edges, _ = graph()
+    packages = {m for m, p in found.items() if p.name == "__init__.py"}
+    circles = []
+    for package in sorted(packages):
+        members = [m for m in found if m.rpartition(".")[0] == package and m not in packages]
+        inside = {m: {t for t, _ in edges[m] if t in members and t != m} for m in members}
+        circles += _circles(inside)
+    assert not circles, "import circles inside a package: " + "; ".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
 def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one unit (Tarjan)."""
     index: dict[str, int] = {}

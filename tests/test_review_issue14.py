@@ -428,7 +428,7 @@ def test_an_unexpected_error_is_one_line_naming_debug(
     "home", ["/tmp/my home", "/tmp/it's here", '/tmp/"quoted" $HOME `x`', "-starts-with-dash"]
 )
 def test_the_show_it_hint_is_runnable_as_printed_with_any_home(home: str) -> None:
-    from kernel.cli.plugins import home_option, tak_command
+    from kernel.cli._common import home_option, tak_command
 
     hint = tak_command(*home_option(home), "sessions", "show", "abc", "--project", "my proj")
     words = shlex.split(hint)

@@ -30,10 +30,10 @@ import cattrs
 from ..errors import UsageError
 from ..home import STORE_URL_ENV, TakHome
 from ..terminal import escape_terminal
+from ._batch_limits import check_concurrency
+from ._common import ensure_home, home_option, tak_command
 from ._exit import one_line_errors, os_error_line
 from ._terminal_json import terminal_json
-from .batch import MAX_CONCURRENCY
-from .plugins import ensure_home, home_option, tak_command
 from .run import model_settings, tool_patterns
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def _command_of(args: argparse.Namespace) -> RunCommand:
     """
     from ..batch import TaskLimits
 
-    _check_concurrency(args.concurrency)
+    check_concurrency(args.concurrency)
     given = {
         name: getattr(args, name)
         for name in ("max_steps", "max_tokens", "max_cost", "wall_time")
@@ -185,13 +185,6 @@ def _command_of(args: argparse.Namespace) -> RunCommand:
         limits=given,
         concurrency=args.concurrency,
     )
-
-
-def _check_concurrency(value: int | None) -> None:
-    if value is not None and value < 1:
-        raise UsageError(f"--concurrency: expected 1 or more, got {value}")
-    if value is not None and value > MAX_CONCURRENCY:
-        raise UsageError(f"--concurrency: expected at most {MAX_CONCURRENCY:,}, got {value:,}")
 
 
 def _check_progress_every(value: float) -> None:
@@ -432,7 +425,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 @one_line_errors("tak batch resume")
 def cmd_resume(args: argparse.Namespace) -> int:
-    _check_concurrency(args.concurrency)
+    check_concurrency(args.concurrency)
     _check_progress_every(args.progress_every)
     run_dir = _run_dir(args.home, args.run)
 
@@ -448,7 +441,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from ..batch import check_run_id
 
-    _check_concurrency(args.concurrency)
+    check_concurrency(args.concurrency)
     _check_progress_every(args.progress_every)
     check_run_id(args.run, "--run")
     url = _store_url(args)

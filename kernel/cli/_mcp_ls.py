@@ -17,9 +17,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..terminal import escape_terminal
+from ._common import ensure_home, home_option, tak_command
 from ._exit import BAD_INPUT, FAILED, OK, one_line_errors
 from ._terminal_json import terminal_json
-from .plugins import ensure_home, home_option, tak_command
 
 if TYPE_CHECKING:
     from ..home import McpServerConfig

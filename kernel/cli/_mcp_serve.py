@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..terminal import escape_terminal
+from ._common import ensure_home
 from ._exit import FAILED, OK, one_line_errors, os_error_line, report, single_leaf
 from ._terminal_log import log_to_terminal
-from .plugins import ensure_home
 from .serve import read_token, refuse_remote_bind
 
 if TYPE_CHECKING:

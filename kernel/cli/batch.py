@@ -31,11 +31,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._batch_limits import MAX_CONCURRENCY
+
 #: How often a progress line is printed when stderr is not a terminal (seconds).
 LINE_EVERY_S = 5.0
-#: The most tasks at once ``--concurrency`` may ask for: each is a Trio task from the
-#: start, whatever the run's size (a typo's extra zeros would exhaust memory first).
-MAX_CONCURRENCY = 10_000
 #: ``kernel.home.STORE_URL_ENV`` (importing kernel.home would slow ``tak --help``).
 STORE_URL_ENV = "TAK_STORE_URL"
 

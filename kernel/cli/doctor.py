@@ -21,8 +21,8 @@ from typing import Any
 
 from ..errors import UsageError
 from ..terminal import escape_terminal
+from ._common import pasteable, trust_command
 from ._exit import one_line_errors
-from .plugins import pasteable, trust_command
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -11,8 +11,8 @@ from typing import IO, TYPE_CHECKING
 
 from ..terminal import escape_terminal
 from . import DEFAULT_PROJECT
+from ._common import ensure_home, home_option, tak_command
 from ._exit import FAILED, INTERRUPTED, OK, report, single_leaf
-from .plugins import ensure_home, home_option, tak_command
 
 if TYPE_CHECKING:
     from ..agent import AgentEvent, TurnFinished

@@ -122,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..kernel import open_kernel
     from ..wire import serve_websocket
     from ..wire._server import page_url
-    from .plugins import ensure_home
+    from ._common import ensure_home
 
     if not 0 <= args.port <= 65535:
         print(f"tak serve: --port: expected 0 to 65535 (0: any), got {args.port}", file=sys.stderr)

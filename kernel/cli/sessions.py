@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import CorruptTranscript, KernelError
 from ..terminal import escape_terminal
 from . import DEFAULT_PROJECT
+from ._common import home_option, os_errors_as, tak_command
 from ._exit import BAD_INPUT, FAILED, OK, error_line, exit_code, one_line_errors, single_leaf
-from .plugins import home_option, os_errors_as, tak_command
 
 if TYPE_CHECKING:
     from ..store import FileStore, PostgresStore, RepairReport, SessionKey

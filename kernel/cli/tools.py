@@ -54,7 +54,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 def cmd_tools(args: argparse.Namespace) -> int:
     import trio
 
-    from .plugins import open_cli_tools, workspace_or_exit
+    from ._common import open_cli_tools, workspace_or_exit
 
     workspace = workspace_or_exit("tak tools", args)
     if workspace is None:
@@ -102,7 +102,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     from ..executor import CallLimits, run_tool_calls
     from ..messages import Observation, ToolCall, converter
     from ..plugin import use_context
-    from .plugins import open_cli_tools, os_errors_as, workspace_or_exit
+    from ._common import open_cli_tools, os_errors_as, workspace_or_exit
 
     workspace = workspace_or_exit("tak call", args)
     if workspace is None:
@@ -156,7 +156,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from ..demo import DEMO_FILE, DEMO_PLUGINS, format_table, run_demo_turn
     from ..kernel import open_kernel
-    from .plugins import ensure_home, home_option, os_errors_as, tak_command
+    from ._common import ensure_home, home_option, os_errors_as, tak_command
 
     home = ensure_home(args.home)
     workspace = home.workspace / "demo"

@@ -43,8 +43,11 @@ def _answer(spec: dict[str, Any], method: str, params: dict[str, Any]) -> dict[s
     if method == "tools/list":
         return {
             "tools": [
-                {"name": t["name"], "description": t.get("description", ""),
-                 "inputSchema": _schema(t)}
+                {
+                    "name": t["name"],
+                    "description": t.get("description", ""),
+                    "inputSchema": _schema(t),
+                }
                 for t in spec["tools"]
             ]
         }

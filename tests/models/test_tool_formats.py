@@ -17,7 +17,7 @@ from typing import Any, Literal
 import pytest
 import trio
 
-from kernel.cli import plugins as cli_plugins
+from kernel.cli import _common as cli_common
 from kernel.cli.tools import cmd_tools
 from kernel.models import AnthropicModel, GeminiModel, ModelRequest, OpenAIModel
 from kernel.tools import ToolDefinition, ToolRegistry, tool
@@ -72,7 +72,7 @@ def printed_tools(
     async def fake_tools(*args: Any) -> AsyncIterator[Any]:
         yield argparse.Namespace(tools=REGISTRY), None  # the host, no MCP servers
 
-    monkeypatch.setattr(cli_plugins, "open_cli_tools", fake_tools)
+    monkeypatch.setattr(cli_common, "open_cli_tools", fake_tools)
     args = argparse.Namespace(home=None, workspace=tmp_path, plugin=[], format=provider)
     assert cmd_tools(args) == 0
     return json.loads(capsys.readouterr().out)
