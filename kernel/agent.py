@@ -38,6 +38,7 @@ from typing import Any, Literal, TypeAlias
 import attrs
 import trio
 
+from ._checks import positive
 from .errors import ModelAPIError, StoreError, UsageError
 from .executor import (
     CallEvent,
@@ -92,11 +93,6 @@ def _cut_calls(message: Message, max_tokens: int | None) -> str:
     )
 
 
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"RunLimits.{attribute.name} must be positive, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class RunLimits:
     """When a turn stops even without a final answer.
@@ -108,10 +104,12 @@ class RunLimits:
         wall_time: seconds for the whole turn.
     """
 
-    max_steps: int = attrs.field(default=25, validator=_positive)
-    max_tokens: int | None = attrs.field(default=None, validator=_positive)
-    max_cost: float | None = attrs.field(default=None, validator=_positive)
-    wall_time: float | None = attrs.field(default=None, validator=_positive)
+    max_steps: int = attrs.field(default=25, validator=positive(integer=True))
+    max_tokens: int | None = attrs.field(
+        default=None, validator=positive(integer=True, optional=True)
+    )
+    max_cost: float | None = attrs.field(default=None, validator=positive(optional=True))
+    wall_time: float | None = attrs.field(default=None, validator=positive(optional=True))
 
 
 @attrs.frozen

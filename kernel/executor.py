@@ -47,6 +47,7 @@ from typing import Any, NamedTuple, TypeAlias, cast
 import attrs
 import trio
 
+from ._checks import positive
 from .errors import UsageError
 from .messages import (
     Attachment,
@@ -80,21 +81,6 @@ _NO_THREADS = RunContext()
 _MAX_LISTED_NAMES = 40
 
 
-def _positive_seconds(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise UsageError(f"CallLimits.{attribute.name} must be a positive number, got {value!r}")
-
-
-def _positive_count(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UsageError(f"CallLimits.{attribute.name} must be a positive integer, got {value!r}")
-
-
-def _positive_count_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None:
-        _positive_count(instance, attribute, value)
-
-
 @attrs.frozen(kw_only=True)
 class CallLimits:
     """Limits for one batch.
@@ -110,10 +96,14 @@ class CallLimits:
         UsageError: a limit that is not a positive number (or integer, for counts).
     """
 
-    timeout: float = attrs.field(default=120.0, validator=_positive_seconds)
-    max_concurrency: int | None = attrs.field(default=None, validator=_positive_count_or_none)
-    max_output: int | None = attrs.field(default=100_000, validator=_positive_count_or_none)
-    max_threads: int = attrs.field(default=32, validator=_positive_count)
+    timeout: float = attrs.field(default=120.0, validator=positive())
+    max_concurrency: int | None = attrs.field(
+        default=None, validator=positive(integer=True, optional=True)
+    )
+    max_output: int | None = attrs.field(
+        default=100_000, validator=positive(integer=True, optional=True)
+    )
+    max_threads: int = attrs.field(default=32, validator=positive(integer=True))
 
 
 @attrs.frozen

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import trio
 
+from ._checks import positive
 from .agent import (
     Agent,
     AgentEvent,
@@ -90,22 +91,13 @@ class IdleSessions:
     """
 
     keep: int = attrs.field(default=16)
-    after_s: float = attrs.field(default=300.0)
+    after_s: float = attrs.field(default=300.0, validator=positive())
 
     @keep.validator
     def _check_keep(self, attribute: attrs.Attribute[int], value: object) -> None:
         # bool is an int in Python: refuse it, as any non-integer.
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise UsageError(f"IdleSessions.keep must be an integer of at least 0, got {value!r}")
-
-    @after_s.validator
-    def _check_after(self, attribute: attrs.Attribute[float], value: object) -> None:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 < value < float("inf")
-        ):
-            raise UsageError(f"IdleSessions.after_s must be a positive number, got {value!r}")
 
 
 #: The shortest time between two of the idle-session releaser's timed rounds.

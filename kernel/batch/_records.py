@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeAlias
 import attrs
 import cattrs
 
+from kernel._checks import positive
 from kernel.errors import UsageError
 from kernel.messages import Message
 from kernel.messages import converter as message_converter
@@ -82,11 +83,6 @@ def _task_id(instance: object, attribute: attrs.Attribute[Any], value: Any) -> N
     check_task_id(value, f"BatchTask.{attribute.name}")
 
 
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not value > 0):
-        raise UsageError(f"TaskLimits.{attribute.name} must be positive, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class TaskLimits:
     """When one task stops: per-task ``RunLimits`` (``kernel.agent``) plus its
@@ -96,10 +92,14 @@ class TaskLimits:
     A field left ``None`` takes the run's value (``run_batch(limits=)``).
     """
 
-    max_steps: int | None = attrs.field(default=None, validator=_positive)
-    max_tokens: int | None = attrs.field(default=None, validator=_positive)
-    max_cost: float | None = attrs.field(default=None, validator=_positive)
-    wall_time: float | None = attrs.field(default=None, validator=_positive)
+    max_steps: int | None = attrs.field(
+        default=None, validator=positive(integer=True, optional=True)
+    )
+    max_tokens: int | None = attrs.field(
+        default=None, validator=positive(integer=True, optional=True)
+    )
+    max_cost: float | None = attrs.field(default=None, validator=positive(optional=True))
+    wall_time: float | None = attrs.field(default=None, validator=positive(optional=True))
 
 
 @attrs.frozen(kw_only=True)

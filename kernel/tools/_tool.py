@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, overload
 
 import attrs
 
+from .._checks import positive
 from ..errors import UsageError
 from ._docstrings import parse_docstring
 from ._remote import SchemaValidator
@@ -43,15 +43,6 @@ def _check_name(instance: Any, attribute: Any, name: str) -> None:
         )
 
 
-def _check_positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    # Finite too: a worker reports its tools' limits as JSON, which allows Infinity,
-    # and an endless deadline would let one plugin hold a turn forever.
-    if value is not None and not (
-        isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
-    ):
-        raise UsageError(f"{attribute.name} must be a positive finite number, got {value!r}")
-
-
 @attrs.frozen
 class Tool:
     """A function a model may call, with the JSON Schema of its arguments.
@@ -76,9 +67,11 @@ class Tool:
     parameters: dict[str, Any]
     fn: Callable[..., Any] | None
     is_async: bool
-    timeout: float | None = attrs.field(default=None, validator=_check_positive)
+    timeout: float | None = attrs.field(default=None, validator=positive(optional=True))
     exclusive: bool = False
-    max_output: int | None = attrs.field(default=None, validator=_check_positive)
+    max_output: int | None = attrs.field(
+        default=None, validator=positive(integer=True, optional=True)
+    )
     invoke: Callable[[dict[str, Any]], Awaitable[Any]] | None = None
     runner: ToolRunner | None = attrs.field(default=None, eq=False, repr=False)
     # The attrs class arguments are structured into, made from the function's

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
+from .._checks import positive
 from ..errors import UsageError
 
 # WebSocket close codes (RFC 6455 §7.4.1)
@@ -14,11 +13,6 @@ CLOSE_POLICY = 1008  # unauthorized, or a client too slow to read what it asked 
 CLOSE_TOO_BIG = 1009  # sent by trio-websocket for a frame past ServerLimits.hard_frame_limit
 CLOSE_INTERNAL = 1011  # a bug on our side, or a peer that stopped answering pings
 CLOSE_TRY_AGAIN = 1013  # authenticated by hello, but max_connections clients are connected
-
-
-def _positive(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"ServerLimits.{attribute.name} must be positive, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -57,19 +51,21 @@ class ServerLimits:
             the close frame before the TCP connection is cut.
     """
 
-    max_frame_bytes: int = attrs.field(default=1 << 20, validator=_positive)
-    hard_frame_limit: int | None = attrs.field(default=None, validator=_positive)
-    max_inflight: int = attrs.field(default=16, validator=_positive)
-    max_connections: int = attrs.field(default=64, validator=_positive)
-    max_unauthenticated: int = attrs.field(default=16, validator=_positive)
-    fd_reserve: int = attrs.field(default=64, validator=_positive)
-    outbox_bytes: int = attrs.field(default=64 << 20, validator=_positive)
-    send_timeout: float = attrs.field(default=20.0, validator=_positive)
-    handshake_timeout: float = attrs.field(default=5.0, validator=_positive)
-    ping_interval: float | None = attrs.field(default=20.0, validator=_positive)
-    ping_timeout: float = attrs.field(default=20.0, validator=_positive)
-    idle_timeout: float | None = attrs.field(default=3600.0, validator=_positive)
-    close_grace: float = attrs.field(default=5.0, validator=_positive)
+    max_frame_bytes: int = attrs.field(default=1 << 20, validator=positive(integer=True))
+    hard_frame_limit: int | None = attrs.field(
+        default=None, validator=positive(integer=True, optional=True)
+    )
+    max_inflight: int = attrs.field(default=16, validator=positive(integer=True))
+    max_connections: int = attrs.field(default=64, validator=positive(integer=True))
+    max_unauthenticated: int = attrs.field(default=16, validator=positive(integer=True))
+    fd_reserve: int = attrs.field(default=64, validator=positive(integer=True))
+    outbox_bytes: int = attrs.field(default=64 << 20, validator=positive(integer=True))
+    send_timeout: float = attrs.field(default=20.0, validator=positive())
+    handshake_timeout: float = attrs.field(default=5.0, validator=positive())
+    ping_interval: float | None = attrs.field(default=20.0, validator=positive(optional=True))
+    ping_timeout: float = attrs.field(default=20.0, validator=positive())
+    idle_timeout: float | None = attrs.field(default=3600.0, validator=positive(optional=True))
+    close_grace: float = attrs.field(default=5.0, validator=positive())
 
     def __attrs_post_init__(self) -> None:
         if self.hard_frame_limit is not None and self.hard_frame_limit < self.max_frame_bytes:

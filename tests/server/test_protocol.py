@@ -151,7 +151,7 @@ def test_decode_server_frame_refuses_what_is_not_one() -> None:
 
 
 def test_server_limits_are_checked() -> None:
-    with pytest.raises(UsageError, match="max_inflight must be positive"):
+    with pytest.raises(UsageError, match=r"ServerLimits\.max_inflight must be a positive integer"):
         ServerLimits(max_inflight=0)
     with pytest.raises(UsageError, match="hard_frame_limit must be at least"):
         ServerLimits(max_frame_bytes=100, hard_frame_limit=50)
