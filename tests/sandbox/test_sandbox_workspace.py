@@ -317,6 +317,21 @@ def test_symlink_swapped_between_check_and_use(ws: Workspace, canary: Canary, st
     canary.assert_untouched()
 
 
+def _count_walks(monkeypatch: pytest.MonkeyPatch, ws: Workspace, free: list[int]) -> list[int]:
+    """Count ``ws``'s walks (in the list's one item) and make ``free[0]`` its file
+    system's free space, as the test says (other processes share /tmp)."""
+    walks = [0]
+    measure = ws._measure
+
+    def counted() -> tuple[int, int]:
+        walks[0] += 1
+        return measure()
+
+    monkeypatch.setattr(ws, "_measure", counted)
+    monkeypatch.setattr(ws, "free_bytes", lambda: free[0])
+    return walks
+
+
 def test_settling_usage_walks_only_when_the_budget_could_be_passed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -326,28 +341,19 @@ def test_settling_usage_walks_only_when_the_budget_could_be_passed(
     # The file system's free space, as the test says (other processes share /tmp).
     free = [10_000_000_000]
     with Workspace(tmp_path, max_bytes=1_000_000) as ws:
-        walks = 0
-        measure = ws._measure
-
-        def counted() -> int:
-            nonlocal walks
-            walks += 1
-            return measure()
-
-        monkeypatch.setattr(ws, "_measure", counted)
-        monkeypatch.setattr(ws, "free_bytes", lambda: free[0])
+        walks = _count_walks(monkeypatch, ws, free)
         first = ws.usage()
-        assert walks == 1
+        assert walks == [1]
         # Someone else (a worker) writes a little: the free-space bound settles it.
         free[0] -= 8192
         assert ws.settle_usage() == first + 8192
-        assert walks == 1
+        assert walks == [1]
         # A write that could pass the budget is measured for real, even when it
         # happened between calls rather than during one.
         (tmp_path / "c").write_bytes(b"z" * 2_000_000)
         free[0] -= 2_000_000
         ws.settle_usage()
-        assert walks == 2
+        assert walks == [2]
         assert ws.usage() > 1_000_000
         (tmp_path / "c").unlink()
         free[0] += 2_000_000
@@ -356,7 +362,7 @@ def test_settling_usage_walks_only_when_the_budget_could_be_passed(
         for _ in range(_WALK_EVERY):
             free[0] -= 1
             ws.settle_usage()
-        assert walks == 4
+        assert walks == [4]
 
 
 def test_growth_hidden_by_space_freed_elsewhere_is_found_at_the_next_settle(
@@ -368,26 +374,17 @@ def test_growth_hidden_by_space_freed_elsewhere_is_found_at_the_next_settle(
     (tmp_path / "a").write_bytes(b"x" * 10_000)
     free = [10_000_000_000]
     with Workspace(tmp_path, max_bytes=100_000) as ws:
-        walks = 0
-        measure = ws._measure
-
-        def counted() -> tuple[int, int]:
-            nonlocal walks
-            walks += 1
-            return measure()
-
-        monkeypatch.setattr(ws, "_measure", counted)
-        monkeypatch.setattr(ws, "free_bytes", lambda: free[0])
+        walks = _count_walks(monkeypatch, ws, free)
         ws.usage()
-        assert walks == 1
+        assert walks == [1]
         # Nothing changed on the file system: the warm path makes no walk.
         ws.settle_usage()
-        assert walks == 1
+        assert walks == [1]
         # 300 kB written in the workspace, 400 kB freed elsewhere at the same time.
         (tmp_path / "big").write_bytes(b"x" * 300_000)
         free[0] += 100_000
         assert ws.settle_usage() > 100_000
-        assert walks == 2
+        assert walks == [2]
         assert ws.over_budget() is not None
 
 
