@@ -868,13 +868,24 @@ class Workspace:
         with self._usage_lock:
             if self._files is not None:
                 self._files = max(0, self._files + delta)
+            if self._ffree_seen is not None:
+                self._ffree_seen -= delta  # see _adjust
 
     def _adjust(self, delta: int) -> None:
+        """Count ``delta`` bytes this object wrote (or freed: negative).
+
+        The free-space baseline moves by as much: what this object's own write took
+        or gave back is in the kept figure already, and must not be counted again by
+        the next bound -- above all not credited twice, which would let a worker
+        write as much as an in-process write freed without the bound seeing it.
+        """
         if self.max_bytes is None or not delta:
             return
         with self._usage_lock:
             if self._usage is not None:
                 self._usage = max(0, self._usage + delta)
+            if self._free_seen is not None:
+                self._free_seen -= delta
 
     def _measure(self) -> tuple[int, int]:
         for _ in range(3):
