@@ -324,7 +324,8 @@ class Kernel:
         """
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
-        self.plugins.prime()  # a worker's start is ready by the time calls come
+        if workspace is None:  # a lent workspace's workers get processes of their own
+            self.plugins.prime()  # a worker's start is ready by the time calls come
         await self._list_mcp_tools(tools)
         with self._in_use(session), self.tool_context(session, workspace):
             result = await agent.run_turn(
@@ -384,7 +385,8 @@ class Kernel:
         """
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
-        self.plugins.prime()  # a worker's start is ready by the time calls come
+        if workspace is None:  # a lent workspace's workers get processes of their own
+            self.plugins.prime()  # a worker's start is ready by the time calls come
         await self._list_mcp_tools(tools)
         with self._in_use(session), self.tool_context(session, workspace):
             result = await agent.resume_turn(
@@ -409,7 +411,8 @@ class Kernel:
         for the arguments)."""
         agent = _with_limits(self.agent_for(model), limits)
         tools = self._plugin_patterns(tools if tools is not None else self.allowed_tools)
-        self.plugins.prime()
+        if workspace is None:
+            self.plugins.prime()
         await self._list_mcp_tools(tools)
         # The agent's tasks start inside this block, so they inherit the context.
         with self._in_use(session), self.tool_context(session, workspace):

@@ -164,3 +164,24 @@ async def test_a_turn_ending_while_compaction_runs_gets_one_after_it(tmp_path: P
         await trio.testing.wait_all_tasks_blocked()
         assert calls == 2
         assert not k._compacting and not k._compact_again
+
+
+async def test_a_turn_primes_a_spare_worker_only_for_the_kernels_own_workspace(
+    tmp_path: Path,
+) -> None:
+    """A turn starts the pool's spare process (ready by the time calls come); a turn
+    in a lent workspace does not (its workers get processes of their own), and a
+    kernel that runs no turn starts none."""
+    async with open_kernel(home=tmp_path, model="scripted:echo") as k:
+        pool = k.plugins.pool
+        assert pool._spare is None and not pool._spare_coming
+        lent_dir = tmp_path / "lent"
+        lent_dir.mkdir()
+        async with k.open_workspace(lent_dir) as lent:
+            await k.run_turn(k.session("lent"), "hi", workspace=lent)
+        await trio.sleep(0.2)  # a spare, had one been asked for, would be coming
+        assert pool._spare is None and not pool._spare_coming
+        await k.run_turn(k.session("own"), "hi")
+        with trio.fail_after(30):
+            while pool._spare is None:  # noqa: ASYNC110 (the spare starts in the background)
+                await trio.sleep(0.01)
