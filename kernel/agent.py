@@ -49,7 +49,7 @@ from .executor import (
     run_tool_calls,
 )
 from .history import history_from_entries as history_from_entries
-from .history import message_from_entry
+from .history import is_message_entry, message_from_entry
 from .messages import Message, Observation, Text, ToolError, recordable
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
@@ -70,7 +70,6 @@ INTERRUPTED = ToolError(
     "crashed", "Interrupted", "interrupted: the run stopped before the call finished"
 )
 
-_MESSAGE_TYPES = frozenset({"system", "user", "assistant", "tool"})
 
 #: How long a shielded write of the turn may take once the turn was cancelled
 #: (before that, only the store's own bound applies: ``_persist_whole``).
@@ -837,7 +836,7 @@ def _trailing_partials(entries: Sequence[Mapping[str, Any]]) -> int:
     """How many messages at the end of ``entries`` are replies cut mid-stream."""
     count = 0
     for entry in reversed(entries):
-        if entry.get("type") not in _MESSAGE_TYPES or "message" not in entry:
+        if not is_message_entry(entry):
             continue  # a title, a compaction
         if entry.get("type") != "assistant" or not entry.get("partial"):
             break

@@ -40,16 +40,23 @@ import contextlib
 import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Container, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
 import trio
 
 from .errors import StoreError, TurnRunning, UsageError
-from .messages import Message, Observation, Text, ToolCall, ToolError, converter
+from .messages import Message, Observation, Role, Text, ToolCall, ToolError, converter
 from .messages import describe_structure_error as _describe
 from .store import SessionKey, SessionStore
 
-_MESSAGE_TYPES = frozenset({"system", "user", "assistant", "tool"})
+#: The entry types that hold a message (the others: a title, a compaction, usage...).
+MESSAGE_TYPES = frozenset(get_args(Role))
+
+
+def is_message_entry(entry: Mapping[str, Any]) -> bool:
+    """Whether ``entry`` holds a message (its ``type`` is one and it has a payload)."""
+    return entry.get("type") in MESSAGE_TYPES and "message" in entry
+
 
 #: What a call without a recorded result is answered with when a transcript is read.
 KERNEL_STOPPED = ToolError(
@@ -68,7 +75,7 @@ def message_from_entry(entry: Mapping[str, Any]) -> Message | None:
     Raises:
         StoreError: the entry says it is a message but its payload is not one.
     """
-    if entry.get("type") not in _MESSAGE_TYPES or "message" not in entry:
+    if not is_message_entry(entry):
         return None
     try:
         return converter.structure(entry["message"], Message)

@@ -47,7 +47,7 @@ import contextlib
 import uuid as uuid_module
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import attrs
 import cattrs
@@ -59,13 +59,19 @@ from .history import HistoryCache, history_from_entries
 from .history import message_from_entry as message_from_entry
 from .history import messages_from_entries as messages_from_entries
 from .home import DEFAULT_PROJECT as DEFAULT_PROJECT
-from .messages import Message, Observation, Text, converter, describe_structure_error, recordable
+from .messages import (
+    Message,
+    Observation,
+    Role,
+    Text,
+    converter,
+    describe_structure_error,
+    recordable,
+)
 from .store import SessionKey, SessionStore
 
 if TYPE_CHECKING:
     from .models import Usage
-
-Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 
 def _new_uuid() -> str:
@@ -171,7 +177,7 @@ def usage_entry_fields(usage: Usage) -> dict[str, int]:
 
 
 _ENTRY_CLASSES: dict[str, type[TranscriptEntry]] = {
-    **dict.fromkeys(("system", "user", "assistant", "tool"), MessageEntry),
+    **dict.fromkeys(get_args(Role), MessageEntry),
     "title": TitleEntry,
     "compaction": CompactionEntry,
 }
