@@ -898,7 +898,8 @@ class WorkerPool:
         answers) primes the pool so that even the first start skips the interpreter's
         start-up. A pool nobody primes and no worker uses never starts a process.
         """
-        if self.spare and not self.closing():
+        # Every turn primes: no task when the spare is there or coming already.
+        if self.spare and not (self.closing() or self._spare_coming or self._spare is not None):
             self._nursery.start_soon(self._make_spare)
 
     async def _make_spare(self) -> None:
