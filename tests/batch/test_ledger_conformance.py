@@ -140,7 +140,9 @@ async def test_an_unreachable_server_is_one_line_naming_it() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(StoreError) as info:
-        async with open_postgres_ledger(f"postgresql://tak@127.0.0.1:{port}/tak", RUN):
+        # The lost connection is retried until the deadline: 1 s, not the 30 s default.
+        url = f"postgresql://tak@127.0.0.1:{port}/tak"
+        async with open_postgres_ledger(url, RUN, request_timeout_s=1.0):
             pass
     message = str(info.value)
     assert message.startswith(f"PostgreSQL 127.0.0.1:{port}/tak: ") and "\n" not in message
