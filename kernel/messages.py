@@ -35,6 +35,8 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception
 
+from .errors import UsageError
+
 ErrorKind: TypeAlias = Literal[
     "invalid_call",
     "unknown_tool",
@@ -64,7 +66,7 @@ _MEDIA_TYPE = re.compile(
 )
 
 
-class FieldRefused(ValueError):
+class FieldRefused(UsageError, ValueError):
     """A record's validator refused a field's value: ``field`` names it, the
     message says why (``describe_structure_error`` shows it at the field's path)."""
 

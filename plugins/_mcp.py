@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 import attrs
 import trio
 
-from kernel.errors import KernelError, SandboxError, UsageError
+from kernel.errors import KernelError, ProtocolError, SandboxError, UsageError
 from kernel.home import McpServerConfig, TakHome
 from kernel.messages import Attachment, AttachmentKind, ToolOutput
 from kernel.tools import RunContext, Tool, ToolFailure, ToolRegistry
@@ -1063,7 +1063,7 @@ class _ConfinedProcess:
             os.killpg(self.popen.pid, signum)
 
 
-class LineTooLong(ValueError):
+class LineTooLong(ProtocolError, ValueError):
     """A line passed ``LineSplitter.limit`` before its newline."""
 
 

@@ -15,7 +15,8 @@ Permissions: the plugin declares ``network: ["*:80", "*:443"]``. Ports named
 in ``allow_hosts`` cannot be known when this module is imported; the plugin
 host adds them to the worker's network permissions from the configuration.
 
-Errors. Each failure is an observation whose message says which::
+Errors. Each failure is an observation whose message says which (``FetchError`` is
+drawn in the project's tree too, ``kernel.errors``)::
 
     ToolFailure "denied"  (HostNotAllowed)   host not in allow_hosts, or a non-http(s) URL
     ToolFailure "timeout" (FetchTimeout)     the request's deadline passed
@@ -40,6 +41,7 @@ from typing import Any
 
 import httpx
 
+from kernel.errors import KernelError
 from kernel.plugin import Plugin, context
 from kernel.tools import ToolFailure
 
@@ -59,7 +61,7 @@ MAX_TIMEOUT = 120.0
 _ERROR_BODY_CHARS = 500
 
 
-class FetchError(Exception):
+class FetchError(KernelError):
     """A URL could not be fetched; the subclass says why."""
 
 

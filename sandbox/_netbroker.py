@@ -65,6 +65,8 @@ import attrs
 import cattrs
 from cattrs.strategies import configure_tagged_union
 
+from kernel.errors import ProtocolError
+
 from . import _protocol
 
 if TYPE_CHECKING:
@@ -163,7 +165,7 @@ def _make_converter() -> cattrs.Converter:
 _converter: Final = _make_converter()
 
 
-class BrokerError(Exception):
+class BrokerError(ProtocolError):
     """A frame on the broker channel broke its protocol."""
 
 

@@ -48,6 +48,8 @@ import cattrs
 from cattrs.strategies import configure_tagged_union
 from cattrs.v import format_exception
 
+from kernel.errors import ProtocolError
+
 if TYPE_CHECKING:
     import trio
 
@@ -88,7 +90,7 @@ SO_PASSRIGHTS: Final = 83
 _ANCILLARY: Final = socket.CMSG_SPACE(253 * array.array("i").itemsize)
 
 
-class WorkerFrameError(Exception):
+class WorkerFrameError(ProtocolError):
     """A frame broke the protocol (too large or too complex, not JSON, not an object)."""
 
 

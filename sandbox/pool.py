@@ -120,7 +120,7 @@ def describe_exit(returncode: int) -> str:
 _DEFAULT_POLICY = Policy()
 
 
-class WorkerCallError(Exception):
+class WorkerCallError(SandboxError):
     """A call to a worker failed: ``kind`` as the worker (or the pool) names it.
 
     The pool's own kinds: ``crashed`` (the worker died, was killed, or could not

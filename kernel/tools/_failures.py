@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..errors import UsageError
+from ..errors import KernelError, UsageError
 from ..messages import ERROR_KINDS, ErrorKind
 
 
-class ArgumentError(Exception):
+class ArgumentError(UsageError):
     """Arguments failed the tool's schema.
 
     ``str(exc)`` names each failing path and why, joined by ``; ``:
@@ -14,7 +14,7 @@ class ArgumentError(Exception):
     """
 
 
-class ToolFailure(Exception):
+class ToolFailure(KernelError):
     """Raised by a tool (or whatever runs it) to choose the observation's error kind.
 
     ``raise ToolFailure("denied", "network access to example.org:443 was not declared")``
