@@ -130,6 +130,19 @@ def test_running_again_with_other_settings_is_refused_in_one_line(tmp_path: Path
     assert tak("batch", str(tasks), "--concurrency", "3", home=home, demo=True).returncode == 0
 
 
+def test_a_run_with_limits_resumes_and_runs_again_with_them(tmp_path: Path) -> None:
+    """The limits the ledger keeps read back as they were given (a step count of 2,
+    not 2.0, which no step limit takes: resume refused every such run)."""
+    tasks = write_tasks(tmp_path / "evals.jsonl", THREE[2:])
+    home = tmp_path / "home"
+    limits = ("--max-steps", "2", "--wall-time", "60")
+    assert tak("batch", str(tasks), *limits, home=home, demo=True).returncode == 0
+    resumed = tak("batch", "resume", "evals", home=home, demo=True)
+    assert resumed.returncode == 0 and "finished    1 of 1 tasks" in resumed.stdout, resumed
+    again = tak("batch", str(tasks), *limits, home=home, demo=True)
+    assert again.returncode == 0, again.stderr  # the same limits: the same run
+
+
 @pytest.mark.parametrize(
     ("line", "error"),
     [
@@ -486,7 +499,7 @@ async def test_the_progress_line_has_an_eta_and_each_providers_load(autojump_clo
     import trio
 
     from kernel.batch import BatchProgress
-    from kernel.cli._batch import ProgressView
+    from kernel.cli._batch_progress import ProgressView
     from kernel.models import ProviderLoad
 
     def load(model: str | None, in_flight: int, waiting: int, paused: float = 0.0) -> Any:

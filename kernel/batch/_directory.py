@@ -68,6 +68,7 @@ from ._records import (
     new_run_nonce,
     session_project,
 )
+from ._view import RunView, model_of, where_of
 
 logger = logging.getLogger("tak.batch")
 
@@ -326,12 +327,16 @@ class _AppendFile:
         os.close(self._fd)
 
 
-def _read_lines(path: Path) -> list[bytes]:
-    """The file's whole lines; a torn last line (no newline) is cut off the file."""
+def _read_lines(path: Path, *, repair: bool = True) -> list[bytes]:
+    """The file's whole lines; a torn last line (no newline) is cut off the file
+    (``repair``), else only left out (a reader that does not hold the run: the line
+    may be being written)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
+    if data and not data.endswith(b"\n") and not repair:
+        data = data[: data.rfind(b"\n") + 1]
     if data and not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
         with open(path, "r+b") as f:
@@ -377,24 +382,31 @@ class _State:
     attempts: dict[str, int] = attrs.Factory(dict)
 
 
-def _load_state(root: Path) -> _State:
+def _load_state(root: Path, *, repair: bool = True) -> _State:
+    """What the run's files say; ``repair``: cut a torn last line off its file
+    (only the process holding the run may)."""
     state = _State()
-    tasks_file = root / TASKS
-    for task in parse_tasks(_read_lines(tasks_file), str(tasks_file)):
+    tasks_file, results_file = root / TASKS, root / RESULTS
+    # The results before the tasks: a task's line is written before it can have a
+    # result, so a reader that does not hold the run finds every result's task.
+    result_lines = _read_lines(results_file, repair=repair)
+    for task in parse_tasks(_read_lines(tasks_file, repair=repair), str(tasks_file)):
         state.tasks[task.id] = task
-        state.encoded[task.id] = _encode(task)
-    results_file = root / RESULTS
-    for number, line in enumerate(_read_lines(results_file), 1):
+        if repair:
+            state.encoded[task.id] = _encode(task)
+    for number, line in enumerate(result_lines, 1):
         if not line.strip():
             continue
         where = f"{results_file}:{number}"
         result: TaskResult = _structure(_parse_line(line, where), TaskResult, where)
         if result.id not in state.tasks:
             raise UsageError(f"{where}: a result for task {result.id!r}, which is not in {TASKS}")
-        if result.finished:
+        if result.finished:  # a task's first finished result is its last word
             state.finished.setdefault(result.id, result)
         if result.id not in state.finished or state.finished[result.id] is result:
             state.latest[result.id] = result
+    if not repair:
+        return state
     claims_file = root / CLAIMS
     for line in _read_lines(claims_file):
         with contextlib.suppress(ValueError, AttributeError, TypeError):
@@ -599,9 +611,7 @@ def _open(
     lock_fd = _lock(path / LOCK)
     try:
         if manifest_path.exists():
-            where = str(manifest_path)
-            value = _parse_line(manifest_path.read_bytes(), where)
-            manifest: RunManifest = _structure(value, RunManifest, where)
+            manifest = _read_manifest(manifest_path)
             if run_id is not None and run_id != manifest.run_id:
                 raise UsageError(f"{path} holds run {manifest.run_id!r}, not {run_id!r}")
         else:
@@ -622,6 +632,38 @@ def _open(
     except BaseException:
         os.close(lock_fd)
         raise
+
+
+def _read_manifest(path: Path) -> RunManifest:
+    where = str(path)
+    manifest: RunManifest = _structure(_parse_line(path.read_bytes(), where), RunManifest, where)
+    return manifest
+
+
+def read_run_dir(path: str | os.PathLike[str]) -> RunView:
+    """The run in directory ``path`` as its files say now, by the rules ``open_run_dir``
+    reads them with, without taking the run (it may be going on; a last line still
+    being written is left out). Blocking I/O.
+
+    Raises:
+        UsageError: not a run's directory, or a file is damaged (``FILE:LINE: ...``).
+        OSError: a file cannot be read.
+    """
+    root = Path(path)
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise UsageError(f"{root}: not a run directory (no {MANIFEST})")
+    manifest = _read_manifest(manifest_path)
+    state = _load_state(root, repair=False)
+    return RunView(
+        run_id=manifest.run_id,
+        where=where_of(root),
+        created=manifest.created,
+        model=model_of(manifest.settings),
+        session_project=session_project(manifest.run_id, manifest.nonce),
+        total=len(state.tasks),
+        results=tuple(state.latest[t] for t in state.tasks if t in state.latest),
+    )
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -669,4 +711,11 @@ async def open_run_dir(
         await ledger.aclose()
 
 
-__all__ = ["DirectoryLedger", "RunManifest", "load_tasks", "open_run_dir", "parse_tasks"]
+__all__ = [
+    "DirectoryLedger",
+    "RunManifest",
+    "load_tasks",
+    "open_run_dir",
+    "parse_tasks",
+    "read_run_dir",
+]

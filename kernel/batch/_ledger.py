@@ -32,7 +32,7 @@ Guarantees every ledger keeps:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -63,6 +63,16 @@ class Ledger(Protocol):
     @property
     def session_project(self) -> str:
         """The store project of the run's task sessions (guarantee 6)."""
+        ...
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The settings the run was created with (JSON; a later open keeps the first)."""
+        ...
+
+    @property
+    def created(self) -> float:
+        """When the run was created (Unix time)."""
         ...
 
     async def add_tasks(self, tasks: Sequence[BatchTask]) -> None: ...

@@ -75,6 +75,7 @@ from kernel.store._postgres import DEFAULT_REQUEST_TIMEOUT_S, migrate_schema
 from ._directory import MAX_LINE_BYTES, _encode, _structure
 from ._ledger import Claim, LedgerCounts
 from ._records import BatchTask, TaskResult, check_run_id, new_run_nonce, session_project
+from ._view import RunView, model_of
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -575,4 +576,34 @@ def _same_result(stored: str, result: TaskResult) -> bool:
     return bool(ours == theirs)
 
 
-__all__ = ["DEFAULT_LEASE_S", "MAX_LEASE_S", "PostgresLedger", "open_postgres_ledger"]
+async def read_postgres_run(url: str, run_id: str, *, request_timeout_s: float) -> RunView:
+    """The run ``run_id`` of the PostgreSQL store at ``url``.
+
+    Raises:
+        UsageError: not a valid run id, or no such run.
+        StoreError: the store cannot be reached (one line naming it).
+    """
+    check_run_id(run_id, "RUN")
+    async with open_postgres_ledger(
+        url, run_id, create=False, request_timeout_s=request_timeout_s
+    ) as ledger:
+        results = await ledger.results()
+        counts = await ledger.counts()
+        return RunView(
+            run_id=run_id,
+            where=repr(ledger),
+            created=ledger.created,
+            model=model_of(ledger.settings),
+            session_project=ledger.session_project,
+            total=counts.total,
+            results=tuple(results),
+        )
+
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "MAX_LEASE_S",
+    "PostgresLedger",
+    "open_postgres_ledger",
+    "read_postgres_run",
+]

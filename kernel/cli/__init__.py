@@ -165,3 +165,6 @@ def _quiet_stdout() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+__all__ = ["DEFAULT_PROJECT", "build_parser", "main"]

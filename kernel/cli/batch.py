@@ -139,13 +139,13 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
     p = commands.add_parser("ls", help="the runs under the home, newest first")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_handler("cmd_ls"))
+    p.set_defaults(func=_handler("cmd_ls", "_batch_show"))
 
     p = commands.add_parser("show", help="a run's summary table and its failed tasks")
     p.add_argument("run", metavar="RUN", help="a run id (tak batch ls) or a run's directory")
     p.add_argument("--json", action="store_true", help="print JSON")
     _store_option(p, "read the run from this PostgreSQL store")
-    p.set_defaults(func=_handler("cmd_show"))
+    p.set_defaults(func=_handler("cmd_show", "_batch_show"))
 
     p = commands.add_parser(
         "worker",
@@ -222,14 +222,17 @@ def _kernel_options(p: argparse.ArgumentParser) -> None:
     _progress_option(p)
 
 
-def _handler(name: str) -> Any:
-    """The handler ``name`` of ``kernel.cli._batch``, imported when the command runs
+def _handler(name: str, module: str = "_batch") -> Any:
+    """The handler ``name`` of ``kernel.cli.<module>``, imported when the command runs
     (it needs attrs and the kernel: ``tak --help`` must not pay for them)."""
 
     def handler(args: argparse.Namespace) -> int:
-        from . import _batch
+        import importlib
 
-        code: int = getattr(_batch, name)(args)
+        code: int = getattr(importlib.import_module(f"{__package__}.{module}"), name)(args)
         return code
 
     return handler
+
+
+__all__ = ["LINE_EVERY_S", "STORE_URL_ENV", "add_commands"]

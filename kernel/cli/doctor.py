@@ -183,3 +183,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print(f"Plugins run confined to their workspace ({data['level']} isolation).")
     return code
+
+
+__all__ = ["add_commands", "cmd_doctor", "plugin_approvals", "report"]

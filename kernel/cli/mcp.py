@@ -92,3 +92,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ._mcp_serve import run
 
     return run(args)
+
+
+__all__ = ["add_commands", "cmd_ls", "cmd_serve", "cmd_trust", "cmd_untrust"]

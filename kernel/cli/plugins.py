@@ -339,3 +339,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     _print_plugin(loaded[0])
     print(json.dumps(specs, indent=2))
     return 0
+
+
+__all__ = ["add_commands", "cmd_check", "cmd_ls", "cmd_new", "cmd_trust", "cmd_untrust"]

@@ -348,3 +348,13 @@ class _TurnView:
         color = "32" if finished.reason == "final" else "33"
         self.out.write(self._color(color, summary) + "\n")
         self.out.flush()
+
+
+__all__ = [
+    "add_commands",
+    "cmd_run",
+    "model_settings",
+    "print_transcript_location",
+    "stream_turn",
+    "tool_patterns",
+]

@@ -193,3 +193,13 @@ def cmd_repl(args: argparse.Namespace) -> int:
     from ..repl import main
 
     return main(args.url, session=args.session, project=args.project, home=args.home)
+
+
+__all__ = [
+    "DEFAULT_PORT",
+    "add_commands",
+    "cmd_repl",
+    "cmd_serve",
+    "read_token",
+    "refuse_remote_bind",
+]

@@ -333,3 +333,14 @@ def cmd_repair(args: argparse.Namespace) -> int:
         return OK
 
     return _run(args, body)
+
+
+__all__ = [
+    "DEFAULT_WAIT_S",
+    "add_commands",
+    "cmd_ls",
+    "cmd_repair",
+    "cmd_rm",
+    "cmd_show",
+    "format_entry",
+]

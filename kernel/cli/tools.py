@@ -183,3 +183,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     with os_errors_as(f"TAK_HOME {home.root}"):
         return trio.run(main)
+
+
+__all__ = [
+    "PROVIDER_FORMATS",
+    "add_commands",
+    "cmd_call",
+    "cmd_demo",
+    "cmd_tools",
+    "provider_tools",
+]
