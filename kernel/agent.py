@@ -61,6 +61,21 @@ from .tracing import Span as TraceSpan
 from .tracing import enabled as tracing_enabled
 from .tracing import span as trace_span
 
+__all__ = [
+    "COMPACTION_PROMPT",
+    "INTERRUPTED",
+    "Agent",
+    "AgentEvent",
+    "AgentEventCallback",
+    "ModelDelta",
+    "RunLimits",
+    "TurnEnd",
+    "TurnFinished",
+    "history_from_entries",
+    "load_history",
+    "run_calls_recorded",
+]
+
 TurnEnd: TypeAlias = Literal[
     "final", "max_steps", "max_tokens", "max_cost", "wall_time", "model_error", "cancelled"
 ]

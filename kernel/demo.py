@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from .kernel import Kernel
     from .session import Session
 
+__all__ = ["DEMO_FILE", "DEMO_PLUGINS", "format_table", "run_demo_turn"]
+
 #: The built-in plugins the demo uses, and the file it reads.
 DEMO_PLUGINS = ("fs", "shell", "python")
 DEMO_FILE = ("hello.txt", "Hello from the workspace.\n")

@@ -45,6 +45,18 @@ checks that every other exception class is drawn here, under its parent.
 
 from __future__ import annotations
 
+__all__ = [
+    "CorruptTranscript",
+    "KernelError",
+    "ModelAPIError",
+    "ProtocolError",
+    "SandboxError",
+    "StoreError",
+    "TurnRunning",
+    "UsageError",
+    "WorkspaceRefused",
+]
+
 
 class KernelError(Exception):
     """Root of every error the kernel raises on purpose."""

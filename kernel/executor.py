@@ -74,6 +74,20 @@ from .tracing import Span as TraceSpan
 from .tracing import enabled as tracing_enabled
 from .tracing import start_span as start_trace_span
 
+__all__ = [
+    "BatchHandle",
+    "CallCanceller",
+    "CallEvent",
+    "CallFinished",
+    "CallLimits",
+    "CallStarted",
+    "EventCallback",
+    "cancelling_calls",
+    "only_cancelled",
+    "ordered_observations",
+    "run_tool_calls",
+]
+
 #: The runners' context of a batch without sync tools: nothing to lend, nothing to make.
 _NO_THREADS = RunContext()
 

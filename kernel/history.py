@@ -49,6 +49,19 @@ from .messages import Message, Observation, Role, Text, ToolCall, ToolError, con
 from .messages import describe_structure_error as _describe
 from .store import SessionKey, SessionStore
 
+__all__ = [
+    "KERNEL_STOPPED",
+    "MESSAGE_TYPES",
+    "SUMMARY_PREFIX",
+    "HistoryCache",
+    "MessageFold",
+    "compaction_cut",
+    "history_from_entries",
+    "is_message_entry",
+    "message_from_entry",
+    "messages_from_entries",
+]
+
 #: The entry types that hold a message (the others: a title, a compaction, usage...).
 MESSAGE_TYPES = frozenset(get_args(Role))
 

@@ -38,6 +38,26 @@ from .settings import ModelSettings
 if TYPE_CHECKING:
     import cattrs
 
+__all__ = [
+    "BUDGET_PROVIDERS",
+    "DEFAULT_PROJECT",
+    "DEFAULT_STORE_REQUEST_TIMEOUT_S",
+    "STORE_URL_ENV",
+    "BudgetTable",
+    "Config",
+    "McpConfig",
+    "McpServerConfig",
+    "ModelConfig",
+    "SandboxConfig",
+    "StoreConfig",
+    "TakHome",
+    "WorkspaceConfig",
+    "store_request_timeout_s",
+    "store_url",
+    "workspace_max_bytes",
+    "workspace_max_files",
+]
+
 STORE_URL_ENV = "TAK_STORE_URL"
 #: ``[store] request_timeout_s`` when unset: the longest one call to a PostgreSQL
 #: store (its retries included) may take.

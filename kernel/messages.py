@@ -37,6 +37,31 @@ from cattrs.v import format_exception
 
 from .errors import UsageError
 
+__all__ = [
+    "ERROR_KINDS",
+    "MAX_ATTACHMENTS_BYTES",
+    "MAX_ATTACHMENT_BYTES",
+    "Attachment",
+    "AttachmentKind",
+    "ErrorKind",
+    "FieldRefused",
+    "Message",
+    "Observation",
+    "Part",
+    "Role",
+    "Text",
+    "ToolCall",
+    "ToolError",
+    "ToolOutput",
+    "converter",
+    "describe_structure_error",
+    "escape_surrogates",
+    "json_problem",
+    "recordable",
+    "replace_lone_surrogates",
+    "structure_error_paths",
+]
+
 ErrorKind: TypeAlias = Literal[
     "invalid_call",
     "unknown_tool",

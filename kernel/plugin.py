@@ -41,6 +41,8 @@ from .tools import TOOL_NAME_PATTERN, Tool, tool
 if TYPE_CHECKING:
     from sandbox import Workspace
 
+__all__ = ["Permissions", "Plugin", "ToolContext", "context", "use_context"]
+
 _PLUGIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 _PERMISSION_KEYS = ("workspace", "network", "subprocess")
 

@@ -73,6 +73,23 @@ from .store import SessionKey, SessionStore
 if TYPE_CHECKING:
     from .models import Usage
 
+__all__ = [
+    "KERNEL_STOPPED",
+    "CompactionCandidate",
+    "CompactionEntry",
+    "MessageEntry",
+    "Session",
+    "TitleEntry",
+    "TranscriptEntry",
+    "entry_from_json",
+    "entry_to_json",
+    "message_entry",
+    "message_from_entry",
+    "messages_from_entries",
+    "usage_entry_fields",
+    "utc_timestamp",
+]
+
 
 def _new_uuid() -> str:
     return uuid_module.uuid4().hex

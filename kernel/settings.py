@@ -21,6 +21,17 @@ import attrs
 
 from .errors import UsageError
 
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "REASONING_EFFORTS",
+    "TOOL_CHOICES",
+    "ModelSettings",
+    "ReasoningEffort",
+    "check_tool_choice",
+    "merge",
+    "settings_from_mapping",
+]
+
 ReasoningEffort: TypeAlias = Literal["minimal", "low", "medium", "high"]
 REASONING_EFFORTS: Final = get_args(ReasoningEffort)
 TOOL_CHOICES: Final = ("auto", "required", "none")

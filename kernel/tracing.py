@@ -70,6 +70,17 @@ from typing import Any, Literal, TypeAlias
 
 import trio
 
+__all__ = [
+    "MAX_TEXT",
+    "SCHEMA_URL",
+    "Span",
+    "SpanKind",
+    "enabled",
+    "span",
+    "start_span",
+    "use_tracer_provider",
+]
+
 #: The semantic conventions the span and attribute names follow.
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 

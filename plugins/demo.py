@@ -11,6 +11,8 @@ import trio
 
 from kernel.plugin import Plugin
 
+__all__ = ["add", "divide", "echo", "plugin", "sleep"]
+
 plugin = Plugin(
     "demo",
     version="1.0.0",

@@ -54,6 +54,29 @@ from kernel.tools import ToolFailure
 if TYPE_CHECKING:
     from sandbox import Entry, Workspace
 
+__all__ = [
+    "GLOB_SECONDS",
+    "GLOB_TIMEOUT",
+    "GREP_SECONDS",
+    "GREP_TIMEOUT",
+    "GREP_WINDOW_BYTES",
+    "GREP_WINDOW_COST",
+    "MAX_FILE_BYTES",
+    "MAX_GREP_CHARS",
+    "MAX_GREP_PROGRAM",
+    "MAX_PATTERN_CHARS",
+    "MAX_READ_LINES",
+    "MAX_WALK_DEPTH",
+    "MAX_WALK_ENTRIES",
+    "edit_file",
+    "glob",
+    "grep",
+    "list_dir",
+    "plugin",
+    "read_file",
+    "write_file",
+]
+
 plugin = Plugin(
     "fs",
     version="0.1.0",

@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 
 from kernel.plugin import Plugin, context
 
+__all__ = ["forget", "plugin", "recall", "remember"]
+
 plugin = Plugin(
     "notes",
     version="0.1.0",

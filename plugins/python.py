@@ -25,6 +25,8 @@ from plugins.shell import (
     workspace_directory,
 )
 
+__all__ = ["MAX_VALUE_BYTES", "plugin", "run_python"]
+
 plugin = Plugin(
     "python",
     version="0.1.0",

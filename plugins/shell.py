@@ -35,6 +35,17 @@ import attrs
 from kernel.plugin import Plugin, context
 from kernel.tools import ToolFailure
 
+__all__ = [
+    "MAX_STREAM_BYTES",
+    "ProcessResult",
+    "describe_exit",
+    "format_streams",
+    "plugin",
+    "run_command",
+    "run_process",
+    "workspace_directory",
+]
+
 plugin = Plugin(
     "shell",
     version="0.1.0",

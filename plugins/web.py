@@ -45,6 +45,21 @@ from kernel.errors import KernelError
 from kernel.plugin import Plugin, context
 from kernel.tools import ToolFailure
 
+__all__ = [
+    "MAX_REDIRECTS",
+    "ConnectionFailed",
+    "DNSError",
+    "FetchError",
+    "HTTPStatusError",
+    "ResponseTooLarge",
+    "TLSError",
+    "TooManyRedirects",
+    "fetch",
+    "fetch_url",
+    "host_allowed",
+    "plugin",
+]
+
 plugin = Plugin(
     "web",
     version="0.1.0",

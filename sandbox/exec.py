@@ -74,6 +74,20 @@ from ._confine import (
 from ._policy import check_network
 from ._protocol import Confinement
 
+__all__ = [
+    "ExecPolicy",
+    "ExecWorkspace",
+    "ProgramFiles",
+    "cgroups_limit_memory",
+    "launcher_argv",
+    "main",
+    "make_cgroups",
+    "parse_report",
+    "program_files",
+    "remove_cgroups",
+    "resolve_program",
+]
+
 #: Exit status of a launch that was refused or failed (as shells use for "cannot run").
 EXIT_REFUSED = 126
 #: The ``PATH`` a program is looked up on when its environment has none.

@@ -22,6 +22,37 @@ from kernel.errors import SandboxError
 
 from . import _syscalls
 
+__all__ = [
+    "EXECUTE",
+    "FILE_RIGHTS",
+    "IOCTL_DEV",
+    "MAKE_BLOCK",
+    "MAKE_CHAR",
+    "MAKE_DIR",
+    "MAKE_FIFO",
+    "MAKE_REG",
+    "MAKE_SOCK",
+    "MAKE_SYM",
+    "NET_BIND_TCP",
+    "NET_CONNECT_TCP",
+    "READ",
+    "READ_DIR",
+    "READ_FILE",
+    "READ_WRITE",
+    "REFER",
+    "REMOVE_DIR",
+    "REMOVE_FILE",
+    "SCOPE_ABSTRACT_UNIX_SOCKET",
+    "SCOPE_SIGNAL",
+    "TRUNCATE",
+    "WRITE_FILE",
+    "LandlockResult",
+    "PathRule",
+    "abi_version",
+    "handled_fs_rights",
+    "restrict_self",
+]
+
 # Filesystem rights, with the ABI that introduced each.
 EXECUTE: Final = 1 << 0
 WRITE_FILE: Final = 1 << 1

@@ -78,6 +78,15 @@ from ._protocol import (
 )
 from ._workspace import Workspace
 
+__all__ = [
+    "START_TIMEOUT_S",
+    "Spawner",
+    "Worker",
+    "WorkerCallError",
+    "WorkerPool",
+    "open_worker_pool",
+]
+
 #: The program a worker process runs (``python -I -m ENTRY FD``) unless the pool is
 #: told another: the plugin worker, a floor up. Named, never imported, here.
 DEFAULT_ENTRY = "plugins._worker"

@@ -63,6 +63,16 @@ from kernel.errors import SandboxError
 
 from . import _syscalls
 
+__all__ = [
+    "RET_ALLOW",
+    "RET_ERRNO",
+    "RET_KILL_PROCESS",
+    "SeccompPolicy",
+    "available",
+    "build_filter",
+    "install",
+]
+
 # Classic BPF opcodes (linux/filter.h).
 _LD_W_ABS: Final = 0x20
 _JMP_JEQ_K: Final = 0x15

@@ -49,6 +49,19 @@ from ._protocol import (
     WorkerFrameError,
 )
 
+__all__ = [
+    "Attempts",
+    "Channel",
+    "LogFrames",
+    "denial_message",
+    "error_result",
+    "exit_group",
+    "file_size_note",
+    "permission_error",
+    "serve",
+    "start",
+]
+
 #: The longest error message a result carries (an exception's text can be anything).
 MAX_ERROR_TEXT = 64 * 1024
 
