@@ -48,11 +48,12 @@ FLOORS: dict[str, int] = {
     "kernel.kernel": 6,
     "kernel.demo": 6,
     "kernel.batch": 6,
-    # 7 front doors: the WebSocket wire, the REPL, the CLI
+    # 7 front doors: the WebSocket wire, the MCP server, the REPL, the CLI
     "kernel.wire": 7,
     "kernel.server": 7,
     "kernel.protocol": 7,
     "kernel.repl": 7,
+    "kernel.mcp": 7,
     "kernel.cli": 7,
 }
 # Lazy re-exports of the public names (by string, on first use): above every

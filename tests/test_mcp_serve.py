@@ -1,5 +1,5 @@
 """``tak mcp serve``, a real process, driven by the official MCP SDK's own client
-(stdio and streamable HTTP), under Trio. Guarantees: kernel/cli/_mcp_serve.py."""
+(stdio and streamable HTTP), under Trio. Guarantees: kernel/mcp/_server.py."""
 
 from __future__ import annotations
 
@@ -318,3 +318,66 @@ def test_http_address_refused(text: str) -> None:
 
     with pytest.raises(UsageError, match="expected HOST:PORT"):
         parse_host_port(text)
+
+
+# -- kernel.mcp as a library: a program serves its own kernel --------------------------
+
+
+async def test_a_program_serves_its_kernel_in_process(tmp_path: Path) -> None:
+    """``kernel.mcp.mcp_server`` is the server ``tak mcp serve`` runs, for any kernel."""
+    from kernel import open_kernel, tool
+    from kernel.mcp import mcp_server
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    async with open_kernel(home=tmp_path, tools=[add], plugins=[]) as k:
+        session = k.session("served")
+        async with Client(mcp_server(k, session)) as client:
+            listed = {t.name for t in (await client.list_tools()).tools}
+            assert "add" in listed
+            added = await client.call_tool("add", {"a": 2, "b": 40})
+            assert (text(added), added.is_error) == ("42", False)
+            bad = await client.call_tool("add", {"a": "two", "b": 40})
+            assert bad.is_error and "$.a" in text(bad)
+        kinds = [m.role for m in await session.messages()]
+    assert kinds == ["assistant", "tool", "assistant", "tool"]  # each call recorded
+
+
+async def test_serve_stdio_speaks_json_rpc_lines_on_the_fds_it_is_given(tmp_path: Path) -> None:
+    """The stdio transport on a socket pair: one JSON object a line each way."""
+    import socket
+
+    from kernel import open_kernel
+    from kernel.mcp import mcp_server, serve_stdio
+
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+
+        async def request(line: bytes) -> dict[str, object]:
+            await stream.send_all(line + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                data += await stream.receive_some(65536)
+            reply: dict[str, object] = json.loads(data)
+            return reply
+
+        with trio.fail_after(60):  # a hang guard
+            async with open_kernel(home=tmp_path, plugins=[]) as k, trio.open_nursery() as nursery:
+                server = mcp_server(k, k.session())
+                nursery.start_soon(serve_stdio, server, theirs.fileno(), theirs.fileno())
+                params = {"protocolVersion": "2025-06-18", "capabilities": {},
+                          "clientInfo": {"name": "t", "version": "1"}}  # fmt: skip
+                hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
+                answer = await request(json.dumps(hello).encode())
+                assert answer["id"] == 1 and "result" in answer, answer
+                await stream.send_all(
+                    json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
+                    + b"\n"
+                )
+                listed = await request(b'{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}')
+                assert listed["id"] == 3 and "tools" in listed["result"], listed  # type: ignore[operator]
+                nursery.cancel_scope.cancel()

@@ -88,30 +88,6 @@ def read_token(path: Path) -> str:
     return token
 
 
-async def refuse_remote_bind(host: str, *, allow_remote: bool) -> None:
-    """Refuse a ``host`` that would expose a server to other machines, unless allowed.
-
-    Called before anything starts (``tak serve``, ``tak mcp serve --http``), so the
-    refusal is the command's only output: no log line of a kernel that was opened
-    for nothing.
-
-    Raises:
-        UsageError: ``host`` is not a loopback address and ``allow_remote`` is false.
-    """
-    from ..errors import UsageError
-    from ..wire._handshake import is_loopback_address
-
-    try:
-        loopback = allow_remote or await is_loopback_address(host)
-    except UnicodeError:  # no host name at all (the IDNA codec refuses it)
-        loopback = False
-    if not loopback:
-        raise UsageError(
-            f"refusing to bind {host!r}: not a loopback address (--allow-remote to serve "
-            "other machines, and put TLS in front)"
-        )
-
-
 @one_line_errors("tak serve")
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
@@ -121,6 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..errors import KernelError
     from ..kernel import open_kernel
     from ..wire import serve_websocket
+    from ..wire._handshake import refuse_remote_bind
     from ..wire._server import page_url
     from ._common import ensure_home
 
@@ -201,5 +178,4 @@ __all__ = [
     "cmd_repl",
     "cmd_serve",
     "read_token",
-    "refuse_remote_bind",
 ]

@@ -60,13 +60,37 @@ async def is_loopback_address(host: str) -> bool:
     )
 
 
-def _is_loopback_name(hostname: str) -> bool:
+def is_loopback_name(hostname: str) -> bool:
+    """Whether a ``Host`` header's name is this machine's (against DNS rebinding)."""
     if hostname == "localhost" or hostname.endswith(".localhost"):
         return True
     try:
         return ipaddress.ip_address(hostname).is_loopback
     except ValueError:
         return False
+
+
+async def refuse_remote_bind(host: str, *, allow_remote: bool) -> None:
+    """Refuse a ``host`` that would expose a server to other machines, unless allowed.
+
+    Called before anything starts (``tak serve``, ``tak mcp serve --http``), so the
+    refusal is the command's only output: no log line of a kernel that was opened
+    for nothing.
+
+    Raises:
+        UsageError: ``host`` is not a loopback address and ``allow_remote`` is false.
+    """
+    from kernel.errors import UsageError
+
+    try:
+        loopback = allow_remote or await is_loopback_address(host)
+    except UnicodeError:  # no host name at all (the IDNA codec refuses it)
+        loopback = False
+    if not loopback:
+        raise UsageError(
+            f"refusing to bind {host!r}: not a loopback address (--allow-remote to serve "
+            "other machines, and put TLS in front)"
+        )
 
 
 def _host_and_port(netloc: str, default_port: int) -> tuple[str, int] | None:
@@ -249,7 +273,7 @@ class Gate:
         host_port = _host_and_port(host, 80) if host is not None else None
         if host_port is None:
             return Refused(400, "missing or malformed Host header")
-        if not self._allow_remote and not _is_loopback_name(host_port[0]):
+        if not self._allow_remote and not is_loopback_name(host_port[0]):
             # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example
             return Refused(403, "Host is not a loopback name")
         if len(origins) > 1:
