@@ -50,8 +50,6 @@ FLOORS: dict[str, int] = {
     "kernel.batch": 6,
     # 7 front doors: the WebSocket wire, the MCP server, the REPL, the CLI
     "kernel.wire": 7,
-    "kernel.server": 7,
-    "kernel.protocol": 7,
     "kernel.repl": 7,
     "kernel.mcp": 7,
     "kernel.cli": 7,

@@ -319,7 +319,7 @@ def test_importing_sandbox_and_the_worker_stays_light() -> None:
         """
         import sys
         import sandbox, sandbox.worker, plugins._worker
-        heavy = sorted(m for m in ("trio", "httpx", "kernel.agent", "kernel.server",
+        heavy = sorted(m for m in ("trio", "httpx", "kernel.agent", "kernel.wire",
                                    "kernel.executor") if m in sys.modules)
         print(heavy)
         """

@@ -24,7 +24,7 @@ from kit import Arena
 from trio_websocket import ConnectionClosed, ConnectionRejected
 
 from kernel import Kernel
-from kernel.server import ServerLimits
+from kernel.wire import ServerLimits
 from tests.server.wsclient import TOKEN, bare, connect, open_test_kernel, running_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected
 
 from kernel import Kernel, UsageError
-from kernel.server import ServerLimits, serve_websocket
+from kernel.wire import ServerLimits, serve_websocket
 
 from .wsclient import TOKEN, Client, bare, connect, running_server
 

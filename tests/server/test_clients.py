@@ -16,7 +16,7 @@ import trio
 
 from kernel import Kernel
 from kernel.repl import run_repl
-from kernel.server import ServerLimits
+from kernel.wire import ServerLimits
 
 from .wsclient import TOKEN, connect, running_server
 

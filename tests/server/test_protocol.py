@@ -12,34 +12,32 @@ from hypothesis import strategies as st
 
 from kernel import Observation, ProtocolError, ToolCall, UsageError, converter
 from kernel.models import Usage
-from kernel.protocol import (
-    CallTools,
-    Cancel,
-    ErrorFrame,
-    ErrorInfo,
-    Event,
-    FrameError,
-    Hello,
-    History,
-    Reply,
-    Run,
-    Sessions,
-    Tools,
-    decode_request,
-    decode_server_frame,
-    encode,
-)
-from kernel.server import ServerLimits
 from kernel.wire import (
     EVENT_KINDS,
     CallFinishedEvent,
     CallStartedEvent,
+    CallTools,
+    Cancel,
     CancelResult,
+    ErrorFrame,
+    ErrorInfo,
+    Event,
     EventData,
+    FrameError,
+    Hello,
+    History,
     ModelDeltaEvent,
     OtherEvent,
+    Reply,
+    Run,
     RunResult,
+    ServerLimits,
+    Sessions,
+    Tools,
     TurnFinishedEvent,
+    decode_request,
+    decode_server_frame,
+    encode,
 )
 
 ids = st.text(min_size=1, max_size=20)
@@ -159,18 +157,15 @@ def test_server_limits_are_checked() -> None:
 
 
 def test_public_surface() -> None:
-    import kernel.protocol
+    import importlib.util
+
     import kernel.repl
-    import kernel.server
     import kernel.wire
 
-    assert kernel.server.__all__ == ["ServerLimits", "serve_websocket"]
     assert set(kernel.repl.__all__) == {"Repl", "history_path", "main", "run_repl", "url_problem"}
-    for name in kernel.protocol.__all__:
-        # the old paths are the new objects
-        assert getattr(kernel.protocol, name) is getattr(kernel.wire, name)
-    assert kernel.server.serve_websocket is kernel.wire.serve_websocket
-    assert kernel.server.ServerLimits is kernel.wire.ServerLimits
+    # The one path: kernel.wire (the re-exports kernel.protocol and kernel.server went).
+    assert importlib.util.find_spec("kernel.protocol") is None
+    assert importlib.util.find_spec("kernel.server") is None
     for name in kernel.wire.__all__:
         assert hasattr(kernel.wire, name)
     assert set(kernel.wire.EVENT_CLASSES) == set(EVENT_KINDS)

@@ -9,8 +9,7 @@ import pytest
 import trio
 
 from kernel import Kernel, StoreError
-from kernel.protocol import ERROR_CODES
-from kernel.server import ServerLimits
+from kernel.wire import ERROR_CODES, ServerLimits
 
 from .wsclient import Client, connect, running_server
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from trio_websocket import ConnectionClosed
 
 from kernel import Kernel
-from kernel.server import ServerLimits
+from kernel.wire import ServerLimits
 
 from .wsclient import TOKEN, Client, connect, open_test_kernel, running_server
 
