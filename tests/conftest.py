@@ -11,6 +11,8 @@ import pytest
 import trio.testing
 
 from tests.entry_points_kit import hide_installed_entry_points
+from tests.hang_guard import pytest_configure as hang_guard_configure
+from tests.hang_guard import pytest_runtest_protocol as pytest_runtest_protocol
 
 #: On PYTHONPATH for every Python the tests start: its sitecustomize hides the
 #: installed ``tak.plugins`` entry points there too (tests/entry_points_kit.py).
@@ -19,6 +21,7 @@ REAPER = Path(__file__).parent / "reaper.py"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    hang_guard_configure(config)
     # No test may touch the real ~/.tak: a test (or a `tak` subprocess) that does not
     # name a home gets this throwaway one.
     os.environ["TAK_HOME"] = tempfile.mkdtemp(prefix="tak-test-home-")

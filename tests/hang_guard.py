@@ -1,4 +1,5 @@
-"""``with hang_guard():`` fails a synchronous test that is stuck, instead of hanging the run.
+"""``with hang_guard():`` fails a synchronous test that is stuck, instead of hanging the run;
+and every test's last resort (``pytest_runtest_protocol``, which tests/conftest.py takes in).
 
 A hang guard, not a measurement: its bound is far past anything a loaded machine
 needs, so it fails only where the code waits for something that will never come (a
@@ -8,10 +9,15 @@ child that sleeps an hour, a pipe nobody closes). Async tests use
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+
+import pytest
 
 #: Past this, a call that should have ended at its own deadline never will.
 HANG_GUARD_S = 120
@@ -31,3 +37,41 @@ def hang_guard(seconds: int = HANG_GUARD_S) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+#: Past this, a test waits for what will never come (a trio test blocked in its
+#: event loop, which no ``fail_after`` was set around): its process prints every
+#: thread's stack and exits, so the run names the test (pytest-xdist: "worker 'gw1'
+#: crashed while running ...") instead of waiting for CI's limit. ``make stress``
+#: runs bigger rounds: it allows more. ``TAK_TEST_HANG_S`` sets it (0: off).
+TEST_HANG_S = 600
+STRESS_HANG_S = 3600
+
+
+def hang_limit_s(config: pytest.Config) -> int:
+    given = os.environ.get("TAK_TEST_HANG_S")
+    if given is not None:
+        return int(given)
+    return STRESS_HANG_S if config.getoption("--stress", default=False) else TEST_HANG_S
+
+
+#: fd 2 as the run began, before pytest captured it (where the stacks go).
+_stderr: int | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    global _stderr
+    if _stderr is None:
+        _stderr = os.dup(sys.__stderr__.fileno() if sys.__stderr__ else 2)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    seconds = hang_limit_s(item.config)
+    if seconds > 0 and _stderr is not None:
+        faulthandler.dump_traceback_later(seconds, exit=True, file=_stderr)
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()

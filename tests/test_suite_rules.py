@@ -295,3 +295,28 @@ def test_several_folders_collect_at_once() -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " collected" in result.stdout.splitlines()[-1]
+
+
+def test_a_stuck_test_is_named_and_the_run_goes_on(tmp_path: Path) -> None:
+    """A test blocked for good (no deadline of its own) fails by name at the suite's
+    hang limit (tests/hang_guard.py), and the rest of the run still runs."""
+    (tmp_path / "test_stuck.py").write_text(
+        "import threading\n\n"
+        "def test_stuck():\n    threading.Event().wait()\n\n"
+        "def test_after():\n    pass\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", os.devnull, "--rootdir", str(tmp_path),
+         "-p", "tests.hang_guard", "-p", "no:cacheprovider", "-n", "1", "-q",
+         str(tmp_path / "test_stuck.py")],  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTEST_ADDOPTS": "", "TAK_TEST_HANG_S": "2"},
+        timeout=600,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    assert "crashed while running 'test_stuck.py::test_stuck'" in out, out[-3000:]
+    assert "in test_stuck" in out  # the stack it was stuck in
+    assert "1 passed" in out  # test_after, on a new worker
