@@ -305,10 +305,10 @@ def test_a_stuck_test_is_named_and_the_run_goes_on(tmp_path: Path) -> None:
         "def test_stuck():\n    threading.Event().wait()\n\n"
         "def test_after():\n    pass\n"
     )
+    options = ["-c", os.devnull, "--rootdir", str(tmp_path), "-p", "tests.hang_guard",
+               "-p", "no:cacheprovider", "-n", "1", "-q"]  # fmt: skip
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-c", os.devnull, "--rootdir", str(tmp_path),
-         "-p", "tests.hang_guard", "-p", "no:cacheprovider", "-n", "1", "-q",
-         str(tmp_path / "test_stuck.py")],  # fmt: skip
+        [sys.executable, "-m", "pytest", *options, str(tmp_path / "test_stuck.py")],
         capture_output=True,
         text=True,
         cwd=ROOT,
