@@ -618,11 +618,9 @@ async def open_kernel(
         if budget is not None
         else ModelBudget.from_table(config.budget, where=f"{tak_home.config_file}: [budget]")
     )
-    # The store and the plugin host take tak.toml as the mapping it parses to.
-    toml = config.to_toml()
     owned_store = store is None
     the_store: SessionStore = (
-        store if store is not None else open_store(tak_home, toml, durability=durability)
+        store if store is not None else open_store(tak_home, config.store, durability=durability)
     )
     try:
         async with (
@@ -631,7 +629,7 @@ async def open_kernel(
                 plugins=plugins,
                 extra_plugins=extra_plugins,
                 tools=tools,
-                config=toml,
+                config=config,
                 allow_unsandboxed=config.sandbox.allow_unsandboxed,
                 home=tak_home,
             ) as host,

@@ -69,7 +69,7 @@ import cattrs
 import trio
 
 from kernel.errors import KernelError, SandboxError, UsageError, WorkspaceRefused
-from kernel.home import TakHome, workspace_max_bytes, workspace_max_files
+from kernel.home import Config, TakHome
 from kernel.messages import converter, describe_structure_error
 from kernel.plugin import Permissions, Plugin, ToolContext, context, use_context
 from kernel.tools import (
@@ -250,7 +250,7 @@ class PluginHost:
         *,
         workspace: Workspace,
         pool: WorkerPool,
-        config: Mapping[str, Any],
+        config: Config,
         tools: ToolRegistry,
         home: TakHome | None = None,
     ) -> None:
@@ -275,9 +275,7 @@ class PluginHost:
 
     def plugin_config(self, name: str) -> dict[str, Any]:
         """``[plugins.<name>]`` of ``tak.toml``: what ``context().config`` holds."""
-        section = self.config.get("plugins", {})
-        value = section.get(name, {}) if isinstance(section, Mapping) else {}
-        return dict(value) if isinstance(value, Mapping) else {}
+        return dict(self.config.plugins.get(name, {}))
 
     def context(
         self, session: str | None = None, workspace: Workspace | None = None
@@ -677,9 +675,7 @@ class PluginHost:
 
         A worker already running keeps its grants until it restarts.
         """
-        plugins = dict(self.config.get("plugins", {}))
-        plugins[name] = dict(config)
-        self.config = {**self.config, "plugins": plugins}
+        self.config = self.config.with_plugin_settings({name: config})
         declared = self._declared.get(name)
         if declared is not None:
             permissions, worker = declared
@@ -937,6 +933,12 @@ def _object_source(plugin: Plugin, module: ModuleType | None = None) -> PluginSo
     return PluginSource("object", target, f"module {module.__name__}", (str(root),))
 
 
+def _config_of(config: Config | Mapping[str, Any] | None) -> Config:
+    if isinstance(config, Config):
+        return config
+    return Config() if config is None else Config.from_toml(config)
+
+
 @contextlib.asynccontextmanager
 async def open_plugin_host(
     workspace: str | os.PathLike[str],
@@ -944,7 +946,7 @@ async def open_plugin_host(
     plugins: Iterable[PluginSpec] | None = None,
     extra_plugins: Iterable[PluginSpec] = (),
     tools: Iterable[Tool] = (),
-    config: Mapping[str, Any] | None = None,
+    config: Config | Mapping[str, Any] | None = None,
     allow_unsandboxed: bool = False,
     isolation: IsolationSupport | None = None,
     home: TakHome | str | os.PathLike[str] | None = None,
@@ -959,7 +961,10 @@ async def open_plugin_host(
             (``"fs"``), module names (``"pkg.mod"`` or ``"pkg.mod:plugin"``), paths,
             modules or ``Plugin`` objects.
         tools: tools of the embedder's own; they keep their names.
-        config: the parsed ``tak.toml``; ``[plugins.<name>]`` goes to each plugin.
+        config: the home's ``Config`` (``home.read_config()``): ``[plugins.<name>]``
+            goes to each plugin, ``[workspace]`` bounds the workspace. The parsed
+            ``tak.toml`` as a mapping, the form this took before, is checked into a
+            ``Config`` first (``UsageError`` naming the ``$.path``).
         allow_unsandboxed: run plugins even where isolation is missing (marked).
         isolation: replaces the probe of this machine (tests).
         home: the ``TAK_HOME`` whose ``config/trusted-plugins.json`` says which
@@ -974,6 +979,7 @@ async def open_plugin_host(
         UsageError: two of ``tools`` share a name.
     """
     tak_home = home if isinstance(home, TakHome) else TakHome.locate(home)
+    checked = _config_of(config)
     # Before anything is written into the workspace (the pool creates .tak/tmp).
     await trio.to_thread.run_sync(_check_overlap, workspace, tak_home)
     registry = ToolRegistry(tools)
@@ -988,15 +994,14 @@ async def open_plugin_host(
     async with open_worker_pool(
         workspace, allow_unsandboxed=allow_unsandboxed, isolation=isolation
     ) as pool:
-        budget = workspace_max_bytes(config or {})
-        files = workspace_max_files(config or {})
+        budget, files = checked.workspace.max_bytes, checked.workspace.max_files
         async with _watched_workspace(
             pool,
             max_bytes=DEFAULT_MAX_BYTES if budget is None else budget,
             max_files=DEFAULT_MAX_FILES if files is None else files,
         ) as ws:
             host = PluginHost(
-                workspace=ws, pool=pool, config=config or {}, tools=registry, home=tak_home
+                workspace=ws, pool=pool, config=checked, tools=registry, home=tak_home
             )
             host.report = report
             if report == "output":

@@ -140,3 +140,42 @@ def test_budget_providers_are_resolve_models_but_scripted() -> None:
     from kernel.models._resolve import PROVIDERS
 
     assert set(BUDGET_PROVIDERS) == set(PROVIDERS) - {"scripted"}
+
+
+async def test_each_part_is_given_its_typed_section(tmp_path: Path) -> None:
+    """The store and the plugin host take the checked record's sections; the mapping
+    they took before is checked as tak.toml is, with the same one-line errors."""
+    from kernel.store import FileStore, PostgresStore, open_store
+    from plugins import open_plugin_host
+
+    home = TakHome(tmp_path / "home").ensure()
+    url = "postgresql://tak@db.example/tak"
+    store = open_store(home, StoreConfig(url=url, request_timeout_s=4.5))
+    assert isinstance(store, PostgresStore) and store._request_timeout_s == 4.5
+    assert isinstance(open_store(home, Config().store), FileStore)
+    assert isinstance(open_store(home), FileStore)  # None: the home's own tak.toml
+    with pytest.raises(UsageError, match=r"tak.toml: \$.store.request_timeout_s: expected"):
+        open_store(home, {"store": {"url": url, "request_timeout_s": 0}})
+
+    workspace = tmp_path / "w"
+    workspace.mkdir()
+    config = Config(workspace=WorkspaceConfig(max_bytes=12345), plugins={"fs": {"x": 1}})
+    async with open_plugin_host(workspace, plugins=["fs"], config=config, home=home) as host:
+        assert host.workspace.max_bytes == 12345
+        assert host.plugin_config("fs") == {"x": 1}
+        host.configure_plugin("fs", {"x": 2})
+        assert host.plugin_config("fs") == {"x": 2} and host.config.plugins["fs"] == {"x": 2}
+    with pytest.raises(UsageError, match=r"\$.workspace.max_bytes: expected"):
+        async with open_plugin_host(workspace, plugins=[], config={"workspace": {"max_bytes": 0}}):
+            pass
+
+
+def test_no_source_turns_the_checked_config_back_into_a_mapping() -> None:
+    root = Path(__file__).resolve().parents[1]
+    callers = [
+        str(path.relative_to(root))
+        for package in ("kernel", "plugins", "sandbox")
+        for path in (root / package).rglob("*.py")
+        if ".to_toml()" in path.read_text()
+    ]
+    assert callers == []

@@ -177,7 +177,7 @@ async def _open_host(
                 open_plugin_host(
                     workspace,
                     extra_plugins=extra_plugins,
-                    config=config.to_toml(),
+                    config=config,
                     allow_unsandboxed=config.sandbox.allow_unsandboxed,
                     home=tak_home,
                     report=report,

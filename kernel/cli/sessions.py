@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace, body: Callable[[AnyStore], Awaitable[int]]) -
         home = TakHome.locate(args.home)
         with os_errors_as(f"TAK_HOME {home.root}"):
             config = await trio.to_thread.run_sync(home.read_config)
-            async with open_store(home, config.to_toml()) as store:
+            async with open_store(home, config.store) as store:
                 return await body(store)
 
     try:

@@ -5,31 +5,40 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..home import TakHome, store_request_timeout_s, store_url
+from ..home import Config, StoreConfig, TakHome, store_url
 from ._file import FileStore
 from ._postgres import PostgresStore
 
 
 def open_store(
     home: TakHome,
-    config: Mapping[str, Any],
+    config: StoreConfig | Mapping[str, Any] | None = None,
     *,
     durability: Literal["flush", "fsync"] = "flush",
 ) -> FileStore | PostgresStore:
     """The store of ``home``: a ``PostgresStore`` when a URL is set, else a ``FileStore``.
 
-    ``config`` is the parsed ``tak.toml`` (``home.read_config().to_toml()``).
-    The store connects (or opens files) on first use; close it with
-    ``aclose`` or ``async with``.
+    ``config`` is ``[store]`` of the home's config (``home.read_config().store``);
+    ``None`` reads it (blocking I/O). The parsed ``tak.toml`` as a mapping, the form
+    this took before, is checked into a ``Config`` first. ``$TAK_STORE_URL`` wins
+    over ``[store] url``. The store connects (or opens files) on first use; close
+    it with ``aclose`` or ``async with``.
 
     Raises:
         UsageError: a bad ``[store]`` section or URL, in one line (a password in
             the URL is masked), or psycopg missing for a PostgreSQL URL.
     """
-    url = store_url(config, home.config_file)
+    if config is None:
+        section = home.read_config().store
+    elif isinstance(config, StoreConfig):
+        section = config
+    else:
+        section = Config.from_toml(config, source=home.config_file).store
+    # The environment's URL, shape-checked as the file's was (no file section given).
+    url = store_url({}, home.config_file) or section.url
     if url is None:
         return FileStore(home.sessions, durability=durability)
-    return PostgresStore(url, request_timeout_s=store_request_timeout_s(config, home.config_file))
+    return PostgresStore(url, request_timeout_s=section.request_timeout_s)
 
 
 __all__ = ["open_store"]

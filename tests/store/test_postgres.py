@@ -416,9 +416,11 @@ def test_open_store_follows_the_config_and_the_environment(
         open_store(home, {})
     monkeypatch.delenv("TAK_STORE_URL")
     for bad, match in [
-        ({"store": "x"}, r"tak.toml: \[store\] must be a table"),
-        ({"store": {"path": "x"}}, r"tak.toml: \[store\] has no setting 'path'"),
-        ({"store": {"url": 5}}, r"tak.toml: \[store\] url must be a postgresql:// URL, got 5"),
+        # checked as tak.toml is (Config): one rule, in its words
+        ({"store": "x"}, r"tak.toml: \$.store: expected a table"),
+        ({"store": {"path": "x"}}, r"tak.toml: \$.store: unknown setting 'path'"),
+        ({"store": {"url": 5}}, r"tak.toml: \$.store.url: expected a string, got 5"),
+        ({"store": {"url": "sqlite:///x"}}, r"tak.toml: \$.store.url: .*postgresql://"),
         ({"store": {"url": "postgresql://u:pw@h:99999/d"}}, r"port '99999' is not a port number"),
     ]:
         with pytest.raises(UsageError, match=match) as info:
@@ -444,7 +446,7 @@ def test_request_timeout_comes_from_tak_toml_and_is_checked_there(tmp_path: Any)
         with pytest.raises(UsageError) as info:
             open_store(home, {"store": {"url": url, "request_timeout_s": bad}})
         assert str(info.value).startswith(
-            f"{home.config_file}: [store] request_timeout_s: expected a "
+            f"{home.config_file}: $.store.request_timeout_s: expected a "
         )
         with pytest.raises(UsageError) as parsed:
             Config.from_toml({"store": {"request_timeout_s": bad}})
