@@ -50,10 +50,10 @@ from .executor import (
 )
 from .history import history_from_entries as history_from_entries
 from .history import is_message_entry, message_from_entry
-from .messages import Message, Observation, Text, ToolError, recordable
+from .messages import Message, Observation, Text, ToolError
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
-from .session import Session
+from .session import MessageEntry, Session
 from .session import usage_entry_fields as usage_entry_fields
 from .settings import ModelSettings, check_tool_choice, merge
 from .tools import Tool, ToolFailure, ToolRegistry, select_tools, tool
@@ -185,11 +185,37 @@ async def run_calls_recorded(
     Raises:
         StoreError: the assistant message could not be recorded; no call ran.
     """
-    assistant = recordable(assistant)
-    calls = assistant.tool_calls
-    answers = await _record_before_running(
+    _, observations = await _run_recorded(
+        session,
+        assistant,
+        tools,
+        limits=limits,
+        on_event=on_event,
+        usage=usage,
+        model=model,
+        cost_usd=cost_usd,
+    )
+    return observations
+
+
+async def _run_recorded(
+    session: Session,
+    assistant: Message,
+    tools: Sequence[Tool] | ToolRegistry,
+    *,
+    limits: CallLimits,
+    on_event: Callable[[CallEvent], None] | None,
+    usage: Mapping[str, int] | None,
+    model: str | None,
+    cost_usd: float | None,
+) -> tuple[Message, list[Observation]]:
+    """``run_calls_recorded``; also the assistant message as recorded (the session
+    makes it recordable: what ran, and what the model sees next)."""
+    entry = await _record_before_running(
         session, assistant, usage=usage, model=model, cost_usd=cost_usd
     )
+    assistant, answers = entry.message, entry.uuid
+    calls = assistant.tool_calls
     done: dict[int, Observation] = {}
 
     def on_call_event(event: CallEvent) -> None:
@@ -208,7 +234,7 @@ async def run_calls_recorded(
             await _persist_whole(record([done[i] for i in range(len(calls))]))
         raise
     await _persist_whole(record(observations))
-    return observations
+    return assistant, observations
 
 
 class Agent:
@@ -325,13 +351,11 @@ class Agent:
             trio.Cancelled: the turn was cancelled from outside; the transcript
                 was completed first and ``on_event`` got ``TurnFinished("cancelled")``.
         """
-        # The prompt is sent to the provider as the transcript records it.
-        user = recordable(Message("user", [Text(prompt)]))
 
         async def start() -> list[Message]:
             history = await load_history(session)
-            await session.append(user)
-            history.append(user)
+            # The prompt is sent to the provider as the transcript records it.
+            history += await session.append(Message("user", [Text(prompt)]))
             return history
 
         return await self._turn(session, start, on_event, settings, tools, wait=True)
@@ -495,10 +519,9 @@ class Agent:
                 state.error_type = _model_error_type(exc)
                 return state.finish("model_error", error=str(exc))
             state.usage = state.usage + response.usage
-            # What is recorded is what runs and what the model sees next time.
-            message = recordable(response.message)
-            if message.text:
-                state.text = message.text
+            # What is recorded (the session makes it recordable) is what runs and
+            # what the model sees next time.
+            message = response.message
             cut = response.stop_reason == "max_tokens"
             if not message.tool_calls or cut:
                 # Cut by the token limit: not an answer the model finished (and
@@ -509,10 +532,15 @@ class Agent:
                 if message.tool_calls:
                     error = _cut_calls(message, request.effective_settings().max_tokens)
                     message = Message("assistant", [Text(message.text)] if message.text else [])
-                await _persist_whole(self._record(session, response, message, cut=cut))
-                history.append(message)
+                recorded: list[Message] = []
+                await _persist_whole(self._record(session, response, message, recorded, cut=cut))
+                history += recorded  # nothing when the write was abandoned, as in the transcript
+                state.text = (recorded[0] if recorded else message).text or state.text
                 return state.finish("max_tokens" if cut else "final", error=error)
-            observations = await self._run_calls(session, response, message, registry, emit)
+            message, observations = await self._run_calls(
+                session, response, message, registry, emit
+            )
+            state.text = message.text or state.text
             history.append(message)
             history.append(Message("tool", observations))
             if settings is not None and settings.tool_choice not in (None, "auto", "none"):
@@ -578,8 +606,8 @@ class Agent:
         message: Message,
         registry: ToolRegistry,
         emit: AgentEventCallback,
-    ) -> list[Observation]:
-        return await run_calls_recorded(
+    ) -> tuple[Message, list[Observation]]:
+        return await _run_recorded(
             session,
             message,
             registry,
@@ -591,15 +619,24 @@ class Agent:
         )
 
     async def _record(
-        self, session: Session, response: ModelResponse, message: Message, *, cut: bool
+        self,
+        session: Session,
+        response: ModelResponse,
+        message: Message,
+        recorded: list[Message],
+        *,
+        cut: bool,
     ) -> None:
-        await session.record_turn(
-            message,
-            usage=usage_entry_fields(response.usage),
-            model=response.model or self.model.name,
-            cost_usd=response.usage.cost_usd,
-            stop_reason="max_tokens" if cut else None,
-        )
+        """``session.record_turn``; the message as recorded is put in ``recorded``."""
+        recorded += [
+            await session.record_turn(
+                message,
+                usage=usage_entry_fields(response.usage),
+                model=response.model or self.model.name,
+                cost_usd=response.usage.cost_usd,
+                stop_reason="max_tokens" if cut else None,
+            )
+        ]
 
     def _prepare(
         self, settings: ModelSettings | None, tools: Sequence[str] | None
@@ -782,24 +819,26 @@ async def _record_before_running(
     usage: Mapping[str, int] | None,
     model: str | None,
     cost_usd: float | None,
-) -> str:
-    """``session.record_calls``, shielded like ``_persist_whole``; its uuid.
+) -> MessageEntry:
+    """``session.record_assistant``, shielded like ``_persist_whole``; the entry.
 
     Raises:
         StoreError: the record was not written (so no call may run).
     """
     problem: Exception | None = None
-    answers: str | None = None
+    entry: MessageEntry | None = None
 
     async def record() -> None:
-        nonlocal answers
-        answers = await session.record_calls(assistant, usage=usage, model=model, cost_usd=cost_usd)
+        nonlocal entry
+        entry = await session.record_assistant(
+            assistant, usage=usage, model=model, cost_usd=cost_usd
+        )
 
     try:
         await _persist_whole(record())
     except Exception as exc:
         problem = exc
-    if answers is None:
+    if entry is None:
         reason = problem or (
             f"the turn was cancelled and the store did not finish within {_PERSIST_GRACE_S:g} s"
         )
@@ -807,7 +846,7 @@ async def _record_before_running(
             f"session {session.key}: could not record the model's "
             f"{len(assistant.tool_calls)} tool call(s), so none ran: {reason}"
         ) from problem
-    return answers
+    return entry
 
 
 async def _answer_interrupted(session: Session, entry: Mapping[str, Any], message: Message) -> None:

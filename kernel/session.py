@@ -413,10 +413,13 @@ class Session:
             messages=[e.message if isinstance(e, MessageEntry) else None for e in entries],
         )
 
-    async def append(self, *messages: Message) -> None:
-        """Add ``messages`` in one atomic append (as ``message_entry`` writes them)."""
+    async def append(self, *messages: Message) -> list[Message]:
+        """Add ``messages`` in one atomic append (as ``message_entry`` writes them);
+        the messages as recorded (what the model is sent from now on)."""
         timestamp = self._timestamp()
-        await self.record(*(MessageEntry.of(recordable(m), timestamp=timestamp) for m in messages))
+        entries = [MessageEntry.of(recordable(m), timestamp=timestamp) for m in messages]
+        await self.record(*entries)
+        return [e.message for e in entries]
 
     async def record_title(self, title: str) -> None:
         """Name the session (the summary keeps the latest title)."""
@@ -472,8 +475,9 @@ class Session:
         model: str | None = None,
         cost_usd: float | None = None,
         stop_reason: str | None = None,
-    ) -> None:
-        """Append a model turn whose calls already have results, in one atomic append.
+    ) -> Message:
+        """Append a model turn whose calls already have results, in one atomic append;
+        the assistant message as recorded.
 
         A turn whose calls have yet to run is recorded in two steps instead
         (``record_calls`` before they run, ``record_results`` after).
@@ -488,8 +492,9 @@ class Session:
             entry = attrs.evolve(entry, stop_reason=stop_reason)
         entries: list[TranscriptEntry] = [entry]
         if assistant.tool_calls or observations:
-            entries.append(self._results_entry(assistant, observations, answers=entry.uuid))
+            entries.append(self._results_entry(entry.message, observations, answers=entry.uuid))
         await self.record(*entries)
+        return entry.message
 
     async def record_calls(
         self,
@@ -509,9 +514,26 @@ class Session:
                 cannot be written as JSON.
             StoreError: the store failed.
         """
+        entry = await self.record_assistant(assistant, usage=usage, model=model, cost_usd=cost_usd)
+        return entry.uuid
+
+    async def record_assistant(
+        self,
+        assistant: Message,
+        *,
+        usage: Mapping[str, int] | None = None,
+        model: str | None = None,
+        cost_usd: float | None = None,
+    ) -> MessageEntry:
+        """``record_calls``, giving the entry: its ``uuid`` and its ``message`` as
+        recorded (``kernel.messages.recordable``), whose calls are the ones to run.
+
+        Raises:
+            UsageError, StoreError: as ``record_calls``.
+        """
         entry = self._assistant_entry(assistant, usage=usage, model=model, cost_usd=cost_usd)
         await self.record(entry)
-        return entry.uuid
+        return entry
 
     async def record_results(
         self, assistant: Message, observations: Sequence[Observation], *, answers: str

@@ -446,3 +446,31 @@ async def test_compaction_keeps_at_least_one_turn() -> None:
     agent = Agent(ScriptedModel(["a"]), TOOLS, compact_after_tokens=1)
     with pytest.raises(UsageError, match="keep_last_turns"):
         await agent.compact(new_session(), keep_last_turns=0)
+
+
+async def test_each_message_is_made_recordable_once_by_the_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session owns the recorded form: the agent runs the calls and keeps the
+    history the session gives back, never a second form of its own (a prompt and a
+    reply with a lone surrogate are what the transcript and the next request hold)."""
+    import kernel.agent
+    import kernel.session
+    from kernel.messages import recordable
+
+    made: list[str] = []
+
+    def counted(message: Message) -> Message:
+        made.append(message.role)
+        return recordable(message)
+
+    monkeypatch.setattr(kernel.session, "recordable", counted)
+    monkeypatch.setattr(kernel.agent, "recordable", counted, raising=False)
+    model = ScriptedModel([reply("half \ud800", calls=[("lookup", {"term": "a"})]), "done \ud800"])
+    session = new_session()
+    result = await Agent(model, TOOLS).run_turn(session, "hi \ud800")
+    assert made == ["user", "assistant", "tool", "assistant"]  # once each
+    assert result.text == "done \ufffd"
+    sent = model.requests[-1].messages
+    assert [m.text for m in sent[:2]] == ["hi \ufffd", "half \ufffd"]
+    assert sent == tuple((await session.messages())[:3])
