@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
 
+from ._providers import HTTP_PROVIDERS
 from .errors import UsageError
 from .settings import ModelSettings
 
@@ -515,7 +516,7 @@ class McpConfig:
 #: The providers ``[budget]`` may name: ``kernel.models.resolve_model``'s but
 #: ``scripted``, which sends nothing (a misspelt one would never apply).
 #: tests/test_config.py checks that the two agree.
-BUDGET_PROVIDERS: Final = ("openai", "anthropic", "gemini")
+BUDGET_PROVIDERS: Final = HTTP_PROVIDERS
 #: The limits of one ``[budget.<provider>]`` table, each an integer >= 1.
 BUDGET_LIMITS: Final = ("max_connections", "requests_per_minute", "tokens_per_minute")
 _BUDGET_SECONDS: Final = ("backoff", "max_pause")

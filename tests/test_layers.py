@@ -23,6 +23,7 @@ FLOORS: dict[str, int] = {
     "kernel.errors": 0,
     "kernel._checks": 0,
     "kernel._lazy": 0,
+    "kernel._providers": 0,
     "kernel.tracing": 0,
     "kernel.terminal": 0,
     # 1 mechanism: confinement, workers, the workspace (only kernel.errors)

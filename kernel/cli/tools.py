@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._providers import HTTP_PROVIDERS
 from ..errors import KernelError
 from ..terminal import escape_terminal
 from ._exit import BAD_INPUT, FAILED, OK, one_line_errors
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from ..tools import ToolRegistry
 
-PROVIDER_FORMATS = ("openai", "anthropic", "gemini")
+PROVIDER_FORMATS = HTTP_PROVIDERS
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -89,10 +90,9 @@ def provider_tools(registry: ToolRegistry, provider: str) -> list[dict[str, Any]
     Raises:
         UsageError: tool names that collide, or grow too long, on that provider's wire.
     """
-    from ..models import anthropic_tools, gemini_tools, openai_tools
+    from ..models._resolve import ADAPTERS
 
-    formats = {"openai": openai_tools, "anthropic": anthropic_tools, "gemini": gemini_tools}
-    return formats[provider](registry.definitions())
+    return ADAPTERS[provider].tool_specs(registry.definitions())
 
 
 @one_line_errors("tak call")

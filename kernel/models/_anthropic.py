@@ -110,6 +110,7 @@ class AnthropicModel(HTTPModel):
 
     provider = "anthropic"
     default_base_url = ANTHROPIC_BASE_URL
+    tool_specs = staticmethod(anthropic_tools)
 
     def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
         names = ToolNameMap(t.name for t in request.tools)

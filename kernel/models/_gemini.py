@@ -165,6 +165,7 @@ class GeminiModel(HTTPModel):
 
     provider = "gemini"
     default_base_url = GEMINI_BASE_URL
+    tool_specs = staticmethod(gemini_tools)
 
     def __init__(
         self,

@@ -16,7 +16,14 @@ import hashlib
 import ipaddress
 import json
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any, ClassVar, Protocol
 
 import httpx
@@ -24,6 +31,7 @@ import trio
 
 from ..errors import UsageError
 from ..settings import ModelSettings
+from ..tools import ToolDefinition
 from ._assemble import events_of
 from ._base import ModelEvent, ModelRequest, ModelResponse, ProviderError, ResponseComplete
 from ._budget import Grant, ModelBudget, estimate_tokens
@@ -117,6 +125,12 @@ class HTTPModel:
     provider: ClassVar[str]
     #: Where the provider's API lives unless ``base_url`` says otherwise.
     default_base_url: ClassVar[str]
+
+    @staticmethod
+    def tool_specs(definitions: Iterable[ToolDefinition]) -> list[dict[str, Any]]:
+        """The ``tools`` of a request, made from the tools' definitions (what the
+        adapter sends, and what ``tak tools --format PROVIDER`` prints)."""
+        raise NotImplementedError
 
     def __init__(
         self,

@@ -79,6 +79,7 @@ class OpenAIModel(HTTPModel):
 
     provider = "openai"
     default_base_url = OPENAI_BASE_URL
+    tool_specs = staticmethod(openai_tools)
 
     def build(self, request: ModelRequest, *, stream: bool) -> tuple[str, dict[str, str], Any]:
         names = ToolNameMap(t.name for t in request.tools)
