@@ -38,7 +38,7 @@ from typing import Any, Literal, TypeAlias
 import attrs
 import trio
 
-from ._checks import positive
+from ._checks import check_positive, positive
 from .errors import ModelAPIError, StoreError, UsageError
 from .executor import (
     CallEvent,
@@ -668,8 +668,7 @@ class Agent:
         its own nursery); a turn that runs meanwhile is not disturbed, since the
         summary only covers entries that existed when it started.
         """
-        if keep_last_turns < 1:
-            raise UsageError(f"keep_last_turns must be at least 1, got {keep_last_turns}")
+        check_positive(keep_last_turns, "keep_last_turns", integer=True)
         if self.compact_after_tokens is None:
             return False
         candidate = await session.compaction_candidate(

@@ -44,7 +44,8 @@ from typing import Any, get_args
 
 import trio
 
-from .errors import StoreError, TurnRunning, UsageError
+from ._checks import check_positive
+from .errors import StoreError, TurnRunning
 from .messages import Message, Observation, Role, Text, ToolCall, ToolError, converter
 from .messages import describe_structure_error as _describe
 from .store import SessionKey, SessionStore
@@ -375,11 +376,8 @@ class HistoryCache:
     """
 
     def __init__(self, *, max_sessions: int = 64, max_entries: int = 500_000) -> None:
-        if max_sessions < 1 or max_entries < 1:
-            raise UsageError(
-                f"HistoryCache: bounds must be at least 1, got max_sessions={max_sessions}, "
-                f"max_entries={max_entries}"
-            )
+        check_positive(max_sessions, "HistoryCache: max_sessions", integer=True)
+        check_positive(max_entries, "HistoryCache: max_entries", integer=True)
         self.max_sessions = max_sessions
         self.max_entries = max_entries
         self._sessions: OrderedDict[str, _Folded] = OrderedDict()  # by SessionKey.name, LRU first

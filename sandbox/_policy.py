@@ -12,16 +12,14 @@ from typing import Any, Literal
 
 import attrs
 
+from kernel._checks import positive
 from kernel.errors import UsageError
 
 WorkspaceAccess = Literal["read", "write"]
 
 _GIB = 1024**3
-
-
-def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and (not isinstance(value, int) or value <= 0):
-        raise UsageError(f"Limits.{attribute.name} must be a positive int or None, got {value!r}")
+_COUNT = positive(integer=True)
+_COUNT_OR_NONE = positive(integer=True, optional=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -38,11 +36,11 @@ class Limits:
             enforced only for plugins with ``subprocess`` (the others cannot fork at all).
     """
 
-    cpu_seconds: int | None = attrs.field(default=3600, validator=_positive_or_none)
-    memory_bytes: int | None = attrs.field(default=4 * _GIB, validator=_positive_or_none)
-    file_size_bytes: int | None = attrs.field(default=_GIB, validator=_positive_or_none)
-    open_files: int = attrs.field(default=256, validator=_positive_or_none)
-    processes: int = attrs.field(default=128, validator=_positive_or_none)
+    cpu_seconds: int | None = attrs.field(default=3600, validator=_COUNT_OR_NONE)
+    memory_bytes: int | None = attrs.field(default=4 * _GIB, validator=_COUNT_OR_NONE)
+    file_size_bytes: int | None = attrs.field(default=_GIB, validator=_COUNT_OR_NONE)
+    open_files: int = attrs.field(default=256, validator=_COUNT)
+    processes: int = attrs.field(default=128, validator=_COUNT)
 
 
 def check_workspace_access(value: Any, where: str) -> None:

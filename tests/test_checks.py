@@ -17,9 +17,11 @@ from kernel.batch import TaskLimits
 from kernel.errors import UsageError
 from kernel.executor import CallLimits
 from kernel.kernel import IdleSessions
+from kernel.models import BudgetLimits
 from kernel.wire._limits import ServerLimits
+from sandbox import Limits
 
-RECORDS = [RunLimits, TaskLimits, CallLimits, ServerLimits, IdleSessions]
+RECORDS = [RunLimits, TaskLimits, CallLimits, ServerLimits, IdleSessions, BudgetLimits, Limits]
 #: What no positive setting takes: the issue's ``True`` and ``"3"`` among them.
 NEVER: list[Any] = [True, False, "3", 0, -1, -0.5, math.nan, math.inf, -math.inf, [1], b"1"]
 
@@ -74,3 +76,23 @@ def test_none_is_no_limit_only_where_the_field_is_optional() -> None:
     assert RunLimits(max_tokens=None).max_tokens is None
     with pytest.raises(UsageError, match=r"^RunLimits\.max_steps must be a positive integer, "):
         RunLimits(max_steps=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", NEVER, ids=repr)
+async def test_arguments_are_held_to_the_same_rule(value: Any, tmp_path: Any) -> None:
+    """``check_positive``: what a function's own count takes (a ledger's claim, a
+    retry policy's attempts, the history cache's bounds), refused as a record's."""
+    from kernel._checks import check_positive
+    from kernel.batch import open_run_dir
+    from kernel.history import HistoryCache
+    from kernel.models import RetryPolicy
+
+    with pytest.raises(UsageError, match=r"^n must be a positive integer, got "):
+        check_positive(value, "n", integer=True)
+    async with open_run_dir(tmp_path / "r") as ledger:
+        with pytest.raises(UsageError, match=r"^claim: limit must be a positive integer, got "):
+            await ledger.claim("w", value)
+    with pytest.raises(UsageError, match=r"^HistoryCache: max_sessions must be a positive "):
+        HistoryCache(max_sessions=value)
+    with pytest.raises(UsageError, match=r"^RetryPolicy\.max_attempts must be a positive "):
+        RetryPolicy(max_attempts=value)

@@ -56,6 +56,7 @@ import cattrs
 import outcome
 import trio
 
+from kernel._checks import check_positive
 from kernel.errors import UsageError
 from kernel.messages import describe_structure_error
 
@@ -512,8 +513,7 @@ class DirectoryLedger:
         Raises:
             UsageError: ``limit`` is not a positive int.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise UsageError(f"claim: limit must be 1 or more, got {limit!r}")
+        check_positive(limit, "claim: limit", integer=True)
         claims: list[Claim] = []
         state = self._state
         while self._free and len(claims) < limit:

@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from kernel._checks import check_positive
 from kernel.errors import UsageError
 from kernel.store import PostgresStore
 from kernel.store._postgres import DEFAULT_REQUEST_TIMEOUT_S, migrate_schema
@@ -320,8 +321,7 @@ class PostgresLedger:
     async def claim(self, worker: str, limit: int) -> list[Claim]:
         """See ``Ledger.claim`` (guarantee 2)."""
         _check_worker(worker)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise UsageError(f"claim: limit must be a positive int, got {limit!r}")
+        check_positive(limit, "claim: limit", integer=True)
         params = {"run": self._run_id, "limit": limit, "worker": worker, "lease": self._lease}
         rows: list[tuple[int, str, str, int]] = await self._run(
             "claim", lambda conn: conn.execute(_CLAIM, params).fetchall()

@@ -73,6 +73,7 @@ from typing import Any
 import attrs
 import trio
 
+from .._checks import positive
 from ..errors import UsageError
 
 WINDOW = 60.0
@@ -86,20 +87,6 @@ ATTACHMENT_TOKENS = 1600
 by its pixels, about 1,000 to 1,800 tokens for a screenshot, not by its bytes."""
 _INF = math.inf
 _MAX_DOUBLINGS = 64  # 2.0 ** 64 seconds: past any max_pause, far from an OverflowError
-
-
-def _positive_int_or_none(owner: str) -> Any:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        # bool is an int in Python: refuse it, as every other non-integer.
-        if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(
-                f"{owner}.{attribute.name}: expected an integer >= 1 (or None for no limit), "
-                f"got {value!r}"
-            )
-
-    return check
 
 
 def _seconds(where: str, value: object) -> float:
@@ -117,13 +104,13 @@ class BudgetLimits:
     """
 
     max_connections: int | None = attrs.field(
-        default=None, validator=_positive_int_or_none("BudgetLimits")
+        default=None, validator=positive(integer=True, optional=True)
     )
     requests_per_minute: int | None = attrs.field(
-        default=None, validator=_positive_int_or_none("BudgetLimits")
+        default=None, validator=positive(integer=True, optional=True)
     )
     tokens_per_minute: int | None = attrs.field(
-        default=None, validator=_positive_int_or_none("BudgetLimits")
+        default=None, validator=positive(integer=True, optional=True)
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from .._checks import positive
 from ..errors import UsageError
 from ._base import ProviderError
 
@@ -52,11 +53,6 @@ def _non_negative(instance: object, attribute: attrs.Attribute[Any], value: floa
         raise UsageError(f"RetryPolicy.{attribute.name} must be >= 0, got {value!r}")
 
 
-def _at_least_one(instance: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not value >= 1:
-        raise UsageError(f"RetryPolicy.{attribute.name} must be >= 1, got {value!r}")
-
-
 def _fraction(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not 0 <= value <= 1:
         raise UsageError(f"RetryPolicy.{attribute.name} must be between 0 and 1, got {value!r}")
@@ -82,7 +78,7 @@ class RetryPolicy:
     ``RetryPolicy(max_attempts=1)`` never retries.
     """
 
-    max_attempts: int = attrs.field(default=5, validator=_at_least_one)
+    max_attempts: int = attrs.field(default=5, validator=positive(integer=True))
     base_delay: float = attrs.field(default=0.5, validator=_non_negative)
     max_delay: float = attrs.field(default=20.0, validator=_non_negative)
     max_total: float = attrs.field(default=60.0, validator=_non_negative)

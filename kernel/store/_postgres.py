@@ -98,6 +98,7 @@ import attrs
 import outcome
 import trio
 
+from .._checks import check_positive
 from ..errors import StoreError, UsageError
 from ..home import DEFAULT_STORE_REQUEST_TIMEOUT_S
 from ._base import ClosableStore, check_start
@@ -361,10 +362,7 @@ class PostgresStore(ClosableStore):
         retry_lost_connections: bool = False,
     ) -> None:
         self._conninfo = parse_url(url)
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-            raise UsageError("max_connections: expected a positive int")
-        if max_connections < 1:
-            raise UsageError("max_connections: expected a positive int")
+        check_positive(max_connections, "max_connections", integer=True)
         _check_seconds("request_timeout_s", request_timeout_s)
         if statement_timeout_s is None:
             statement_timeout_s = request_timeout_s

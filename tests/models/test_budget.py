@@ -584,7 +584,7 @@ async def test_snapshot_rows(autojump_clock: trio.testing.MockClock) -> None:
     [
         (
             lambda: BudgetLimits(max_connections=0),
-            "BudgetLimits.max_connections: expected an integer >= 1",
+            "BudgetLimits.max_connections must be a positive integer or None, got 0",
         ),
         (lambda: BudgetLimits(requests_per_minute=True), "got True"),
         (
