@@ -15,8 +15,8 @@ start with one line that names the file and the setting's path in it::
     ~/.tak/config/tak.toml: $.sandbox.allow_unsandboxed: expected a boolean, got "yes"
 
 The older readers (``TakHome.load_config``, ``workspace_max_bytes``, ``workspace_max_files``,
-``store_url``) work on the parsed TOML as a mapping, for code that still
-takes one.
+``store_url``, ``store_request_timeout_s``) work on the parsed TOML as a mapping, for
+code that still takes one; they check it as ``Config`` does (one rule, one wording).
 """
 
 from __future__ import annotations
@@ -112,16 +112,12 @@ class TakHome:
 
         Raises:
             UsageError: the file is not valid TOML (the message names it and the line),
-                or a setting this module checks is wrong (``[workspace] max_bytes`` or
-                ``max_files``, ``[store] url``).
+                or a setting is wrong: checked as ``read_config`` checks it.
         """
         config = self._read_toml()
         if config is None:
             return {}
-        workspace_max_bytes(config, self.config_file)  # refused here, at start, not later
-        workspace_max_files(config, self.config_file)
-        store_url(config, self.config_file)
-        store_request_timeout_s(config, self.config_file)
+        Config.from_toml(config, source=self.config_file)  # refused here, at start, not later
         return config
 
     def _read_toml(self) -> dict[str, Any] | None:
@@ -179,9 +175,10 @@ def workspace_max_bytes(
     """``[workspace] max_bytes``: the workspace's disk budget, ``None`` when unset.
 
     Raises:
-        UsageError: not a positive integer (one line naming ``source`` and the key).
+        UsageError: checked as ``Config`` checks it (one line naming ``source`` and
+            ``$.workspace.max_bytes``).
     """
-    return _workspace_count(config, source, "max_bytes", "bytes")
+    return _section(config, "workspace", source).workspace.max_bytes
 
 
 def workspace_max_files(
@@ -190,26 +187,9 @@ def workspace_max_files(
     """``[workspace] max_files``: how many names the workspace may hold, ``None`` when unset.
 
     Raises:
-        UsageError: not a positive integer (one line naming ``source`` and the key).
+        UsageError: checked as ``Config`` checks it.
     """
-    return _workspace_count(config, source, "max_files", "files")
-
-
-def _workspace_count(
-    config: Mapping[str, Any], source: str | os.PathLike[str], key: str, unit: str
-) -> int | None:
-    section = config.get("workspace", {})
-    if not isinstance(section, Mapping):
-        raise UsageError(f"{source}: [workspace] must be a table, got {section!r}")
-    value = section.get(key)
-    # bool is an int in Python, and a float would be silently truncated: refuse both.
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UsageError(
-            f"{source}: [workspace] {key} must be a positive whole number of {unit}, got {value!r}"
-        )
-    return value
+    return _section(config, "workspace", source).workspace.max_files
 
 
 def store_url(config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.toml") -> str | None:
@@ -219,29 +199,18 @@ def store_url(config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.t
     it is created.
 
     Raises:
-        UsageError: ``[store]`` is not a table, has an unknown key, or its ``url``
-            (or ``$TAK_STORE_URL``) is not a ``postgresql://`` URL (one line naming
-            ``source`` and the key).
+        UsageError: ``[store]`` checked as ``Config`` checks it, or
+            ``$TAK_STORE_URL`` is not a ``postgresql://`` URL (one line naming it).
     """
-    section = config.get("store", {})
-    if not isinstance(section, Mapping):
-        raise UsageError(f"{source}: [store] must be a table, got {section!r}")
-    unknown = sorted(set(section) - {"url", "request_timeout_s"})
-    if unknown:
-        raise UsageError(
-            f"{source}: [store] has no setting {unknown[0]!r} (known: request_timeout_s, url)"
-        )
-    url = section.get("url")
-    where = f"{source}: [store] url"
+    url = _section(config, "store", source).store.url
     env = os.environ.get(STORE_URL_ENV)
-    if env:
-        url, where = env, f"${STORE_URL_ENV}"
-    if url is None:
-        return None
-    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
-        shown = url.split("://", 1)[0] + "://..." if isinstance(url, str) and "://" in url else url
-        raise UsageError(f"{where} must be a postgresql:// URL, got {shown!r}")
-    return url
+    if not env:
+        return url
+    try:
+        _check_url(env)
+    except _BadValue as exc:
+        raise UsageError(f"${STORE_URL_ENV}: {exc}") from None
+    return env
 
 
 def store_request_timeout_s(
@@ -250,18 +219,15 @@ def store_request_timeout_s(
     """``[store] request_timeout_s``: the longest one store call may take (seconds).
 
     Raises:
-        UsageError: ``[store]`` is not a table, or the value is not a positive
-            number of seconds (one line naming ``source`` and the key).
+        UsageError: checked as ``Config`` checks it.
     """
-    section = config.get("store", {})
-    if not isinstance(section, Mapping):
-        raise UsageError(f"{source}: [store] must be a table, got {section!r}")
-    value = section.get("request_timeout_s", DEFAULT_STORE_REQUEST_TIMEOUT_S)
-    try:
-        _check_seconds(value)
-    except _BadValue as exc:
-        raise UsageError(f"{source}: [store] request_timeout_s: {exc}") from None
-    return float(value)
+    return _section(config, "store", source).store.request_timeout_s
+
+
+def _section(config: Mapping[str, Any], name: str, source: str | os.PathLike[str]) -> Config:
+    """A ``Config`` of ``config``'s section ``name`` alone, checked (the older readers
+    take the whole mapping and look at one section: the others are not theirs)."""
+    return Config.from_toml({name: config[name]} if name in config else {}, source=source)
 
 
 # -- tak.toml as a record ------------------------------------------------------------

@@ -179,3 +179,30 @@ def test_no_source_turns_the_checked_config_back_into_a_mapping() -> None:
         if ".to_toml()" in path.read_text()
     ]
     assert callers == []
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "read"),
+    [
+        ("workspace", {"max_bytes": 0}, "workspace_max_bytes"),
+        ("workspace", {"max_files": True}, "workspace_max_files"),
+        ("store", {"url": "sqlite:///x"}, "store_url"),
+        ("store", {"request_timeout_s": "5"}, "store_request_timeout_s"),
+        ("store", {"colour": 1}, "store_url"),
+    ],
+    ids=["max_bytes", "max_files", "url", "request_timeout_s", "unknown"],
+)
+def test_the_older_readers_are_held_to_configs_rule(
+    section: str, value: object, read: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rule, one wording: a reader of the parsed mapping refuses what ``Config``
+    refuses, saying it the same way."""
+    import kernel.home
+
+    monkeypatch.delenv("TAK_STORE_URL", raising=False)
+    data = {section: value}
+    with pytest.raises(UsageError) as checked:
+        Config.from_toml(data, source=FILE)
+    with pytest.raises(UsageError) as older:
+        getattr(kernel.home, read)(data, FILE)
+    assert str(older.value) == str(checked.value)

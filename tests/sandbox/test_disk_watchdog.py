@@ -170,7 +170,7 @@ def test_a_bad_max_files_is_one_clear_line(tmp_path: Path, value: str) -> None:
     home.config_file.write_text(f"[workspace]\nmax_files = {value}\n")
     with pytest.raises(UsageError) as caught:
         home.load_config()
-    assert str(caught.value).startswith(f"{home.config_file}: [workspace] max_files must be")
+    assert str(caught.value).startswith(f"{home.config_file}: $.workspace.max_files: expected")
     with pytest.raises(UsageError) as caught:
         home.read_config()
     assert str(caught.value).startswith(f"{home.config_file}: $.workspace.max_files: expected")

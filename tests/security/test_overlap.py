@@ -178,7 +178,7 @@ def test_kit_a_bad_budget_is_one_clear_line(tmp_path: Path, value: str) -> None:
     home.config_file.write_text(f"[workspace]\nmax_bytes = {value}\n")
     with pytest.raises(Exception) as caught:
         home.load_config()
-    assert str(caught.value).startswith(f"{home.config_file}: [workspace] max_bytes must be")
+    assert str(caught.value).startswith(f"{home.config_file}: $.workspace.max_bytes: expected")
 
 
 _CHURN = r"""
