@@ -47,7 +47,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import trio
 
-from . import __version__
+from ._version import __version__
 from .errors import ProtocolError
 from .messages import Observation, ToolCall
 from .terminal import escape_terminal

@@ -9,9 +9,8 @@ import sys
 import kernel
 from tests.modules_kit import is_public, module_names
 
-#: Packages whose modules are not held to ``__all__`` yet
-#: (kernel.cli, kernel.batch: see issue 23 item 1).
-NOT_YET = ("kernel.cli", "kernel.batch")
+#: Packages whose modules are not held to ``__all__`` yet (none: every one is).
+NOT_YET: tuple[str, ...] = ()
 
 EXPECTED = {
     "ToolCall", "Observation", "ToolError", "Message", "Text", "converter", "ERROR_KINDS",
@@ -32,6 +31,14 @@ def test_public_names() -> None:
     assert set(kernel.__all__) == EXPECTED
     for name in EXPECTED:
         assert getattr(kernel, name) is not None
+
+
+def test_the_version_is_the_projects() -> None:
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    assert kernel.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]
 
 
 def test_every_public_module_lists_its_public_names() -> None:

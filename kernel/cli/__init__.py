@@ -62,7 +62,7 @@ _single_leaf = single_leaf
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     parser = _Parser(prog="tak", description="trio-agent-kernel")
     parser.add_argument("--version", action="version", version=f"tak {__version__}")

@@ -60,7 +60,7 @@ def mcp_server(kernel: Kernel, session: Session) -> Server[Any]:
     import mcp_types as types
     from mcp.server import Server, ServerRequestContext
 
-    from .. import __version__
+    from .._version import __version__
     from ..messages import ToolCall
 
     async def list_tools(

@@ -35,7 +35,7 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ProtocolError
 from ..messages import ToolCall
 from ..settings import ModelSettings

@@ -29,7 +29,7 @@ import math
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
-from .. import __version__
+from .._version import __version__
 from ..errors import KernelError, UsageError
 from ..executor import CallCanceller, cancelling_calls
 from ..kernel import Kernel
