@@ -50,7 +50,7 @@ from .executor import (
 )
 from .history import history_from_entries as history_from_entries
 from .history import is_message_entry, message_from_entry
-from .messages import Message, Observation, Text, ToolError
+from .messages import Message, Observation, Text, ToolError, recordable
 from .models import Model, ModelRequest, ModelResponse, ResponseComplete, TextDelta, Usage
 from .plugin import context, use_context
 from .session import MessageEntry, Session
@@ -535,7 +535,10 @@ class Agent:
                 recorded: list[Message] = []
                 await _persist_whole(self._record(session, response, message, recorded, cut=cut))
                 history += recorded  # nothing when the write was abandoned, as in the transcript
-                state.text = (recorded[0] if recorded else message).text or state.text
+                # The text the user gets is the recorded form's; a write abandoned (the
+                # turn cancelled past its grace) gives it as it would have been recorded.
+                shown = recorded[0] if recorded else recordable(message)
+                state.text = shown.text or state.text
                 return state.finish("max_tokens" if cut else "final", error=error)
             message, observations = await self._run_calls(
                 session, response, message, registry, emit

@@ -13,6 +13,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -50,13 +51,19 @@ STRESS_HANG_S = 3600
 
 def hang_limit_s(config: pytest.Config) -> int:
     given = os.environ.get("TAK_TEST_HANG_S")
-    if given is not None:
-        return int(given)
-    return STRESS_HANG_S if config.getoption("--stress", default=False) else TEST_HANG_S
+    if given is None:
+        return STRESS_HANG_S if config.getoption("--stress", default=False) else TEST_HANG_S
+    if not given.isdigit():
+        raise pytest.UsageError(f"TAK_TEST_HANG_S: expected whole seconds (0: none), got {given!r}")
+    return int(given)
 
 
 #: fd 2 as the run began, before pytest captured it (where the stacks go).
 _stderr: int | None = None
+
+
+#: When the armed dump fires (``time.monotonic``), ``None`` when none is armed.
+_deadline: float | None = None
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -64,14 +71,36 @@ def pytest_configure(config: pytest.Config) -> None:
     global _stderr
     if _stderr is None:
         _stderr = os.dup(sys.__stderr__.fileno() if sys.__stderr__ else 2)
+        hang_limit_s(config)  # a bad TAK_TEST_HANG_S: one line, before any test
+        # A child forked mid-test inherits the armed timer but not the thread that
+        # fires it: cancelling it there (its interpreter's exit does) waits forever.
+        # So it is disarmed around each fork, and the parent's re-armed after.
+        os.register_at_fork(before=_disarm, after_in_parent=_rearm)
+
+
+def _arm(seconds: float) -> None:
+    global _deadline
+    _deadline = time.monotonic() + seconds
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_stderr)
+
+
+def _disarm() -> None:
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _rearm() -> None:
+    if _deadline is not None:
+        _arm(max(1.0, _deadline - time.monotonic()))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    global _deadline
     seconds = hang_limit_s(item.config)
     if seconds > 0 and _stderr is not None:
-        faulthandler.dump_traceback_later(seconds, exit=True, file=_stderr)
+        _arm(seconds)
     try:
         return (yield)
     finally:
+        _deadline = None
         faulthandler.cancel_dump_traceback_later()

@@ -346,8 +346,16 @@ async def test_a_program_serves_its_kernel_in_process(tmp_path: Path) -> None:
     assert kinds == ["assistant", "tool", "assistant", "tool"]  # each call recorded
 
 
-async def test_serve_stdio_speaks_json_rpc_lines_on_the_fds_it_is_given(tmp_path: Path) -> None:
-    """The stdio transport on a socket pair: one JSON object a line each way."""
+async def test_serve_stdio_speaks_json_rpc_lines_on_the_fds_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stdio transport on a socket pair: one JSON object a line each way. A line
+    that is no JSON-RPC message is answered (JSON-RPC 2.0: parse error, or invalid
+    request with its id) instead of leaving the client waiting, and a frame past
+    ``MAX_FRAME_BYTES`` is refused and skipped; the connection goes on."""
+    import kernel.mcp._server
+
+    monkeypatch.setattr(kernel.mcp._server, "MAX_FRAME_BYTES", 100_000)
     import socket
 
     from kernel import open_kernel
@@ -374,6 +382,16 @@ async def test_serve_stdio_speaks_json_rpc_lines_on_the_fds_it_is_given(tmp_path
                 hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params}
                 answer = await request(json.dumps(hello).encode())
                 assert answer["id"] == 1 and "result" in answer, answer
+                for line, code, request_id in [
+                    (b"{not json", -32700, None),
+                    (b'{"jsonrpc": "2.0", "id": 2, "method": 7}', -32600, 2),
+                    (b'{"jsonrpc": "2.0", "id": "s", "params": {}}', -32600, "s"),
+                    (b"[1, 2]", -32600, None),
+                    (b'"x" ' * 60_000, -32600, None),  # too long: one refusal
+                ]:
+                    refused = await request(line)
+                    assert refused["id"] == request_id, (line[:40], refused)
+                    assert refused["error"]["code"] in (code, -32700), refused  # type: ignore[index]
                 await stream.send_all(
                     json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
                     + b"\n"

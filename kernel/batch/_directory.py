@@ -45,6 +45,7 @@ import heapq
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -118,20 +119,20 @@ def _structure(value: Any, cls: type[Any], where: str) -> Any:
     except UsageError as exc:  # a record's own validator (a task id, a limit)
         raise UsageError(f"{where}: {exc}") from None
     except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
-        own = _usage_error_in(exc)
+        own = usage_error_in(exc)
         if own is not None:
             raise UsageError(f"{where}: {own}") from None
         raise UsageError(f"{where}: {describe_structure_error(exc, '$')}") from None
 
 
-def _usage_error_in(exc: BaseException) -> UsageError | None:
+def usage_error_in(exc: BaseException) -> UsageError | None:
     """The record's own validation error (a task id, a limit) cattrs wrapped, if any:
     it already says what was wrong, in the record's words."""
     if isinstance(exc, UsageError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _usage_error_in(inner)
+            found = usage_error_in(inner)
             if found is not None:
                 return found
     return None
@@ -333,7 +334,7 @@ def _read_lines(path: Path, *, repair: bool = True) -> list[bytes]:
     (``repair``), else only left out (a reader that does not hold the run: the line
     may be being written)."""
     try:
-        data = path.read_bytes()
+        data = _read_regular(path)
     except FileNotFoundError:
         return []
     if data and not data.endswith(b"\n") and not repair:
@@ -351,6 +352,21 @@ def _read_lines(path: Path, *, repair: bool = True) -> list[bytes]:
         )
         data = data[:keep]
     return data.split(b"\n")[:-1] if data else []
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, a regular file: a FIFO (which would wait for a writer)
+    or a device (``/dev/zero``, endless) in a run's directory is refused, not read.
+
+    Raises:
+        UsageError: not a regular file.
+        FileNotFoundError: no such file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{path}: not a regular file (a run's files are files)")
+        return f.read()
 
 
 def _lock(path: Path) -> int:
@@ -636,7 +652,7 @@ def _open(
 
 def _read_manifest(path: Path) -> RunManifest:
     where = str(path)
-    manifest: RunManifest = _structure(_parse_line(path.read_bytes(), where), RunManifest, where)
+    manifest: RunManifest = _structure(_parse_line(_read_regular(path), where), RunManifest, where)
     return manifest
 
 

@@ -97,15 +97,25 @@ class RunSettings:
 
         Raises:
             UsageError: the run was not started by ``tak batch run`` (by ``run_batch``
-                in a program, say): its settings say nothing of a model.
+                in a program, say): its settings say nothing of a model; or they do,
+                and a field is wrong (a hand-edited manifest): ``$.path: reason``.
         """
+        from kernel.messages import describe_structure_error
+
+        from ._directory import usage_error_in
+
+        settings = ledger.settings
         try:
-            run_settings: RunSettings = converter.structure(ledger.settings, cls)
-        except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, UsageError):
-            raise UsageError(
-                f"run {ledger.run_id!r} was not started by `tak batch run` (its settings "
-                "name no model and tools); resume it from the program that started it"
-            ) from None
+            run_settings: RunSettings = converter.structure(settings, cls)
+        except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, UsageError) as exc:
+            if not (isinstance(settings, dict) and isinstance(settings.get("model"), str)):
+                raise UsageError(
+                    f"run {ledger.run_id!r} was not started by `tak batch run` (its settings "
+                    "name no model and tools); resume it from the program that started it"
+                ) from None
+            own = usage_error_in(exc)
+            detail = str(own) if own is not None else describe_structure_error(exc, "$")
+            raise UsageError(f"run {ledger.run_id!r}: its settings: {detail}") from None
         return run_settings
 
     def differences(self, other: RunSettings) -> list[str]:

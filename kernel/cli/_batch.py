@@ -65,7 +65,9 @@ def _settings_of(args: argparse.Namespace) -> RunSettings:
     for name, value in given.items():
         try:
             TaskLimits(**{name: value})
-            if not math.isfinite(value):  # a limit of inf is no limit; JSON cannot keep it
+            # a limit of inf is no limit, and JSON cannot keep it (an int, however
+            # big, is finite: math.isfinite would overflow on one past a float's range)
+            if isinstance(value, float) and not math.isfinite(value):
                 raise UsageError(name)
         except UsageError:
             flag = "--" + name.replace("_", "-")

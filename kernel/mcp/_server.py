@@ -134,32 +134,75 @@ async def serve_stdio(server: Server[Any], wire_in: int, wire_out: int) -> None:
     read_send, read_receive = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_read_frames, wire_in, read_send)
+        nursery.start_soon(_read_frames, wire_in, read_send, write_send.clone())
         nursery.start_soon(_write_frames, wire_out, write_receive)
         await server.run(read_receive, write_send, server.create_initialization_options())
         nursery.cancel_scope.cancel()
 
 
-async def _read_frames(fd: int, out: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+#: The longest frame a client may send on stdio; a longer one is answered with a parse
+#: error and skipped to its newline (the buffer never holds more than this).
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+
+async def _read_frames(
+    fd: int,
+    out: MemoryObjectSendStream[SessionMessage | Exception],
+    replies: MemoryObjectSendStream[SessionMessage],
+) -> None:
+    """Frames from ``fd`` to the protocol runner; a line that is no JSON-RPC message is
+    answered here, as JSON-RPC 2.0 says (the runner only logs it): a parse error, or an
+    invalid request with its id when it has one (``null`` when not)."""
     import mcp_types as types
     from mcp.shared.message import SessionMessage
+
+    async def refuse(code: int, text: str, request_id: int | str | None) -> None:
+        error = types.ErrorData(code=code, message=text)
+        reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+        await replies.send(SessionMessage(reply))
 
     # A duplicate: FdStream closes what it is given, and sets it non-blocking
     # (restored when closed).
     stream = trio.lowlevel.FdStream(os.dup(fd))
-    async with stream, out:
+    async with stream, out, replies:
         buffer = b""
+        skipping = False  # inside a frame that was too long, until its newline
         while chunk := await stream.receive_some(65536):
             *lines, buffer = (buffer + chunk).split(b"\n")
+            if skipping and lines:
+                lines, skipping = lines[1:], False
+            if len(buffer) > MAX_FRAME_BYTES:
+                if not skipping:
+                    await refuse(
+                        types.PARSE_ERROR, f"frame longer than {MAX_FRAME_BYTES} bytes", None
+                    )
+                buffer, skipping = b"", True
             for line in lines:
                 if not line.strip():
                     continue
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                except Exception as exc:  # the runner answers a bad frame with an error
-                    await out.send(exc)
+                except Exception as exc:
+                    await refuse(*_refusal(line))
+                    await out.send(exc)  # the runner logs it
                     continue
                 await out.send(SessionMessage(message))
+
+
+def _refusal(line: bytes) -> tuple[int, str, int | str | None]:
+    """The JSON-RPC error for a line that is no message: (code, message, id)."""
+    import json
+
+    import mcp_types as types
+
+    try:
+        value = json.loads(line)
+    except ValueError:  # UnicodeDecodeError too
+        return types.PARSE_ERROR, "Parse error: not JSON", None
+    request_id = value.get("id") if isinstance(value, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        request_id = None
+    return types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 message", request_id
 
 
 async def _write_frames(fd: int, frames: MemoryObjectReceiveStream[SessionMessage]) -> None:
@@ -257,9 +300,11 @@ def _offered_token(scope: Scope, headers: dict[bytes, bytes]) -> bytes:
     scheme, _, credentials = headers.get(b"authorization", b"").partition(b" ")
     if scheme.lower() == b"bearer":
         return credentials.strip()
+    # The query is ASCII with %-escapes of UTF-8 (as the printed URL quotes the token);
+    # anything else cannot be the token, and is compared as what it decodes to.
     query_string: bytes = scope.get("query_string", b"")
-    query = parse_qs(query_string.decode("latin-1"))
-    return query.get("token", [""])[0].encode("latin-1")
+    query = parse_qs(query_string.decode("ascii", "replace"), errors="replace")
+    return query.get("token", [""])[0].encode("utf-8", "surrogatepass")
 
 
 async def _plain(send: Send, status: int, text: str, *, authenticate: bool = False) -> None:
