@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import trio.testing
 from tests.entry_points_kit import hide_installed_entry_points
 from tests.hang_guard import pytest_configure as hang_guard_configure
 from tests.hang_guard import pytest_runtest_protocol as pytest_runtest_protocol
+from tests.store import pg_server
 
 #: On PYTHONPATH for every Python the tests start: its sitecustomize hides the
 #: installed ``tak.plugins`` entry points there too (tests/entry_points_kit.py).
@@ -90,3 +93,44 @@ def thread_clock() -> trio.testing.MockClock:
     sync tool works in a thread: a 30 s deadline would expire before ``a + b`` returns.
     """
     return trio.testing.MockClock(autojump_threshold=0.25)
+
+
+# -- a real PostgreSQL server (tests/store/pg_server.py), for any folder -------------------
+#
+# ``pg`` is the process's shared server (``pg_server.shared_server()``): one per test
+# process (each xdist worker has its own), started by the first test that asks for it
+# and stopped when the process exits (or dies). Each test gets a database of its own
+# (``db_url``). ``pg_to_break`` is the process's other server, for the few tests that
+# stop, freeze or restart it: it is running again after each.
+
+# The pid in the names: databases of two processes never collide (xdist workers
+# have servers of their own anyway).
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg() -> pg_server.PgServer:
+    reason = pg_server.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    return pg_server.shared_server()
+
+
+@pytest.fixture
+def db_url(pg: pg_server.PgServer) -> str:
+    """A new, empty database for each test."""
+    return pg_server.create_database(pg, f"t{os.getpid()}_{next(_databases)}")
+
+
+@pytest.fixture
+def pg_to_break() -> Iterator[pg_server.PgServer]:
+    """A server of its own (shared by the tests that break theirs), running again after."""
+    reason = pg_server.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = pg_server.shared_server("faults")
+    pg_server.revive(server)
+    try:
+        yield server
+    finally:
+        pg_server.revive(server)

@@ -26,7 +26,6 @@ import pytest
 
 from kernel.batch import TaskResult, converter
 from tests.cli_kit import tak, tak_argv
-from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -428,7 +427,7 @@ def test_show_json_schema(finished_run: Path) -> None:
     assert [r.id for r in records] == ["ok", "short"]
 
 
-def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) -> None:  # noqa: F811
+def test_a_run_on_postgresql_and_a_worker_for_it(tmp_path: Path, db_url: str) -> None:
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "pg.jsonl", THREE)
     first = tak("batch", str(tasks), "--store", db_url, "--run-id", "shared", home=home, demo=True)
@@ -542,7 +541,7 @@ async def test_the_progress_line_has_an_eta_and_each_providers_load(autojump_clo
 
 def test_ctrl_c_on_postgresql_prints_the_worker_that_finishes_the_run(
     tmp_path: Path,
-    db_url: str,  # noqa: F811
+    db_url: str,
 ) -> None:
     home = tmp_path / "home"
     tasks = write_tasks(tmp_path / "slow.jsonl", SLOW)

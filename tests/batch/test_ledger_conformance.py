@@ -19,12 +19,11 @@ from kernel.batch._postgres import open_postgres_ledger
 from kernel.errors import StoreError, UsageError
 from tests.batch.ledger_conformance import RUN, LedgerConformance, OpenLedger, result, task
 from tests.batch.test_many_hosts import psql
-from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 
 class TestPostgresLedger(LedgerConformance):
     @pytest.fixture
-    def open_ledger(self, db_url: str) -> OpenLedger:  # noqa: F811
+    def open_ledger(self, db_url: str) -> OpenLedger:
         return lambda run_id, **options: open_postgres_ledger(db_url, run_id, **options)
 
 
@@ -40,7 +39,7 @@ class TestDirectoryLedger(LedgerConformance):
         return ledger  # a second process is refused: workers share the one handle
 
 
-async def test_workers_starting_together_make_the_tables_once(db_url: str) -> None:  # noqa: F811
+async def test_workers_starting_together_make_the_tables_once(db_url: str) -> None:
     """Tables are made under an advisory lock: 6 first opens at once all succeed."""
     counts: list[int] = []
 
@@ -56,7 +55,7 @@ async def test_workers_starting_together_make_the_tables_once(db_url: str) -> No
     assert psql(db_url, "SELECT version FROM tak_batch_schema_version") == [(1,), (2,)]
 
 
-async def test_a_ledger_schema_newer_than_this_tak_is_refused(db_url: str) -> None:  # noqa: F811
+async def test_a_ledger_schema_newer_than_this_tak_is_refused(db_url: str) -> None:
     async with open_postgres_ledger(db_url, RUN):
         pass
     psql(db_url, "INSERT INTO tak_batch_schema_version (version) VALUES (99)")
@@ -65,7 +64,7 @@ async def test_a_ledger_schema_newer_than_this_tak_is_refused(db_url: str) -> No
             pass
 
 
-async def test_the_run_row_keeps_the_first_settings_and_lease(db_url: str) -> None:  # noqa: F811
+async def test_the_run_row_keeps_the_first_settings_and_lease(db_url: str) -> None:
     settings = {"model": "scripted:x", "concurrency": 4, "limits": {"max_steps": 3}}
     async with open_postgres_ledger(db_url, RUN, settings=settings, lease_seconds=5) as first:
         assert first.settings == settings
@@ -86,7 +85,7 @@ async def test_the_run_row_keeps_the_first_settings_and_lease(db_url: str) -> No
     assert created_db == first.created
 
 
-async def test_a_worker_of_an_unknown_run_is_refused(db_url: str) -> None:  # noqa: F811
+async def test_a_worker_of_an_unknown_run_is_refused(db_url: str) -> None:
     with pytest.raises(UsageError, match=r"^run 'nope': no such run in PostgreSQL 127\.0\.0\.1"):
         async with open_postgres_ledger(db_url, "nope", create=False):
             pass
@@ -108,7 +107,7 @@ async def test_bad_arguments_are_refused_before_connecting() -> None:
             pass
 
 
-async def test_a_stored_record_this_tak_cannot_read_is_named(db_url: str) -> None:  # noqa: F811
+async def test_a_stored_record_this_tak_cannot_read_is_named(db_url: str) -> None:
     """A row a newer tak wrote (an unknown field): one line naming the run, task and field."""
     async with open_postgres_ledger(db_url, RUN) as ledger:
         await ledger.add_tasks([task(1)])
@@ -122,7 +121,7 @@ async def test_a_stored_record_this_tak_cannot_read_is_named(db_url: str) -> Non
         assert message.endswith("run 'run-1', task 't001': $: extra fields found (x)")
 
 
-async def test_a_bad_worker_name_is_refused_in_one_line(db_url: str) -> None:  # noqa: F811
+async def test_a_bad_worker_name_is_refused_in_one_line(db_url: str) -> None:
     async with open_postgres_ledger(db_url, RUN) as ledger:
         await ledger.add_tasks([task(1)])
         for bad in ("", "nul\x00", "x" * 257, None):
@@ -149,7 +148,7 @@ async def test_an_unreachable_server_is_one_line_naming_it() -> None:
 
 
 async def test_leases_and_finish_times_come_from_the_database_clock(
-    db_url: str,  # noqa: F811
+    db_url: str,
 ) -> None:
     """A worker's clock plays no part: lease_until is now() + lease, finished_at is now()."""
     async with open_postgres_ledger(db_url, RUN, lease_seconds=600) as ledger:
@@ -167,7 +166,7 @@ async def test_leases_and_finish_times_come_from_the_database_clock(
         assert db_now - 600 < stored.finished_at <= db_now
 
 
-async def test_every_accepted_result_is_kept_as_history(db_url: str) -> None:  # noqa: F811
+async def test_every_accepted_result_is_kept_as_history(db_url: str) -> None:
     async with open_postgres_ledger(db_url, RUN) as ledger:
         await ledger.add_tasks([task(1)])
         await ledger.claim("a", 1)
@@ -179,7 +178,7 @@ async def test_every_accepted_result_is_kept_as_history(db_url: str) -> None:  #
     assert [(w, json.loads(r)["reason"]) for w, r in rows] == [("a", "cancelled"), ("b", "final")]
 
 
-async def test_a_claim_skips_rows_another_claim_holds(db_url: str) -> None:  # noqa: F811
+async def test_a_claim_skips_rows_another_claim_holds(db_url: str) -> None:
     """SKIP LOCKED: a claim never waits behind another worker's transaction, and
     never hands out a task that transaction holds."""
     import psycopg
@@ -195,7 +194,7 @@ async def test_a_claim_skips_rows_another_claim_holds(db_url: str) -> None:  # n
         assert [c.task.id for c in await ledger.claim("w", 2)] == ["t001"]
 
 
-async def test_many_handles_claiming_at_once_never_share_a_task(db_url: str) -> None:  # noqa: F811
+async def test_many_handles_claiming_at_once_never_share_a_task(db_url: str) -> None:
     """4 handles (as 4 hosts), each claiming from 4 tasks at once: every task once, attempt 1."""
     n = 120
     got: list[tuple[str, int]] = []

@@ -30,7 +30,6 @@ import trio
 
 from kernel.batch import BatchTask, TaskResult, converter
 from kernel.batch._postgres import open_postgres_ledger
-from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 RUN = "many"
 #: Tasks in the run: make stress's, and make test's (12 run at once either way).
@@ -88,7 +87,7 @@ async def make_run(url: str, tasks: int) -> None:
 
 def test_four_workers_one_killed_every_task_finishes_exactly_once(
     tmp_path: Path,
-    db_url: str,  # noqa: F811
+    db_url: str,
     workers: list[subprocess.Popen[bytes]],
     stress: bool,
 ) -> None:

@@ -28,13 +28,12 @@ from kernel.models import ModelRequest, ScriptedModel
 from kernel.store import PostgresStore
 from tests.batch.test_many_hosts import psql
 from tests.store import pg_server
-from tests.store.conftest import pg_to_break  # noqa: F401  (a fixture)
 
 _databases = itertools.count()
 
 
 @pytest.fixture
-def url(pg_to_break: pg_server.PgServer) -> str:  # noqa: F811
+def url(pg_to_break: pg_server.PgServer) -> str:
     return pg_server.create_database(pg_to_break, f"a{os.getpid()}_{next(_databases)}")
 
 
@@ -44,7 +43,7 @@ def url(pg_to_break: pg_server.PgServer) -> str:  # noqa: F811
 async def test_two_workers_ride_out_a_slow_restart_shorter_than_their_calls(
     tmp_path: Path,
     url: str,
-    pg_to_break: pg_server.PgServer,  # noqa: F811
+    pg_to_break: pg_server.PgServer,
     outage: str,
     down_s: float,
     caplog: pytest.LogCaptureFixture,
@@ -140,7 +139,7 @@ class _CommitFreezes:
 async def test_a_result_whose_commit_went_unanswered_is_recorded_once(
     tmp_path: Path,
     url: str,
-    pg_to_break: pg_server.PgServer,  # noqa: F811
+    pg_to_break: pg_server.PgServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The first task's finished result is written, and its COMMIT reaches the
@@ -223,7 +222,7 @@ async def test_a_lease_of_a_year_claims_and_renews(url: str) -> None:
 async def test_a_result_is_waited_for_as_long_as_the_ledger_rides_an_outage_out(
     tmp_path: Path,
     url: str,
-    pg_to_break: pg_server.PgServer,  # noqa: F811
+    pg_to_break: pg_server.PgServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """run_batch gave a result's write ``FINISH_S`` (60 s) whatever the ledger's

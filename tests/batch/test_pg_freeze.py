@@ -26,7 +26,6 @@ from kernel.errors import StoreError, UsageError
 from kernel.models import ModelRequest, ScriptedModel
 from kernel.store import PostgresStore
 from tests.store import pg_server
-from tests.store.conftest import pg_to_break  # noqa: F401  (a fixture)
 
 RUN = "frozen"
 TASKS = 6
@@ -37,12 +36,12 @@ _databases = itertools.count()
 
 
 @pytest.fixture
-def url(pg_to_break: pg_server.PgServer) -> str:  # noqa: F811
+def url(pg_to_break: pg_server.PgServer) -> str:
     return pg_server.create_database(pg_to_break, f"z{os.getpid()}_{next(_databases)}")
 
 
 @pytest.fixture
-def server(pg_to_break: pg_server.PgServer) -> Iterator[pg_server.Freezer]:  # noqa: F811
+def server(pg_to_break: pg_server.PgServer) -> Iterator[pg_server.Freezer]:
     freezer = pg_server.Freezer(pg_to_break, thaw_after_s=60.0)
     try:
         yield freezer

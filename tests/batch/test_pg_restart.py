@@ -32,7 +32,6 @@ from kernel.store._postgres import RETRY_DELAYS
 from tests.batch.ledger_conformance import RUN, result, task
 from tests.batch.test_many_hosts import COMMAND, psql, wait_for, workers  # noqa: F401
 from tests.store import pg_server
-from tests.store.conftest import pg_to_break  # noqa: F401  (a fixture)
 
 T = TypeVar("T")
 
@@ -40,7 +39,7 @@ _databases = itertools.count()
 
 
 @pytest.fixture
-def server(pg_to_break: pg_server.PgServer) -> pg_server.PgServer:  # noqa: F811
+def server(pg_to_break: pg_server.PgServer) -> pg_server.PgServer:
     """A server other tests do not use: restarting it must not cut their connections."""
     return pg_to_break
 

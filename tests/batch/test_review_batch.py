@@ -33,7 +33,6 @@ from kernel.kernel import Kernel
 from kernel.messages import Message
 from kernel.models import ModelRequest, ScriptedModel, Usage
 from tests.batch.test_example import table_counts
-from tests.store.conftest import db_url, pg  # noqa: F401  (fixtures)
 
 RUN = "review-run"
 
@@ -760,7 +759,7 @@ class SlowRenewal:
 
 async def test_a_lapsed_lease_does_not_turn_a_running_task_into_an_error(
     tmp_path: Path,
-    db_url: str,  # noqa: F811
+    db_url: str,
 ) -> None:
     from kernel.batch._postgres import open_postgres_ledger
 

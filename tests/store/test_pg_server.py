@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from . import pg_server
+from tests.store import pg_server
 
 ROOT = Path(__file__).resolve().parents[2]
 

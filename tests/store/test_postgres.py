@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from kernel.errors import StoreError, UsageError
 from kernel.store import PostgresStore, SessionKey
+from tests.store import pg_server
 
-from . import pg_server
 from .conformance import MAIN, MakeStore, StoreConformance, entry
 
 _numbers = itertools.count()

@@ -17,8 +17,7 @@ import trio
 
 from kernel.errors import StoreError
 from kernel.store import PostgresStore, SessionKey
-
-from . import pg_server
+from tests.store import pg_server
 
 KEY = SessionKey("p", "s")
 _databases = itertools.count()

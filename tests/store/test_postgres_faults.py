@@ -25,8 +25,7 @@ import trio
 from kernel.errors import StoreError
 from kernel.store import PostgresStore, SessionKey
 from kernel.store._postgres import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S
-
-from . import pg_server
+from tests.store import pg_server
 
 KEY = SessionKey("p", "s")
 # Real seconds after which a frozen server is thawed whatever happened (a hang guard,

@@ -28,8 +28,8 @@ from kernel.messages import Message, Text
 from kernel.session import Session
 from kernel.store import FileStore, PostgresStore, SessionKey
 from kernel.store._entries import encode_entries
+from tests.store import pg_server
 
-from . import pg_server
 from .test_multiprocess import TAK, acks_of, start_writer
 
 KEY = SessionKey("p", "s0")
