@@ -208,13 +208,17 @@ async def _run_recorded(
     usage: Mapping[str, int] | None,
     model: str | None,
     cost_usd: float | None,
+    on_recorded: Callable[[Message], None] | None = None,
 ) -> tuple[Message, list[Observation]]:
     """``run_calls_recorded``; also the assistant message as recorded (the session
-    makes it recordable: what ran, and what the model sees next)."""
+    makes it recordable: what ran, and what the model sees next), which
+    ``on_recorded`` is also given before any call runs."""
     entry = await _record_before_running(
         session, assistant, usage=usage, model=model, cost_usd=cost_usd
     )
     assistant, answers = entry.message, entry.uuid
+    if on_recorded is not None:
+        on_recorded(assistant)
     calls = assistant.tool_calls
     done: dict[int, Observation] = {}
 
@@ -540,10 +544,14 @@ class Agent:
                 shown = recorded[0] if recorded else recordable(message)
                 state.text = shown.text or state.text
                 return state.finish("max_tokens" if cut else "final", error=error)
+
+            def recorded_calls(message: Message) -> None:
+                # Before the calls run: a turn cancelled among them still says it.
+                state.text = message.text or state.text
+
             message, observations = await self._run_calls(
-                session, response, message, registry, emit
+                session, response, message, registry, emit, recorded_calls
             )
-            state.text = message.text or state.text
             history.append(message)
             history.append(Message("tool", observations))
             if settings is not None and settings.tool_choice not in (None, "auto", "none"):
@@ -609,6 +617,7 @@ class Agent:
         message: Message,
         registry: ToolRegistry,
         emit: AgentEventCallback,
+        on_recorded: Callable[[Message], None],
     ) -> tuple[Message, list[Observation]]:
         return await _run_recorded(
             session,
@@ -619,6 +628,7 @@ class Agent:
             usage=usage_entry_fields(response.usage),
             model=response.model or self.model.name,
             cost_usd=response.usage.cost_usd,
+            on_recorded=on_recorded,
         )
 
     async def _record(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import kernel.batch
+import kernel.batch._postgres
 from kernel.cli import main
 
 
@@ -45,6 +46,8 @@ def test_the_ledger_takes_the_homes_request_timeout(
         raise Opened
 
     monkeypatch.setattr(kernel.batch, "open_postgres_ledger", opened)
+    # show reads the run through kernel.batch.read_postgres_run, beside the ledger
+    monkeypatch.setattr(kernel.batch._postgres, "open_postgres_ledger", opened)
     home = _home(tmp_path, 1.5)
     main(["--home", str(home), *argv])  # the fake refuses to open: the run ends there
     assert seen.get("request_timeout_s") == 1.5
