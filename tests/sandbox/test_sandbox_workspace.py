@@ -371,6 +371,9 @@ def test_growth_hidden_by_space_freed_elsewhere_is_found_at_the_next_settle(
     """The flake a loaded machine showed: a worker's call wrote past the budget while
     another process freed as much on the same file system, so the free-space bound
     saw nothing. A cheap walk is made at every settle once the file system changed."""
+    # Every walk counts as cheap: on a loaded machine even this one's CPU time passed
+    # CHEAP_WALK_S, which spaces walks out (test_settling_usage_walks_only_... covers that).
+    monkeypatch.setattr(workspace_module, "CHEAP_WALK_S", 60.0)
     (tmp_path / "a").write_bytes(b"x" * 10_000)
     free = [10_000_000_000]
     with Workspace(tmp_path, max_bytes=100_000) as ws:
