@@ -11,19 +11,22 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kernel", "sandbox", "plugins")
 
 
-def module_names() -> list[str]:
-    """Every module of ``PACKAGES`` by its dotted name, ``__main__`` modules left out
-    (importing one runs the program: ``kernel/cli/__main__.py`` exits)."""
-    names = []
+def module_files() -> dict[str, Path]:
+    """Every module of ``PACKAGES``: its dotted name and its file."""
+    found: dict[str, Path] = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__main__":
-                continue
             if parts[-1] == "__init__":
                 parts.pop()
-            names.append(".".join(parts))
-    return names
+            found[".".join(parts)] = path
+    return found
+
+
+def module_names() -> list[str]:
+    """Every module's dotted name, ``__main__`` modules left out (importing one runs
+    the program: ``kernel/cli/__main__.py`` exits)."""
+    return [name for name in module_files() if not name.endswith(".__main__")]
 
 
 def is_public(name: str) -> bool:

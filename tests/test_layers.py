@@ -13,8 +13,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernel", "sandbox", "plugins")
+from tests.modules_kit import module_files
 
 # (unit, floor): a unit is a module or a package with everything under it;
 # the longest matching unit places a module.
@@ -62,14 +61,7 @@ EXEMPT = {"kernel"}
 
 
 def modules() -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
+    return module_files()
 
 
 def unit_of(module: str) -> str | None:
