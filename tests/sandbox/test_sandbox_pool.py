@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import logging
@@ -568,3 +569,29 @@ async def test_a_plugin_that_cannot_load_says_so_once_however_late_its_word_is_r
     assert not [
         r for r in caplog.records if r.name == "sandbox.pool" and r.levelno >= logging.WARNING
     ], warned
+
+
+def _children() -> set[str]:
+    found: set[str] = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(path) as f:
+                found |= set(f.read().split())
+        except FileNotFoundError:
+            continue  # a thread (Trio's cached ones) ended since the listing
+    return found
+
+
+@pytest.mark.parametrize("delay", [None, 0.0, 0.001, 0.02])
+async def test_a_spare_primed_as_the_pool_closes_does_not_outlive_it(
+    tmp_path: Path, delay: float | None
+) -> None:
+    before = _children()
+    async with open_worker_pool(tmp_path) as pool:
+        pool.prime()
+        if delay is not None:
+            await trio.sleep(delay)  # the spare's start is under way, or done
+    assert _children() - before == set()
+    pool.prime()  # after close: nothing starts, nothing raises
+    await trio.sleep(0.05)
+    assert _children() - before == set() and not pool._spare_coming

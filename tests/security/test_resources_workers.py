@@ -21,8 +21,9 @@ from kit import PLUGINS, Arena
 from responsive import cgroup_dirs_of, dirs_removed, wait_gone, while_responsive
 
 from kernel.executor import run_tool_calls
+from kernel.home import TakHome
 from kernel.messages import Observation, ToolCall
-from plugins import remote_tools
+from plugins import open_plugin_host, remote_tools
 from sandbox import Limits, Policy, Worker, open_worker_pool, probe_isolation
 
 pytestmark = pytest.mark.usefixtures("confined")
@@ -307,3 +308,14 @@ async def test_kit_memory_cgroup_is_per_worker(arena: Arena) -> None:
         dirs = cgroup_dirs_of(pid)
         assert dirs and not dirs_removed(dirs)
     assert dirs_removed(dirs)
+
+
+def _home(arena: Arena) -> TakHome:
+    return TakHome(arena.root / "home").ensure()
+
+
+async def test_a_host_without_workers_primes_no_process(arena: Arena) -> None:
+    async with open_plugin_host(arena.workspace, plugins=["fs"], home=_home(arena)) as host:
+        host.prime()
+        await trio.sleep(0.2)
+        assert not host.pool._processes and not host.pool._spare_coming
