@@ -23,11 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from kit import Arena
 
 from kernel.errors import SandboxError
+from kernel.executor import run_tool_calls
 from kernel.home import TakHome
+from kernel.messages import ToolCall
+from kernel.plugin import Permissions, use_context
+from kernel.tools import ToolFailure
 from plugins import open_plugin_host
+from plugins._host import PluginHost
 from sandbox import Workspace
 from sandbox._workspace import CHEAP_WALK_S
 
@@ -56,7 +62,6 @@ def _names(top: Path) -> int:
 async def _dear_host(arena: Arena, config: dict[str, Any]) -> AsyncIterator[Any]:
     """A python-plugin host on a workspace made dear to walk, after one warm call,
     inside its tool context."""
-    from kernel.plugin import use_context
 
     _make_dear(arena.workspace)
     async with open_plugin_host(
@@ -69,8 +74,6 @@ async def _dear_host(arena: Arena, config: dict[str, Any]) -> AsyncIterator[Any]
 
 
 async def _call(host, n: int, code: str):  # type: ignore[no-untyped-def]
-    from kernel.executor import run_tool_calls
-    from kernel.messages import ToolCall
 
     [obs] = await run_tool_calls([ToolCall(str(n), "run_python", {"code": code})], host.tools)
     return obs
@@ -211,3 +214,64 @@ def test_space_the_workspace_freed_itself_is_not_credited_twice(tmp_path: Path) 
         with pytest.raises(SandboxError, match="past its disk budget"):
             ws.write_bytes("more", b"z" * size)  # fs write_file again: over, refused
     assert Workspace(tmp_path).refresh_usage() <= size + 200_000
+
+
+# -- the check around a worker's call, on a pool without workers ------------------------
+#
+# A directory moved back and forth while the tree is walked: a program doing it can only
+# be a worker's (or a program a worker left running), and the host walks with every
+# worker frozen: tests/security/test_overlap.py::
+# test_a_directory_a_worker_keeps_moving_cannot_hide_from_the_budget.
+
+
+class _NoWorkers:
+    """A pool with no worker running: freezing them all is nothing to do."""
+
+    @contextlib.asynccontextmanager
+    async def frozen(self) -> AsyncIterator[bool]:
+        yield True
+
+    async def unlinked_open_bytes(self, device: int) -> int:
+        return 0
+
+
+async def test_budget_check_fails_closed_when_the_workspace_cannot_be_measured(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (arena.workspace / "big").write_bytes(os.urandom(1 << 20))
+
+    def keeps_changing(self: Workspace) -> int:
+        raise SandboxError("the workspace kept changing while its disk usage was measured")
+
+    with Workspace(arena.workspace, max_bytes=1000) as ws:
+        host = object.__new__(PluginHost)
+        host.workspace = ws
+        host.pool = _NoWorkers()  # type: ignore[assignment]
+        monkeypatch.setattr(Workspace, "refresh_usage", keeps_changing)
+        hook = host._budget_check(Permissions(workspace="write"))
+        assert hook is not None
+        with pytest.raises(ToolFailure):
+            # What runs around a worker's call: the check itself, or a preparation
+            # before the call that returns the check.
+            after = await hook()
+            if callable(after):
+                await after()
+    arena.assert_nothing_seen()
+
+
+async def test_what_a_background_process_writes_between_calls_is_counted(arena: Arena) -> None:
+    with Workspace(arena.workspace, max_bytes=1 << 20) as ws:
+        host = object.__new__(PluginHost)
+        host.workspace = ws
+        host.pool = _NoWorkers()  # type: ignore[assignment]
+        await trio.to_thread.run_sync(ws.usage)  # measured once, at the first write
+        hook = host._budget_check(Permissions(workspace="write"))
+        assert hook is not None
+        # Between two calls, a background process fills 4 MiB (past the 1 MiB budget).
+        (arena.workspace / "filler").write_bytes(os.urandom(4 << 20))
+        os.sync()
+        with pytest.raises(ToolFailure):
+            after = await hook()  # the next call starts ...
+            if callable(after):
+                await after()  # ... writes nothing, and ends
+    arena.assert_nothing_seen()

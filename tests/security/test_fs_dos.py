@@ -10,7 +10,11 @@ test asserts elapsed time.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +165,123 @@ async def test_read_file_of_one_huge_line_is_bounded(arena: Arena, ws: Path) -> 
     observation = await attack("read_file", path="line.txt")
     assert "[line cut:" in observation.content
     arena.assert_nothing_seen([observation.content])
+
+
+# -- calls whose cost outlived their deadline before the fixes ----------------------------
+#
+# Each runs in a child process (``fs_call``), killed at the hang guard: were the call to
+# keep burning CPU past its deadline, an abandoned thread here would go on for the rest
+# of the suite.
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+#: A hang guard, not a measurement: an ``fs`` call that has not ended by itself after
+#: this long never will (grep and glob stop on their own clock after ``GREP_SECONDS``,
+#: edit_file counts lines once). The inputs below would take hours without the fixes.
+HANG_GUARD_S = 120
+
+
+_FS_CALL = """
+import json, logging, sys
+sys.path.insert(0, sys.argv[1])
+from kernel.plugin import ToolContext, use_context
+from plugins import fs
+from sandbox import Workspace
+workspace, name, arguments = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+[tool] = [t for t in fs.plugin.tools if t.name == name]
+with Workspace(workspace, protected=(".tak",)) as ws:
+    with use_context(ToolContext(ws, "p/s", logging.getLogger("review"), {})):
+        try:
+            print(json.dumps({"returned": str(tool.fn(**arguments))[-2000:]}))
+        except Exception as exc:
+            print(json.dumps({"raised": f"{type(exc).__name__}: {exc}"[:2000]}))
+"""
+
+
+def fs_call(workspace: Path, tool: str, **arguments: object) -> dict[str, str]:
+    """What one ``fs`` call returned (``{"returned": text}``) or raised (``{"raised":
+    "Type: message"}``), run by itself to its end in a child process.
+
+    In a child process, killed at the hang guard: an abandoned thread in this process
+    would keep burning CPU for the rest of the suite.
+    """
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _FS_CALL,
+                str(ROOT),
+                str(workspace),
+                tool,
+                json.dumps(arguments),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
+            check=True,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{tool} was still running after {HANG_GUARD_S} s: it never stops itself")
+    outcome: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return outcome
+
+
+def assert_stopped_by_its_clock(outcome: dict[str, str]) -> None:
+    """The call ended by itself: the search stopped on its own clock and said so."""
+    from plugins import fs
+
+    returned = outcome.get("returned", "")
+    assert f"[stopped after {fs.GREP_SECONDS:g} s: " in returned, outcome
+
+
+def test_edit_file_with_an_old_text_occurring_everywhere_is_bounded(arena: Arena) -> None:
+    # 400 000 occurrences took ~20 s before the fix, growing with their square: these
+    # 4 Mi would take over half an hour, past the hang guard on any machine.
+    many = 4 * 1024 * 1024
+    (arena.workspace / "many.txt").write_text("a" * many)
+    outcome = fs_call(arena.workspace, "edit_file", path="many.txt", old="a", new="b")
+    assert outcome["raised"].startswith(f"ValueError: old text occurs {many} times in many.txt")
+    assert (arena.workspace / "many.txt").read_text() == "a" * many
+    arena.assert_nothing_seen()
+
+
+def _ab_lines(path: Path, size: int) -> None:
+    """Random ``a``/``b`` lines of 1000 characters: the DFA of ``[ab]*a[ab]{999}c`` explodes."""
+    table = bytes(97 + (i & 1) for i in range(256))
+    raw = bytearray(os.urandom(size).translate(table))
+    raw[1000::1001] = b"\n" * len(raw[1000::1001])
+    path.write_bytes(bytes(raw))
+
+
+def test_grep_with_a_dfa_exploding_pattern_is_bounded(arena: Arena) -> None:
+    _ab_lines(arena.workspace / "ab.txt", 8 * 1024 * 1024 - 1)
+    outcome = fs_call(arena.workspace, "grep", pattern=r"[ab]*a[ab]{999}c", path=".")
+    assert_stopped_by_its_clock(outcome)
+    arena.assert_nothing_seen()
+
+
+def test_grep_with_the_largest_program_it_runs_is_bounded(arena: Arena) -> None:
+    """Refused: 33 of those patterns in one alternation (32 575 instructions, just under
+    MAX_GREP_PROGRAM) cost ~40 us/byte; the window shrinks to 1 KiB and the clock stops it."""
+    from plugins import fs
+
+    pattern = "|".join(f"[ab]*a[ab]{{{999 - i}}}c" for i in range(33))
+    assert fs.MAX_GREP_PROGRAM / 2 < fs._compile_grep(pattern).programsize <= fs.MAX_GREP_PROGRAM
+    _ab_lines(arena.workspace / "ab.txt", 8 * 1024 * 1024 - 1)
+    outcome = fs_call(arena.workspace, "grep", pattern=pattern, path=".")
+    assert_stopped_by_its_clock(outcome)
+    arena.assert_nothing_seen()
+
+
+def test_edit_file_with_a_few_occurrences_answers_quickly(arena: Arena) -> None:
+    """Not the hole above: the error for several occurrences on a big file names them."""
+    (arena.workspace / "few.txt").write_text(("x" * 1000 + "\n") * 8000 + "needle\n" * 3)
+    outcome = fs_call(arena.workspace, "edit_file", path="few.txt", old="needle", new="n")
+    assert outcome == {
+        "raised": "ValueError: old text occurs 3 times in few.txt, starting at lines 8001, "
+        "8002, 8003; include more surrounding text so that it matches exactly once"
+    }
+    arena.assert_nothing_seen()

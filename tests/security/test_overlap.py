@@ -26,6 +26,7 @@ from kernel.errors import SandboxError, StoreError
 from kernel.home import TakHome
 from kernel.store import FileStore, SessionKey
 from plugins import open_plugin_host
+from plugins._host import _check_overlap
 
 SOURCE_TREE = Path(kernel.__file__).resolve().parents[1]
 SITE_PACKAGES = Path(site.getsitepackages()[0])
@@ -108,6 +109,41 @@ def test_tak_run_in_the_repository_is_refused(arena: Arena) -> None:
     [line] = result.stderr.splitlines()
     assert line.startswith(f"tak run: workspace {SOURCE_TREE} contains sys.prefix")
     arena.assert_nothing_seen([result.stdout, result.stderr])
+
+
+def test_workspace_holding_a_missing_sys_path_directory_is_refused(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planned = arena.workspace / "lib"  # does not exist yet: a tool can make it
+    monkeypatch.setattr(sys, "path", [*sys.path, str(planned)])
+    with pytest.raises(SandboxError, match=r"sys\.path"):
+        _check_overlap(arena.workspace, TakHome(arena.root / "home"))
+    arena.assert_nothing_seen()
+
+
+def test_workspace_holding_a_zip_on_sys_path_is_refused(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zipfile
+
+    archive = arena.workspace / "deps.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("depmod.py", "VALUE = 1\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(archive)])
+    with pytest.raises(SandboxError, match=r"sys\.path"):
+        _check_overlap(arena.workspace, TakHome(arena.root / "home"))
+    arena.assert_nothing_seen()
+
+
+def test_workspace_holding_an_existing_sys_path_directory_is_refused(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused: the same, with the directory already there."""
+    (arena.workspace / "lib").mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(arena.workspace / "lib") + "/"])
+    with pytest.raises(SandboxError, match=r"sys\.path"):
+        _check_overlap(str(arena.workspace) + "/.", TakHome(arena.root / "home"))
+    arena.assert_nothing_seen()
 
 
 # -- the session store never follows a link below its root ---------------------------------

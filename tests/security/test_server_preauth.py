@@ -338,3 +338,57 @@ async def test_tak_serve_under_a_small_open_files_limit_survives_a_flood(
     assert process.returncode == 0, text[-2000:]
     assert "Traceback" not in text, text[-2000:]
     arena.assert_nothing_seen()
+
+
+_FLOOD = """
+import socket, sys, threading, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+stop = time.monotonic() + seconds
+def run():
+    held = []
+    while time.monotonic() < stop:
+        try:
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        except OSError:
+            time.sleep(0.001)
+            continue
+        if len(held) > 100:
+            held.pop(0).close()
+    for s in held:
+        s.close()
+threads = [threading.Thread(target=run) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[str]:
+    async with open_test_kernel(tmp_path / "home") as k:
+        async with running_server(k) as url:
+            yield url
+
+
+async def test_a_continuous_connection_flood_does_not_lock_out_the_client(
+    served: str, arena: Arena
+) -> None:
+    """Refused: four threads of another process open connections as fast as they can
+    for as long as the client needs (the server drops the oldest unauthenticated one
+    each time); the real client still gets in, every time. The flood outlasts the
+    hang guard, so a client locked out fails; a slow machine only makes it slower."""
+    port = int(served.split(":")[2].split("/")[0])
+    flood = await trio.lowlevel.open_process([sys.executable, "-c", _FLOOD, str(port), "3600"])
+    try:
+        await trio.sleep(0.5)
+        for n in range(5):
+            with trio.fail_after(120):  # a hang guard, not a measurement
+                async with connect(served) as client:
+                    _, reply = await client.request({"type": "tools", "id": f"t{n}"})
+            assert reply["status"] == "ok"
+    finally:
+        with trio.CancelScope(shield=True):
+            flood.kill()
+            await flood.wait()
+    arena.assert_nothing_seen()

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -298,6 +299,44 @@ async def test_approval_is_for_one_workspace_file(arena: Arena) -> None:
     arena.assert_nothing_seen()
 
 
+def _approval(key: str) -> TrustedPlugin:
+    return TrustedPlugin(key, key.rpartition(":")[2], "0" * 64, Permissions())
+
+
+def test_a_revocation_is_not_undone_by_a_concurrent_approval(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = arena.root / "home" / "config" / TRUST_FILE
+    TrustStore(path).approve(_approval("entry_point:a"))
+    loaded = threading.Event()
+    go_on = threading.Event()
+    original = TrustStore.load
+
+    def slow_load(self: TrustStore) -> dict[str, TrustedPlugin]:
+        found = original(self)
+        if threading.current_thread().name == "trust-b":
+            loaded.set()
+            go_on.wait(5)
+        return found
+
+    monkeypatch.setattr(TrustStore, "load", slow_load)
+    approve = threading.Thread(
+        target=TrustStore(path).approve, args=(_approval("entry_point:b"),), name="trust-b"
+    )
+    approve.start()
+    assert loaded.wait(5)
+    revoke = threading.Thread(target=TrustStore(path).revoke, args=("entry_point:a",))
+    revoke.start()
+    revoke.join(0.5)  # with a lock, it waits for the approval; without, it is done
+    go_on.set()
+    approve.join(5)
+    revoke.join(5)
+    final = original(TrustStore(path))
+    assert "entry_point:b" in final
+    assert "entry_point:a" not in final, "the user's untrust was silently undone"
+    arena.assert_nothing_seen()
+
+
 # -- time of check, time of use ---------------------------------------------------------------
 
 
@@ -356,3 +395,37 @@ async def test_plugin_directory_linked_out_of_the_workspace_is_not_listed(arena:
     _, reasons, clean = await start(arena, home)
     assert clean and not [label for label in reasons if label.startswith(".tak/")]
     arena.assert_nothing_seen()
+
+
+_SIBLING_MAIN = '''
+from kernel import Plugin
+try:
+    import _sibling
+    STATE = "sibling ran: " + _sibling.VALUE
+except ImportError:
+    STATE = "no sibling"
+plugin = Plugin("sib", version="1.0", description="Imports a module beside it.")
+
+@plugin.tool
+def state() -> str:
+    """Whether the sibling module was imported."""
+    return STATE
+'''
+
+
+@pytest.mark.usefixtures("confined")
+async def test_approved_plugin_cannot_import_an_unhashed_sibling(arena: Arena) -> None:
+    """Refused: the hash covers one file, and the worker imports a copy of it from a
+    directory of the kernel's, so ``import _sibling`` finds neither the sibling in
+    ``.tak/plugins`` nor one a tool wrote at the workspace root."""
+    home = home_of(arena)
+    plant(arena, "_sibling", 'VALUE = "from .tak/plugins"\n')
+    plant(arena, "sib", _SIBLING_MAIN)
+    await trust(arena, home, "sib")
+    (arena.workspace / "_sibling.py").write_text('VALUE = "written by a tool"\n')
+    async with open_plugin_host(arena.workspace, home=home) as host:
+        assert "sib" in [p.name for p in host.plugins], host.errors
+        with use_context(host.context()):
+            [obs] = await run_tool_calls([ToolCall("1", "state", {})], host.tools)
+    assert obs.content == "no sibling", obs.content
+    arena.assert_nothing_seen([obs.content])

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from kit import Arena
 
 from kernel import ToolCall, open_kernel, tool
 from kernel.agent import Agent, history_from_entries
@@ -37,6 +38,7 @@ from kernel.models import (
 from kernel.session import Session
 from kernel.store import MemoryStore, SessionKey
 from kernel.tools import Tool
+from tests.server.wsclient import open_test_kernel
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 LONE = "lone surrogate"
@@ -523,6 +525,31 @@ async def test_kit_a_surrogate_pair_is_accepted(tmp_path: Path) -> None:
     assert marks.ran() == ["é😀", "😀"]
     history = await transcript(store, session.key)
     assert [o.is_error for o in history[2].observations] == [False, False]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        '{"number": 1' + "0" * 400 + "}",  # an exact integer JSON allows, too big for a float
+        '{"number": 1e999}',  # hidden inside arguments given as a JSON string
+        {"number": 2 * 10**308},
+        '{"number": 1.7976931348623159e308}',  # rounds up to infinity
+    ],
+    ids=["int-400-digits", "string-1e999", "int-past-float", "rounds-to-inf"],
+)
+async def test_a_number_that_overflows_a_float_parameter_does_not_run(
+    tmp_path: Path, arena: Arena, arguments: object
+) -> None:
+    from test_frames import marker_tools
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    async with open_test_kernel(tmp_path / "home", tools=marker_tools(markers)) as k:
+        session = k.session("victim")
+        [obs] = await k.call_tools(session, [ToolCall("k", "mark", arguments)])  # type: ignore[arg-type]
+    assert obs.is_error and "bad_arguments" in obs.content, obs.content
+    assert list(markers.iterdir()) == []
+    arena.assert_nothing_seen([obs.content])
 
 
 # --- a record that cannot be written ----------------------------------------------------
