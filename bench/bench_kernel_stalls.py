@@ -7,7 +7,7 @@ call that does nothing), with the ratio; never fails on timing.
 
 The tests check the same attempts by what does not depend on the machine's speed:
 the fs tools end by themselves, on their caps or their own clock (tests/security/
-test_fs_dos.py, test_review_kernel.py); the kernel decodes no worker frame past
+test_fs_dos.py); the kernel decodes no worker frame past
 the limits of ``sandbox._protocol.FROM_WORKER`` (tests/security/frame_counter.py);
 calls in other workers are still answered (tests/security/responsive.py).
 """
