@@ -18,23 +18,24 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from kit import Arena
+from kit import PLUGINS, Arena
 
 from kernel.errors import SandboxError
 from kernel.executor import run_tool_calls
 from kernel.home import TakHome
-from kernel.messages import ToolCall
+from kernel.messages import Observation, ToolCall
 from kernel.plugin import Permissions, use_context
 from kernel.tools import ToolFailure
-from plugins import open_plugin_host
+from plugins import open_plugin_host, remote_tools
 from plugins._host import PluginHost
-from sandbox import Workspace
+from sandbox import Policy, Workspace, open_worker_pool
 from sandbox._workspace import CHEAP_WALK_S
 
 #: Empty files that make a walk dear (about 45 ms of CPU here: every settle but one
@@ -275,3 +276,175 @@ async def test_what_a_background_process_writes_between_calls_is_counted(arena: 
             if callable(after):
                 await after()  # ... writes nothing, and ends
     arena.assert_nothing_seen()
+
+
+# -- disk a worker keeps after unlinking, where no /proc/<pid>/fd shows it ---------------------
+#
+# A walk of the tree cannot see a file that is in no directory; the free-space bound sees
+# the disk go, forces a walk, the walk finds nothing, and the lost space would be taken
+# for "freed elsewhere" from then on. ``_cgroup.unlinked_open_bytes`` adds what the
+# workers' /proc/<pid>/fd entries hold; two other ways to keep an unlinked file alive
+# show in no fd table: a shared mapping (the fd closed), and a descriptor in flight in a
+# socket pair nobody reads (SCM_RIGHTS within the worker).
+
+
+_HOLD = r"""
+import subprocess, sys
+hold = '''
+import mmap, os, socket, time
+HOW = "{how}"
+fd = os.open('hidden', os.O_CREAT | os.O_RDWR, 0o600)
+os.unlink('hidden')
+size = 4 << 20
+if HOW == "fd":
+    os.write(fd, os.urandom(size))
+    os.fsync(fd)
+elif HOW == "mmap":
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    os.ftruncate(fd, size)
+    # Not mmap.mmap: it keeps a dup of the fd. PROT_READ|PROT_WRITE, MAP_SHARED.
+    addr = libc.mmap(None, size, 3, 1, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    ctypes.memmove(addr, os.urandom(size), size)
+    libc.msync(ctypes.c_void_p(addr), ctypes.c_size_t(size), 4)  # MS_SYNC
+    os.close(fd)  # only the mapping keeps it now
+elif HOW == "in_flight":
+    os.write(fd, os.urandom(size))
+    os.fsync(fd)
+    a, b = socket.socketpair()
+    socket.send_fds(a, [b"x"], [fd])
+    os.close(fd)  # only b's receive queue keeps it now
+os.sync()
+print('held', flush=True)
+time.sleep(600)
+'''
+p = subprocess.Popen([sys.executable, '-c', hold], stdout=subprocess.PIPE,
+                     stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+line = p.stdout.readline().decode().strip()
+print(line or p.stderr.read().decode()[-300:])
+"""
+
+
+async def _hidden_then_checks(arena: Arena, how: str) -> list[Observation]:
+    config = {"workspace": {"max_bytes": 1 << 20}}
+    async with open_plugin_host(
+        arena.workspace, plugins=["python"], config=config, home=_home(arena)
+    ) as host:
+        with use_context(host.context()):
+            seen = []
+            for i in range(4):
+                code = _HOLD.replace("{how}", how) if i == 0 else "print('nothing written')"
+                [obs] = await run_tool_calls(
+                    [ToolCall(str(i), "run_python", {"code": code})], host.tools
+                )
+                seen.append(obs)
+    return seen
+
+
+def _assert_every_check_saw_it(arena: Arena, seen: list[Observation]) -> None:
+    assert "Traceback" not in seen[0].content, seen[0].content
+    # Counted, and the disk watchdog kills the holder with its worker: calls are
+    # refused until it is gone, and then the 4 MiB are free and the next calls run.
+    assert "workspace over its budget" in seen[0].content, seen[0].content
+    assert seen[-1].content == "stdout:\nnothing written", [o.content for o in seen]
+    arena.assert_nothing_seen([o.content for o in seen])
+
+
+@pytest.mark.usefixtures("confined")
+async def test_an_unlinked_file_held_by_an_fd_counts(arena: Arena) -> None:
+    _assert_every_check_saw_it(arena, await _hidden_then_checks(arena, "fd"))
+
+
+@pytest.mark.usefixtures("confined")
+async def test_an_unlinked_file_held_by_a_mapping_counts(arena: Arena) -> None:
+    _assert_every_check_saw_it(arena, await _hidden_then_checks(arena, "mmap"))
+
+
+@pytest.mark.usefixtures("confined")
+async def test_an_unlinked_file_cannot_be_held_in_flight(arena: Arena) -> None:
+    """F2b: an unlinked file whose only reference is a descriptor in flight (SCM_RIGHTS on
+    a worker-internal socketpair, never received) would be in no fd table, so no count
+    could find it: sendmsg and sendmmsg, the only calls that pass descriptors, are
+    refused in every worker."""
+    code = (
+        "fd = os.open('hidden', os.O_CREAT | os.O_WRONLY, 0o600)\n"
+        "os.unlink('hidden')\n"
+        "a, b = socket.socketpair()\n"
+        "socket.send_fds(a, [b'x'], [fd])\n"
+        "result = 'in flight'"
+    )
+    for policy in (None, Policy(subprocess=True), arena.network_policy()):
+        arena.assert_refused(await arena.attack(code, policy=policy))
+
+
+# -- a worker that the freezer cannot stop --------------------------------------------------
+#
+# The walk runs inside ``WorkerPool.frozen()``; ``_cgroup.freeze`` waits 2 s for every task
+# of a set to stop, then gives up (thaws the set, OSError). A task stops only on its way
+# back to user space or in a freezable sleep; a write(2) holds the inode's rwsem for as
+# long as it copies, and the writers queued behind it sleep uninterruptibly, not
+# freezably. Eight processes each writing 1 GiB (from untouched anonymous memory: the
+# zero page, no memory charged) to one file keep some task of the set unfreezable for
+# seconds at a time, while a ninth process goes on working: the block must not run as if
+# every worker were stopped.
+
+
+_WIDE = Policy(subprocess=True)
+
+
+_UNFREEZABLE = r"""
+import subprocess, sys
+writer = '''
+import mmap, os
+buf = mmap.mmap(-1, 1 << 30)  # never touched: reads come from the zero page
+fd = os.open('w.dat', os.O_CREAT | os.O_WRONLY, 0o600)
+while True:
+    os.pwrite(fd, buf, 0)
+'''
+witness = '''
+import os, time
+fd = os.open('witness', os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+while True:
+    os.write(fd, b'.')
+    time.sleep(0.001)
+'''
+for _ in range(8):
+    subprocess.Popen([sys.executable, '-c', writer], stdin=subprocess.DEVNULL)
+subprocess.Popen([sys.executable, '-c', witness], stdin=subprocess.DEVNULL)
+time.sleep(1)
+result = 'started'
+"""
+
+
+@pytest.mark.usefixtures("confined")
+async def test_the_walk_never_runs_while_a_worker_runs(arena: Arena) -> None:
+    async with open_worker_pool(arena.workspace, spare=False) as pool:
+        worker = await pool.start(str(PLUGINS / "attack.py"), policy=_WIDE)
+        [obs] = await run_tool_calls(
+            [ToolCall("a", "attack", {"code": _UNFREEZABLE})], remote_tools(worker)
+        )
+        assert obs.content == "ALLOWED: 'started'", obs.content
+        witness = arena.workspace / "witness"
+        moved = []
+        for _ in range(3):
+            started = time.monotonic()
+            async with pool.frozen() as complete:
+                before = witness.stat().st_size
+                await trio.sleep(0.3)
+                moved.append(
+                    (
+                        complete,
+                        witness.stat().st_size - before,
+                        round(time.monotonic() - started, 2),
+                    )
+                )
+            await trio.sleep(0.2)
+    # What the walk sees must not change under it: either every worker is stopped, or
+    # the block does not run as if it were.
+    ran_live = [m for m in moved if m[1] > 0]
+    assert not ran_live, f"the frozen block ran while a worker ran (complete, bytes, s): {moved}"
+    arena.assert_nothing_seen([obs.content])

@@ -285,3 +285,46 @@ def test_edit_file_with_a_few_occurrences_answers_quickly(arena: Arena) -> None:
         "8002, 8003; include more surrounding text so that it matches exactly once"
     }
     arena.assert_nothing_seen()
+
+
+# -- grep's clock while it walks -----------------------------------------------------------
+#
+# grep checked its deadline before each file it reads and between RE2 windows, never
+# while ``_walk_files`` lists directories: a tree of directories only (or a glob nothing
+# matches) was walked to MAX_WALK_ENTRIES without a look at the clock. And each directory
+# is listed by its path from the workspace root, so one at depth d costs d lookups: 1 900
+# levels with 50 subdirectories each (95 000 entries, under the 200 000 cap) made the walk
+# quadratic, the kernel's thread held past grep's deadline, unkillable.
+
+
+def _deep_and_wide(root: Path, depth: int = 1900, width: int = 50) -> None:
+    here = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir("a", dir_fd=here)
+            for j in range(width):
+                os.mkdir(f"b{j}", dir_fd=here)
+            nxt = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=here)
+            os.close(here)
+            here = nxt
+    finally:
+        os.close(here)
+
+
+def test_grep_walking_a_deep_tree_of_directories_is_bounded(arena: Arena, stress: bool) -> None:
+    # Building 95,000 directories takes half a minute: `make stress` builds the whole
+    # tree, `make test` one deep enough to pass the depth cap (tests/plugins/test_fs.py
+    # checks the cap and the clock per directory with a fake clock).
+    _deep_and_wide(arena.workspace, depth=1900 if stress else 300, width=50 if stress else 5)
+    try:
+        outcome = fs_call(arena.workspace, "grep", pattern="x", path=".", glob="*.py")
+    finally:
+        # Python's rmtree recurses once per level (pytest's cleanup of tmp_path would
+        # fail at this depth); rm walks without recursion.
+        subprocess.run(["rm", "-rf", str(arena.workspace / "a")], check=True)
+    # It ended by itself (within the hang guard), at its depth cap or its clock, and says so.
+    returned = outcome.get("returned", "")
+    assert "[did not enter directories more than" in returned or "[stopped after " in returned, (
+        outcome
+    )
+    arena.assert_nothing_seen()

@@ -284,6 +284,43 @@ async def test_a_huge_log_line_is_cut(arena: Arena, caplog: pytest.LogCaptureFix
     arena.assert_nothing_seen()
 
 
+_LOG_FLOOD = (
+    "from kernel.plugin import context\nlog = context().logger\n"
+    "for i in range({records}):\n    log.warning('x' * 8000)\nresult = 'flooded'"
+)
+
+
+async def test_log_floods_from_four_workers_at_once_do_not_freeze_the_kernel(
+    arena: Arena, stress: bool
+) -> None:
+    # Each flood is over three times what the kernel logs of a worker (1,200 records);
+    # make stress floods 20,000 records of 8 KB each.
+    code = _LOG_FLOOD.replace("{records}", "20_000" if stress else "4_000")
+
+    async def flood() -> list[Observation]:
+        async with open_worker_pool(arena.workspace, spare=False) as pool:
+            workers = [await pool.start(str(PLUGINS / "attack.py"), name=f"w{i}") for i in range(4)]
+            out: list[Observation] = []
+
+            async def one(i: int) -> None:
+                [obs] = await run_tool_calls(
+                    [ToolCall(str(i), "attack", {"code": code})], remote_tools(workers[i])
+                )
+                out.append(obs)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(one, i)
+        return out
+
+    # The kernel's work for the floods is bounded: counted in records logged, not timed.
+    results = await flood()
+    assert [r.content for r in results] == ["ALLOWED: 'flooded'"] * 4, results
+    records = [r for r in arena._log.records if r.name.startswith("tak.plugin.w")]
+    assert 0 < len(records) <= 4 * 1_200, f"{len(records)} plugin records logged"
+    arena.assert_nothing_seen([r.content for r in results])
+
+
 # -- leftovers ---------------------------------------------------------------------------
 
 
