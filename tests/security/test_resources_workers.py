@@ -12,8 +12,8 @@ Every resource attempt also proves the kernel kept answering
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 import trio
@@ -319,6 +319,77 @@ async def test_log_floods_from_four_workers_at_once_do_not_freeze_the_kernel(
     records = [r for r in arena._log.records if r.name.startswith("tak.plugin.w")]
     assert 0 < len(records) <= 4 * 1_200, f"{len(records)} plugin records logged"
     arena.assert_nothing_seen([r.content for r in results])
+
+
+# A stdout flood was once logged line by line, unbounded, on the Trio thread: each worker
+# has a log budget (LogBudget: 1 000 lines at once, then 100 lines and 100 KiB a second);
+# what is past it is dropped, counted, and said once.
+
+
+_FLOOD_LINES = 100_000
+
+
+_FLOOD = f"os.write(1, b'x\\n' * {_FLOOD_LINES})\nresult = 'flooded'"
+
+
+class _Counter(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+@contextmanager
+def _info_logging(arena: Arena) -> Iterator[_Counter]:
+    """Log at INFO as ``tak serve`` does, counting records instead of keeping them."""
+    root = logging.getLogger()
+    counter = _Counter()
+    level, kept = root.level, arena._log.level
+    root.setLevel(logging.INFO)
+    arena._log.setLevel(logging.WARNING)  # the arena keeps every record it sees
+    root.addHandler(counter)
+    try:
+        yield counter
+    finally:
+        root.removeHandler(counter)
+        root.setLevel(level)
+        arena._log.setLevel(kept)
+
+
+async def test_a_stdout_flood_is_not_logged_line_by_line(arena: Arena) -> None:
+    with _info_logging(arena) as counter:
+        result = await arena.attack(_FLOOD)
+    assert result == "ALLOWED: 'flooded'", result
+    assert counter.count <= 10_000, f"the kernel logged {counter.count} lines for one call"
+    arena.assert_nothing_seen([result])
+
+
+FLOODS = {
+    "stderr": f"os.write(2, b'x\\n' * {_FLOOD_LINES})",
+    "log_records": (
+        "from kernel.plugin import context\nlog = context().logger\n"
+        "for i in range(20_000):\n    log.warning('x %d', i)"
+    ),
+    "long_lines": "for _ in range(200):\n    os.write(1, b'y' * 50_000 + b'\\n')",
+    # The worker is never blocked on a full pipe: dropped lines are read all the same.
+    "eight_mib": "os.write(1, b'z\\n' * (4 * 1024 * 1024))",
+}
+
+
+@pytest.mark.parametrize("name", list(FLOODS))
+async def test_every_flood_is_held_to_the_log_budget(arena: Arena, name: str) -> None:
+    code = FLOODS[name] + "\nresult = 'flooded'"
+    with _info_logging(arena) as counter:
+        result = await arena.attack(code)
+    # Finished (a worker blocked on a full pipe would have met its deadline), and the
+    # kernel's work for it is bounded: counted in lines logged, not timed.
+    assert result == "ALLOWED: 'flooded'", result
+    assert counter.count <= 1_500, f"the kernel logged {counter.count} lines for one call"
+    dropped = [r for r in arena._log.records if "lines dropped" in r.getMessage()]
+    assert dropped, "no record says that lines were dropped"
+    arena.assert_nothing_seen([result])
 
 
 # -- leftovers ---------------------------------------------------------------------------

@@ -106,3 +106,57 @@ async def test_kit_subprocess_still_runs(arena: Arena) -> None:
     code = "r = subprocess.run(['/bin/true'])\nresult = r.returncode"
     result = await arena.attack(code, policy=Policy(subprocess=True))
     assert result == "ALLOWED: 0", result
+
+
+# -- network interfaces, addresses and MAC through socket ioctls --------------------------------
+#
+# Every ioctl from 0x8900 to 0x89ff is refused in every worker.
+
+
+_IFCONF = """
+import array, fcntl, struct
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+buf = array.array('B', bytes(4096))
+n, _ = struct.unpack('iL', fcntl.ioctl(s.fileno(), 0x8912, struct.pack('iL', 4096, buf.buffer_info()[0])))
+result = [(bytes(buf[i:i + 16]).rstrip(b'\\0'), socket.inet_ntoa(bytes(buf[i + 20:i + 24])))
+          for i in range(0, n, 40)]
+"""
+
+
+_HWADDR = """
+import fcntl, struct
+result = fcntl.ioctl(3, 0x8927, struct.pack('256s', b'lo'))[16:24].hex()  # on the channel
+"""
+
+
+_IFADDR_TCP = """
+import fcntl, struct
+s = socket.socket()
+result = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', b'lo'))[20:24])
+"""
+
+
+_IFINDEX = "result = socket.if_nametoindex('lo')"
+
+
+_HIGH_BITS = """
+buf = ctypes.create_string_buffer(b'lo', 64)
+syscall(16, 3, ctypes.c_ulong(0xFFFF_FFFF_0000_8927), buf)  # the command is an unsigned int
+result = buf.raw[18:24].hex()
+"""
+
+
+@pytest.mark.parametrize("code", [_IFCONF, _HWADDR], ids=["SIOCGIFCONF", "SIOCGIFHWADDR"])
+async def test_interfaces_are_not_listed_without_network(arena: Arena, code: str) -> None:
+    result = await arena.attack(code)
+    arena.assert_refused(result)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [_IFCONF, _HWADDR, _IFADDR_TCP, _IFINDEX, _HIGH_BITS],
+    ids=["SIOCGIFCONF", "SIOCGIFHWADDR", "SIOCGIFADDR_tcp", "if_nametoindex", "high_bits"],
+)
+async def test_no_socket_ioctl_with_every_permission(arena: Arena, code: str) -> None:
+    result = await arena.attack(code, policy=arena.network_policy(subprocess=True))
+    arena.assert_refused(result)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import platform
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from kernel.executor import run_tool_calls
 from kernel.messages import ToolCall
 from kernel.plugin import ToolContext, use_context
 from plugins import fs
-from sandbox import Workspace
+from sandbox import Policy, Workspace
 
 
 @contextlib.contextmanager
@@ -250,6 +251,66 @@ def test_ordinary_writes_still_work_beside_dot_tak(arena: Arena) -> None:
         ws.rename("src/pkg/a.py", "src/b.py")
         ws.remove("log.txt")
         assert ws.read_text(".tak/../src/b.py") == "x = 1\n"
+
+
+# .tak/ stays read-only in a worker too: its mount namespace, attacked.
+
+
+_WIDE = Policy(subprocess=True)
+
+
+def _snapshot(root: Path) -> list[tuple[str, int, int]]:
+    return sorted(
+        (str(p.relative_to(root)), p.lstat().st_ino, p.lstat().st_mode) for p in root.rglob("*")
+    )
+
+
+DOT_TAK = {
+    "create_in_dot_tak": "open('.tak/x.py', 'w')",
+    "rename_dot_tak": "os.rename('.tak', 'moved')",
+    "exchange_dot_tak": "os.mkdir('d')\nsyscall(316, -100, b'.tak', -100, b'd', 2)",
+    "rmdir_dot_tak_tmp": "os.rmdir('.tak/tmp')",
+    "rename_dot_tak_tmp": "os.rename('.tak/tmp', 'moved')",
+    "hard_link_into_dot_tak": "open('p.py', 'w').write('x')\nos.link('p.py', '.tak/plugins/p.py')",
+    "tmpfile_linked_by_proc": (
+        "fd = os.open('.tak/tmp', os.O_TMPFILE | os.O_WRONLY, 0o600)\n"
+        "os.link(f'/proc/self/fd/{fd}', '.tak/plugins/p.py')"
+    ),
+    "tmpfile_linked_by_empty_path": (
+        "fd = os.open('.', os.O_TMPFILE | os.O_WRONLY, 0o600)\n"
+        "libc('linkat', fd, b'', -100, b'.tak/plugins/p.py', 0x1000)"
+    ),
+    "up_from_the_tmpfs": "open('.tak/tmp/../plugins/p.py', 'w')",
+    "dirfd_of_the_tmpfs": (
+        "d = os.open('.tak/tmp', os.O_RDONLY)\n"
+        "os.open('../plugins/p.py', os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=d)"
+    ),
+    "cwd_in_dot_tak": "os.chdir('.tak/plugins')\nopen('p.py', 'w')",
+    "umount_dot_tak": "libc('umount2', os.path.abspath('.tak').encode(), 2)",
+    "umount_the_tmpfs": "libc('umount2', os.path.abspath('.tak/tmp').encode(), 2)",
+    "remount_read_write": (
+        "libc('mount', None, os.path.abspath('.tak').encode(), None, 0x20 | 0x1000, None)"
+    ),
+    "open_tree_clone": "syscall(428, -100, b'.', 1 | 0x80000)",
+    "move_mount": "syscall(429, -100, b'.tak/tmp', -100, b'x', 0)",
+    "fsopen": "syscall(430, b'tmpfs', 0)",
+    "unshare_user_and_mount": "syscall(272, 0x10000000 | 0x20000)",
+    "clone_new_user": "syscall(56, 0x10000000 | 17, 0, 0, 0, 0)",
+}
+
+
+@pytest.mark.usefixtures("confined")
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="raw x86-64 syscall numbers")
+@pytest.mark.parametrize("name", list(DOT_TAK))
+async def test_dot_tak_stays_read_only_in_the_worker(arena: Arena, name: str) -> None:
+    for directory in ("plugins", "tmp"):  # .tak/tmp: what the pool makes
+        (arena.workspace / ".tak" / directory).mkdir(parents=True, exist_ok=True)
+    (arena.workspace / ".tak" / "plugins" / "trusted.py").write_text("x = 1\n")
+    before = _snapshot(arena.workspace / ".tak")
+    result = await arena.attack(DOT_TAK[name], policy=_WIDE)
+    arena.assert_refused(result)
+    assert _snapshot(arena.workspace / ".tak") == before
+    assert (arena.workspace / ".tak" / "plugins" / "trusted.py").read_text() == "x = 1\n"
 
 
 # --- class 6: disk budget -----------------------------------------------------------
