@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from kernel.history import (
 )
 from kernel.messages import Message, Observation, Text, ToolCall
 from kernel.session import Session, message_entry
-from kernel.store import MemoryStore, SessionKey
+from kernel.store import FileStore, MemoryStore, SessionKey
 
 KEY = SessionKey("p", "s")
 TS = "2025-01-01T00:00:00.000Z"
@@ -423,3 +424,56 @@ async def test_an_own_entry_changed_in_the_store_reads_as_the_store_holds_it() -
     history = await session.history()
     assert history == history_from_entries(await store.load(KEY) or [])
     assert history[-1].text == "other"
+
+
+def msg(text: str) -> Message:
+    return Message("user", [Text(text)])
+
+
+async def fresh(root: Path) -> list[dict[str, Any]]:
+    async with FileStore(root) as store:
+        return await store.load(KEY) or []
+
+
+async def test_history_cache_follows_another_process(tmp_path: Path) -> None:
+    """Process A caches; B appends, compacts, deletes and writes again (a different
+    count): A's messages() and history() equal a fresh read each time."""
+    async with FileStore(tmp_path) as sa, FileStore(tmp_path) as sb:
+        a, b = Session(sa, KEY), Session(sb, KEY)
+
+        async def same() -> None:
+            entries = await fresh(tmp_path)
+            assert await a.messages() == messages_from_entries(entries)
+            assert await a.history() == history_from_entries(entries)
+
+        await a.append(msg("a1"), msg("a2"))
+        await same()
+        await b.append(msg("b1"))
+        await a.append(msg("a3"))  # lands after B's: A's cache must notice
+        await same()
+        through = (await fresh(tmp_path))[-1]["uuid"]
+        await b.append_entries([{"type": "compaction", "uuid": "c1", "through": through,
+                                 "summary": "so far"}])  # fmt: skip
+        await b.append(msg("b2"))
+        await same()
+        await a.append(msg("a4"))
+        await same()
+        await sb.delete(KEY)
+        await b.append(msg("b3"))
+        await same()
+        await sb.delete(KEY)
+        await a.append(msg("a5"))
+        await same()
+
+
+async def test_history_cache_after_another_process_rewrites_the_same_count(
+    tmp_path: Path,
+) -> None:
+    async with FileStore(tmp_path) as sa, FileStore(tmp_path) as sb:
+        a, b = Session(sa, KEY), Session(sb, KEY)
+        await a.append(msg("old question"), msg("old detail"))
+        assert len(await a.messages()) == 2
+        await sb.delete(KEY)
+        await b.append(msg("new question"), msg("new detail"))
+        await a.append(msg("reply"))
+        assert await a.messages() == messages_from_entries(await fresh(tmp_path))

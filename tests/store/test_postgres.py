@@ -5,12 +5,16 @@ The numbers refer to the guarantees in kernel/store/_postgres.py.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
+import os
 import random
 import subprocess
 import sys
+import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +70,40 @@ async def test_iter_entries_pages_through_long_transcripts(db_url: str) -> None:
         await store.append(MAIN, want)
         assert [e async for e in store.iter_entries(MAIN)] == want
         assert [e async for e in store.iter_entries(MAIN, start=1_000)] == want[1_000:]
+
+
+KEY = SessionKey("p", "s0")
+
+
+def e(n: int, **extra: Any) -> dict[str, Any]:
+    return {"type": "t", "uuid": f"u{n}", "n": n, **extra}
+
+
+async def test_pg_iter_entries_start_agrees_with_load_under_concurrent_appends(
+    db_url: str,
+) -> None:
+    """Pages of iter_entries(start=n) (500 rows a query) while two tasks append: what it
+    returns lies between a load before and a load after."""
+    async with PostgresStore(db_url, max_connections=4) as store:
+        await store.append(KEY, [e(i) for i in range(1200)])
+        stop = trio.Event()
+
+        async def appender(t: int) -> None:
+            i = 0
+            while not stop.is_set():
+                await store.append(KEY, [e(10_000 * (t + 1) + i + j) for j in range(3)])
+                i += 3
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(appender, 0)
+            nursery.start_soon(appender, 1)
+            for n in (0, 1, 499, 500, 1000, 1199):
+                before = await store.load(KEY) or []
+                middle = [x async for x in store.iter_entries(KEY, start=n)]
+                after = await store.load(KEY) or []
+                assert middle[: len(before) - n] == before[n:]
+                assert after[n : n + len(middle)] == middle
+            stop.set()
 
 
 # -- round trip: json, not jsonb ---------------------------------------------
@@ -212,6 +250,101 @@ async def test_statement_timeout_bounds_a_query(db_url: str) -> None:
     async with PostgresStore(db_url, statement_timeout_s=0.2) as store:
         with trio.fail_after(10), pytest.raises(StoreError, match="statement timeout"):
             await store.run_in_thread(lambda conn: conn.execute("SELECT pg_sleep(5)").fetchall())
+
+
+REPO = str(Path(__file__).parents[2])
+
+
+ENV = dict(os.environ, PYTHONPATH=REPO)
+
+
+async def test_pg_cancelled_appends_store_all_or_nothing_and_free_the_connection(
+    db_url: str,
+) -> None:
+    """Appends cancelled at random moments: one that raised Cancelled stored nothing,
+    one that returned stored all; the only connection is free again each time."""
+    rng = random.Random(3)
+    async with PostgresStore(db_url, max_connections=1) as store:
+        await store.list_sessions("p")
+        # Deadlines around what one append takes on this machine now (a loaded CI
+        # runner is slower), so that some appends finish and some are cancelled.
+        started = trio.current_time()
+        warm = [e(-1000 - j, b=-1, pad="z" * 4000) for j in range(200)]
+        await store.append(SessionKey("p", "warm"), warm)
+        full = trio.current_time() - started
+        outcomes: dict[int, bool] = {}
+        for n in range(40):
+            batch = [e(n * 1000 + j, b=n, pad="z" * 4000) for j in range(200)]
+            returned = False
+            with trio.move_on_after(rng.uniform(0, 2 * full)):
+                await store.append(KEY, batch)
+                returned = True
+            outcomes[n] = returned
+        with trio.fail_after(5):
+            await store.append(KEY, [e(-1)])
+        stored = Counter(x.get("b") for x in await store.load(KEY) or [])
+        for n, returned in outcomes.items():
+            assert stored.get(n, 0) == (200 if returned else 0), (n, returned, stored.get(n))
+        assert 0 < sum(outcomes.values()) < len(outcomes)  # both kinds happened
+        rows = await store.run_in_thread(
+            lambda c: c.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"
+            ).fetchall()
+        )
+        assert rows == [(0,)]
+
+
+@pytest.fixture
+def own_server(pg_to_break: pg_server.PgServer) -> pg_server.PgServer:
+    """A server other tests do not use, to kill (running again after the test)."""
+    return pg_to_break
+
+
+def test_pg_cancel_is_prompt_while_the_server_is_down(own_server: pg_server.PgServer) -> None:
+    # In a child process: the wait is not interruptible, the test must not sit it out.
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(CANCEL_WHILE_DOWN), own_server.url()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        assert child.stdout.readline().strip() == "appended"
+        pg_server.stop(own_server, "immediate")
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        try:
+            out, _ = child.communicate(timeout=6)
+        except subprocess.TimeoutExpired:
+            pytest.fail("an append cancelled after 1 s had not returned after 6 s")
+        assert child.returncode == 0 and out.strip() == "prompt", out
+    finally:
+        child.kill()
+        child.wait()
+
+
+CANCEL_WHILE_DOWN = """
+    import sys, time, trio
+    from kernel.errors import StoreError
+    from kernel.store import PostgresStore, SessionKey
+    key = SessionKey("p", "s0")
+    async def main():
+        async with PostgresStore(sys.argv[1], max_connections=1) as store:
+            await store.append(key, [{"type": "t", "uuid": "u0"}])
+            print("appended", flush=True)
+            await trio.to_thread.run_sync(sys.stdin.readline)  # the server is killed
+            try:
+                await store.append(key, [{"type": "t", "uuid": "u1"}])
+            except StoreError:
+                pass  # the broken connection: an error at once
+            t0 = time.monotonic()
+            with trio.move_on_after(1):
+                await store.append(key, [{"type": "t", "uuid": "u2"}])
+            print("prompt" if time.monotonic() - t0 < 3 else "slow", flush=True)
+    trio.run(main)
+"""
 
 
 # -- 8: schema versions ------------------------------------------------------
@@ -390,6 +523,42 @@ async def test_kill_9_loses_no_acknowledged_append(db_url: str, stress: bool) ->
     stored = await _load_all(db_url, sessions)
     _check_stored(stored, acked, sessions)
     assert sum(len(a) for a in acked.values()) > rounds  # the kills landed while appending
+
+
+SAME_UUIDS = """
+import sys, trio
+from kernel.store import PostgresStore, SessionKey
+async def main():
+    async with PostgresStore(sys.argv[1], max_connections=2) as store:
+        key = SessionKey("p", "s0")
+        async def task(t):
+            for n in range(t, 300, 2):
+                await store.append(key, [{"type": "t", "uuid": f"u-{n}-{j}", "n": n}
+                                         for j in range(1 + n % 3)])
+        async with trio.open_nursery() as nursery:
+            for t in range(2):
+                nursery.start_soon(task, t)
+trio.run(main)
+"""
+
+
+async def test_pg_same_uuids_from_two_processes_at_once_are_stored_once(db_url: str) -> None:
+    """Two processes append the same uuids to a session that does not exist yet (both
+    create its row): no error, every entry once, in seq order without gaps."""
+    async with trio.open_nursery() as nursery:
+        for _ in range(2):
+            nursery.start_soon(
+                functools.partial(
+                    trio.run_process, [sys.executable, "-c", SAME_UUIDS, db_url], env=ENV
+                )
+            )
+    async with PostgresStore(db_url) as store:
+        entries = await store.load(KEY) or []
+        (summary,) = await store.list_session_summaries("p")
+    uuids = Counter(x["uuid"] for x in entries)
+    assert len(uuids) == sum(1 + n % 3 for n in range(300))
+    assert max(uuids.values()) == 1
+    assert summary.data.entry_count == len(entries)
 
 
 # -- choosing the store ------------------------------------------------------

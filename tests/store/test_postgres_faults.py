@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import socket
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -151,3 +152,58 @@ async def test_writers_ride_out_a_ten_second_restart(
         ]
     assert sorted(stored) == sorted(acked)
     assert any("trying again in" in r.getMessage() for r in caplog.records)
+
+
+def e(n: int, **extra: Any) -> dict[str, Any]:
+    return {"type": "t", "uuid": f"u{n}", "n": n, **extra}
+
+
+@pytest.fixture
+def own_server(pg_to_break: pg_server.PgServer) -> pg_server.PgServer:
+    """A server other tests do not use, to kill (running again after the test)."""
+    return pg_to_break
+
+
+async def test_pg_killed_server_mid_append_is_a_store_error_and_loses_nothing(
+    own_server: pg_server.PgServer,
+) -> None:
+    """Appends running when the server is killed (-m immediate): a StoreError, not a hang
+    or an acknowledgement; after a restart every acknowledged batch is there, whole, and
+    the same store works again."""
+    url = own_server.url()
+    acked: list[int] = []
+    errors: list[str] = []
+    async with PostgresStore(url, max_connections=2) as store:
+        await store.append(KEY, [e(-1)])
+
+        async def writer(t: int) -> None:
+            n = t
+            while True:
+                try:
+                    await store.append(KEY, [e(n * 10 + j, b=n) for j in range(3)])
+                except StoreError as exc:
+                    errors.append(str(exc))
+                    return
+                acked.append(n)
+                n += 2
+
+        with trio.fail_after(15):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer, 0)
+                nursery.start_soon(writer, 1)
+                await trio.sleep(0.3)
+                await trio.to_thread.run_sync(pg_server.stop, own_server, "immediate")
+        assert len(errors) == 2 and all(x.startswith("PostgreSQL 127.0.0.1:") for x in errors)
+        await trio.to_thread.run_sync(pg_server.start, own_server)
+        with trio.fail_after(20):
+            while True:  # the pool reconnects in the background
+                try:
+                    await store.append(KEY, [e(-2)])
+                    break
+                except StoreError:
+                    await trio.sleep(0.2)
+        stored = Counter(x["b"] for x in await store.load(KEY) or [] if "b" in x)
+    assert acked
+    for n in acked:
+        assert stored[n] == 3, f"batch {n} acknowledged, then lost"
+    assert all(c == 3 for c in stored.values())
