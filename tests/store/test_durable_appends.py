@@ -1,9 +1,13 @@
-"""Review of 005840c (durable appends: flush-only group commit, lingering session
-holds, an OFD-locked turnstile kept open): attacks by a careless second process,
-by cancellation, by a failing fsync, and by an append loop that never yields.
+"""Durable appends (``durability="fsync"``): the group commit, the session hold that
+lingers between a writer's appends, and the OFD-locked turnstile (``#lock``) kept open,
+next to a careless second process, under cancellation, with a failing fsync, and in an
+append loop that never yields.
 
-Each ``xfail(strict=True)`` is a hole found in review (its reason: the bug in one
-line); the other tests are attacks that held.
+Another process waiting for its turn gets it, whatever is put at the turnstile; empty
+and duplicate appends still yield; a cancelled append is all or nothing and leaves no
+hold; a hold ends when the store closes or the session goes; a failed round cuts every
+session back and loses nothing acknowledged; descriptors do not leak. Flush mode is the
+control where the two differ.
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ async def competitor_gets_a_turn(root: Path, sid: str = "s0") -> bool:
         env=ENV,
         check=False,
     )
-    if done.returncode != 0:  # not an xfail's assertion: a broken test
+    if done.returncode != 0:  # not what the test asserts: a broken test
         raise RuntimeError(done.stderr.decode())
     return done.stdout.decode().strip() == "ok"
 
