@@ -1,4 +1,5 @@
-"""``tak`` as a subprocess, the one way the tests run it; and children that die with us.
+"""``tak`` as a subprocess, the one way the tests run it; what a refusal looks like; and
+children that die with us.
 
 Import it as ``from tests.cli_kit import tak`` from any folder (the project root is on
 ``sys.path``: pyproject.toml's ``pythonpath``).
@@ -93,3 +94,11 @@ def tak(
         env=dict(environ) if environ is not None else child_environ(env),
         preexec_fn=preexec,
     )
+
+
+def one_line(result: subprocess.CompletedProcess[str], prefix: str = "") -> str:
+    """What ``tak`` wrote to stderr, checked to be one line starting with ``prefix``: a
+    refusal is the command's whole output."""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(prefix), result.stderr
+    return result.stderr

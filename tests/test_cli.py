@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 import kernel
 from tests.cli_kit import tak
+from tests.mcp.mcp_kit import light_server_args
 
 BUILTIN_TOOLS = {"read_file", "write_file", "edit_file", "list_dir", "glob", "grep"} | {
     "run_command", "fetch_url", "run_python", "remember", "recall", "forget",
@@ -246,3 +248,71 @@ def test_tak_tools_without_mcp_servers_does_not_import_mcp(tmp_path: Path) -> No
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "0 []"
+
+
+def write_config(home: Path, text: str) -> None:
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "tak.toml").write_text(text)
+
+
+def approved_mcp_home(home: Path, *, start: str) -> None:
+    """A home with an echo server (tests/mcp/light_server.py) as
+    ``[mcp.servers.testsrv]``, approved by running the hint ``tak mcp ls`` prints,
+    exactly as printed."""
+    home.mkdir(parents=True, exist_ok=True)
+    write_config(
+        home,
+        "[mcp.servers.testsrv]\n"
+        f"command = {json.dumps(sys.executable)}\n"
+        f"args = {json.dumps(light_server_args(home))}\n"
+        f'start = "{start}"\n',
+    )
+    listed = tak("mcp", "ls", home=home)
+    hint = next(
+        line.split("approve it:", 1)[1].strip()
+        for line in listed.stdout.splitlines()
+        if "approve it:" in line
+    )
+    trusted = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=120)
+    assert trusted.returncode == 0, trusted.stderr
+    assert tak("mcp", "ls", home=home).returncode == 0
+
+
+def test_tak_tools_lists_an_eager_mcp_servers_tools(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    approved_mcp_home(home, start="eager")
+    listed = tak("tools", home=home)
+    assert listed.returncode == 0, listed.stderr
+    assert "testsrv.echo" in listed.stdout.splitlines()
+
+
+def test_tak_tools_names_a_lazy_mcp_server_it_did_not_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    approved_mcp_home(home, start="lazy")
+    listed = tak("tools", home=home)
+    assert listed.returncode == 0, listed.stderr
+    assert "testsrv.echo" not in listed.stdout.splitlines()
+    assert "tak tools: MCP server 'testsrv' is lazy" in listed.stderr
+
+
+def test_tak_call_calls_an_mcp_tool(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    approved_mcp_home(home, start="lazy")
+    called = tak("call", "testsrv.echo", '{"text": "hi"}', home=home)
+    assert (called.returncode, called.stdout) == (0, "hi\n"), called.stdout + called.stderr
+
+
+def test_mcp_ls_hint_for_a_missing_program_works_as_printed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    missing = tmp_path / "no-such-server"
+    write_config(home, f"[mcp.servers.gone]\ncommand = {json.dumps(str(missing))}\n")
+    listed = tak("mcp", "ls", home=home)
+    hints = [
+        line.split("approve it:", 1)[1].strip()
+        for line in listed.stdout.splitlines()
+        if "approve it:" in line
+    ]
+    for hint in hints:  # a hint printed must work as printed
+        ran = subprocess.run(shlex.split(hint), capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+    assert str(missing) in listed.stdout + listed.stderr  # says what is wrong instead

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -255,3 +258,29 @@ def test_tak_run_bad_settings_are_one_line(tmp_path: Path, flags: list[str], mes
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     # refused before anything was recorded
     assert not (tmp_path / "data/sessions/default/s/transcript.jsonl").exists()
+
+
+def test_run_interrupted_says_where_its_transcript_is(tmp_path: Path) -> None:
+    prompt = '/call sleep {"seconds": 60}\n/call echo {"text": "x"}'
+    argv = [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home")]
+    argv += ["--plugin", "demo", "run", prompt, "--model", "scripted:demo"]
+    run = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as on a terminal
+    )
+    try:
+        assert run.stdout is not None
+        for line in run.stdout:
+            if line.startswith("✓ [1] echo"):  # the sleep runs on
+                break
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 130
+    assert "sessions show" in out + err, err

@@ -8,6 +8,7 @@ import pytest
 
 from kernel import UsageError, open_kernel
 from kernel.home import Config, SandboxConfig, StoreConfig, TakHome, WorkspaceConfig
+from tests.cli_kit import one_line, tak
 
 FILE = "/h/tak.toml"
 
@@ -206,3 +207,42 @@ def test_the_older_readers_are_held_to_configs_rule(
     with pytest.raises(UsageError) as older:
         getattr(kernel.home, read)(data, FILE)
     assert str(older.value) == str(checked.value)
+
+
+def write_config(home: Path, text: str) -> None:
+    (home / "config").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "tak.toml").write_text(text)
+
+
+BUDGET_TYPO = "[budget.openai]\nmax_connections = 50\nrequests_per_minut = 500\n"
+
+
+def test_a_budget_typo_is_refused_by_tak_run_in_one_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    write_config(home, BUDGET_TYPO)
+    ran = tak("--plugin", "demo", "run", "hi", "--model", "scripted:demo", home=home)
+    assert ran.returncode == 2
+    assert "requests_per_minut" in one_line(ran)
+
+
+@pytest.mark.parametrize("command", [["tools"], ["mcp", "ls"], ["call", "echo", '{"text": "x"}']])
+def test_a_budget_typo_is_refused_where_other_tak_toml_typos_are(
+    tmp_path: Path, command: list[str]
+) -> None:
+    home = tmp_path / "home"
+    write_config(home, "[model.settings]\ntemperatur = 1\n")
+    assert tak("--plugin", "demo", *command, home=home).returncode == 2  # as every other typo
+    write_config(home, BUDGET_TYPO)
+    refused = tak("--plugin", "demo", *command, home=home)
+    assert refused.returncode == 2
+    assert "requests_per_minut" in one_line(refused)
+
+
+def test_a_bad_budget_value_says_what_tak_toml_can_hold(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    write_config(home, "[budget.openai]\nmax_connections = 0\n")
+    ran = tak("--plugin", "demo", "run", "hi", "--model", "scripted:demo", home=home)
+    assert ran.returncode == 2
+    line = one_line(ran)
+    assert "max_connections" in line
+    assert "none" not in line

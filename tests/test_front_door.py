@@ -7,6 +7,7 @@ Each test runs the installed ``tak`` script as a real process.
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli_kit import tak
+from tests.cli_kit import one_line, tak
 
 TAK = Path(sys.executable).with_name("tak")
 FIXTURES = Path(__file__).parent / "plugins" / "fixtures"
@@ -368,3 +369,11 @@ def test_make_demos_hint_runs_as_printed_from_the_checkout(tmp_path: Path) -> No
         command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
     )
     assert shown.returncode == 0, shown.stderr
+
+
+def test_plugin_after_the_command_says_where_it_goes(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
+    home = tmp_path / "home"
+    ran: Any = tak("batch", str(tasks), "--model", "scripted:demo", "--plugin", "demo", home=home)
+    assert ran.returncode == 0 or "tak --plugin" in one_line(ran)

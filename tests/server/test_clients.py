@@ -17,6 +17,7 @@ import trio
 from kernel import Kernel
 from kernel.repl import run_repl
 from kernel.wire import ServerLimits
+from tests.cli_kit import one_line
 
 from .wsclient import TOKEN, connect, running_server
 
@@ -259,3 +260,60 @@ async def test_the_repl_says_when_it_cannot_connect(url: str) -> None:
     assert "cannot talk to ws://127.0.0.1:" in err
     assert "refused: HTTP 401 wrong token" in err
     assert "not-the-token-42" not in err, "the token is not printed"
+
+
+def test_serve_refuses_a_port_out_of_range(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home")]
+    server = subprocess.Popen(
+        [*argv, "serve", "--port", "99999"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()  # a URL when it listens; "" when it refused
+        assert first == "", f"listening: {first.strip()}"
+        assert server.wait(timeout=60) == 2
+        assert server.stderr is not None
+        assert "--port" in server.stderr.read().splitlines()[-1]
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGINT)  # stops cleanly, its workers too
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def test_repl_without_a_token_says_to_use_the_printed_url(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    argv = [sys.executable, "-m", "kernel.cli", "--home", str(home)]
+    server = subprocess.Popen(
+        [*argv, "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        ws = server.stdout.readline().strip()
+        assert ws.startswith("ws://"), ws
+        repl = subprocess.run(
+            [*argv, "repl", ws.split("?", 1)[0]],
+            input="hi\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    assert repl.returncode != 0
+    line = one_line(repl)
+    assert line.startswith("tak repl:") and "token" in line
