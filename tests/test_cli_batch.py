@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from kernel.batch import MAX_RUN_ID, TaskResult, converter
+from kernel.batch._directory import RESULTS
 from tests.cli_kit import one_line, tak, tak_argv
 
 
@@ -1151,3 +1152,27 @@ def test_batch_show_heads_an_unfinished_run_with_its_task_count(tmp_path: Path) 
     shown = tak("batch", "show", "tasks", home=home)
     assert "finished    2 of 3 tasks" in shown.stdout  # the run is unfinished: t2 is left
     assert shown.stdout.splitlines()[0] == "run tasks: 3 tasks"
+
+
+def test_a_relative_seed_is_the_task_files(tmp_path: Path) -> None:
+    here = tmp_path / "evals"
+    (here / "seeds" / "s1").mkdir(parents=True)
+    (here / "seeds" / "s1" / "question.txt").write_text("seeded")
+    (here / "tasks.jsonl").write_text(
+        json.dumps({"id": "t1", "prompt": "hello", "workspace": "seeds/s1"}) + "\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    tak = [sys.executable, "-m", "kernel.cli", "--home", str(tmp_path / "home"), "batch"]
+    done = subprocess.run(
+        [*tak, str(here / "tasks.jsonl"), "--model", "scripted:echo", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=elsewhere,
+        check=False,
+    )
+    line = json.loads((out / RESULTS).read_text().splitlines()[0])
+    assert (line["reason"], line["error"]) == ("final", None), done.stdout + done.stderr
+    assert (out / "workspaces" / "t1" / "question.txt").read_text() == "seeded"

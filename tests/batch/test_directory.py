@@ -4,24 +4,35 @@ tests/batch/test_ledger_conformance.py."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 import trio
+import trio.testing
 
+from kernel import open_kernel
 from kernel.batch._directory import (
     RESULTS,
     TASKS,
     load_tasks,
     open_run_dir,
 )
-from kernel.batch._records import MAX_RUN_ID, BatchTask
+from kernel.batch._records import MAX_RUN_ID, BatchTask, TaskResult
+from kernel.batch._run import run_batch
 from kernel.errors import UsageError
+from kernel.kernel import Kernel
+from kernel.models import ModelRequest, ScriptedModel
 from tests.batch.ledger_conformance import result, task
 
 
@@ -256,3 +267,161 @@ async def test_a_run_made_before_nonces_keeps_its_sessions(tmp_path: Path) -> No
     (run / "manifest.json").write_text('{"run_id": "old", "created": 1.0, "settings": {}}')
     async with open_run_dir(run) as ledger:
         assert ledger.session_project == "batch.old"
+
+
+RUN = "run-1"
+
+
+async def test_a_task_the_run_accepted_can_be_reopened(tmp_path: Path) -> None:
+    big = BatchTask(id="big", prompt="x" * (16 * 1024 * 1024 + 1))
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        try:
+            await ledger.add_tasks([big])
+        except UsageError:
+            return  # refused up front, saying so: as good as a fix
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        assert (await ledger.counts()).total == 1
+
+
+async def test_counts_never_run_ahead_of_results(tmp_path: Path) -> None:
+    """What another run_batch on the same ledger reads while a result is being
+    written: counts() must not say finished what results() does not hold yet.
+    (Seen end to end: of two run_batch sharing a ledger, the one that ends first
+    often returns 11 results of 12.)"""
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        await ledger.add_tasks([BatchTask(id="t1", prompt="p")])
+        await ledger.claim("w2", 1)
+        writing = getattr(getattr(ledger, "_results_file", None), "_lock", None)
+        if not isinstance(writing, trio.Lock):
+            pytest.skip("the ledger's writes are no longer behind a trio.Lock")
+        async with trio.open_nursery() as nursery:
+            async with writing:  # the line is on its way to the disk (a slow fsync)
+                nursery.start_soon(ledger.finish, "w2", TaskResult(id="t1", reason="final"))
+                await trio.testing.wait_all_tasks_blocked()
+                counts, results = await ledger.counts(), await ledger.results()
+    assert counts.finished == len(results), (counts, results)
+
+
+@contextlib.contextmanager
+def small_disk(where: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs at ``where`` (root only), unmounted after."""
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> None:
+    with open(disk / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+
+
+@attrs.frozen
+class FullDisk:
+    run: Path
+    go: Callable[[], Awaitable[None]]  # run_batch over the four tasks
+    kernel: Kernel
+    work: list[BatchTask]
+    disk: Path
+
+
+@contextlib.asynccontextmanager
+async def four_tasks_finishing_on_a_full_disk(tmp_path: Path) -> AsyncIterator[FullDisk]:
+    """Four tasks claimed on a 1 MiB disk that fills up while they run: every result
+    append fails with ENOSPC."""
+    with small_disk(tmp_path / "disk") as disk:
+        run = disk / RUN
+        arrived = 0
+        together = trio.Event()
+
+        async def script(request: ModelRequest) -> Any:
+            nonlocal arrived
+            arrived += 1
+            if arrived == 4:
+                await trio.to_thread.run_sync(fill, disk)
+                together.set()
+            await together.wait()
+            return "done"
+
+        async with open_kernel(
+            home=tmp_path / "home", model=ScriptedModel(script), plugins=[]
+        ) as k:
+            work = [BatchTask(id=f"t{i}", prompt=f"task t{i}") for i in range(4)]
+
+            async def go() -> None:
+                async with open_run_dir(run) as ledger:
+                    await run_batch(
+                        k,
+                        work,
+                        ledger=ledger,
+                        max_concurrency=4,
+                        workspace_root=tmp_path / "workspaces",
+                    )
+
+            yield FullDisk(run, go, k, work, disk)
+
+
+async def test_a_full_disk_loses_no_result_and_tears_no_line(tmp_path: Path) -> None:
+    """ENOSPC while appending results: the run stops with the error; results.jsonl
+    holds whole lines only; once there is room, the resume finishes every task
+    from its transcript (no model asked again)."""
+    async with four_tasks_finishing_on_a_full_disk(tmp_path) as full:
+        run, k = full.run, full.kernel
+        with pytest.raises(BaseException) as caught:
+            await full.go()
+        leaves = [caught.value]
+        while isinstance(leaves[0], BaseExceptionGroup):
+            leaves = [leaf for group in leaves for leaf in group.exceptions]  # type: ignore[attr-defined]
+        assert all(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in leaves), leaves
+        data = (run / RESULTS).read_bytes()
+        assert data == b"" or data.endswith(b"\n")
+        for line in data.splitlines():
+            assert json.loads(line)["reason"] == "cancelled"  # never a torn or a lost one
+        (full.disk / "filler").unlink()
+        k.agent.model = ScriptedModel(lambda r: pytest.fail("a finished turn asked again"))
+        async with open_run_dir(run) as ledger:
+            summary = await run_batch(
+                k, None, ledger=ledger, workspace_root=tmp_path / "workspaces"
+            )
+    assert [(r.id, r.reason, r.text) for r in summary.results] == [
+        (t.id, "final", "done") for t in full.work
+    ]
+
+
+async def test_a_full_disk_is_one_error(tmp_path: Path) -> None:
+    async with four_tasks_finishing_on_a_full_disk(tmp_path) as full:
+        with pytest.raises(OSError, match="No space left on device"):
+            await full.go()
+
+
+async def test_a_hand_edited_bad_line_in_the_middle_is_named_and_nothing_is_cut(
+    tmp_path: Path,
+) -> None:
+    """results.jsonl edited by hand, a bad line between good ones: reopening names
+    the file and line, and leaves the file as it was (only a torn *last* line is cut)."""
+    run = tmp_path / RUN
+    async with open_run_dir(run) as ledger:
+        await ledger.add_tasks([BatchTask(id=f"t{i}", prompt="p") for i in range(3)])
+        for i in range(3):
+            await ledger.claim("w", 1)
+            assert await ledger.finish("w", TaskResult(id=f"t{i}", reason="final"))
+    path = run / RESULTS
+    lines = path.read_bytes().splitlines(keepends=True)
+    edited = lines[0] + b'{"id": "t1", "reason": "final", "score": "high"}\n' + lines[2]
+    path.write_bytes(edited)
+    with pytest.raises(UsageError, match=rf"^{path}:2: \$\.score: "):
+        async with open_run_dir(run):
+            pass
+    assert path.read_bytes() == edited

@@ -6,6 +6,7 @@ import heapq
 import json
 import math
 import os
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -17,14 +18,14 @@ import trio
 import trio.testing
 
 from kernel import open_kernel, tool
-from kernel.batch._directory import DirectoryLedger, open_run_dir
+from kernel.batch._directory import RESULTS, DirectoryLedger, open_run_dir
 from kernel.batch._records import BatchTask, TaskLimits, TaskResult
 from kernel.batch._run import BatchProgress, TaskOutcome, run_batch
 from kernel.batch._summary import BatchSummary
 from kernel.errors import ModelAPIError, SandboxError, StoreError, UsageError
 from kernel.kernel import Kernel
 from kernel.messages import Message, Text
-from kernel.models import ModelRequest, ScriptedModel
+from kernel.models import ModelRequest, ScriptedModel, Usage
 from kernel.plugin import context
 from kernel.store import MemoryStore, SessionKey
 from tests.batch import ws_probe
@@ -761,3 +762,375 @@ async def test_a_failing_session_store_releases_its_tasks_and_stops_the_run(
     assert {r.reason for r in results.values()} == {"final"}
     assert results["t000"].attempt == 2
     assert results["t000"].text == "answer: question 0"
+
+
+async def test_sync_scorers_that_never_return_do_not_hang_the_run(
+    tmp_path: Path, thread_clock: trio.testing.MockClock
+) -> None:
+    release = threading.Event()
+    hung = int(trio.to_thread.current_default_thread_limiter().total_tokens)
+
+    def scorer(task: BatchTask, outcome: TaskOutcome) -> float:
+        if task.id.startswith("hang"):
+            release.wait()  # a scorer stuck in a C call, a lock, a socket
+        return 1.0
+
+    work = [BatchTask(id=f"hang{i:02d}", prompt="p") for i in range(hung)]
+    work.append(BatchTask(id="good", prompt="p"))
+    stuck = False
+
+    async def watchdog() -> None:
+        nonlocal stuck
+        await trio.sleep(3600)  # virtual: 360 wall times
+        stuck = True
+        release.set()  # let the threads go, so the run (and this test) ends
+
+    try:
+        async with open_kernel(
+            home=tmp_path / "home", model=ScriptedModel(lambda r: "ok"), plugins=[]
+        ) as k:
+            async with open_run_dir(tmp_path / RUN) as ledger, trio.open_nursery() as nursery:
+                nursery.start_soon(watchdog)
+                summary = await run_batch(
+                    k,
+                    work,
+                    ledger=ledger,
+                    max_concurrency=hung + 1,
+                    scorer=scorer,
+                    limits=TaskLimits(wall_time=10),
+                )
+                nursery.cancel_scope.cancel()
+    finally:
+        release.set()
+    assert not stuck, "the run went on an hour past its tasks' 10 s wall time"
+    results = {r.id: r for r in summary.results}
+    assert (results["good"].reason, results["good"].score) == ("final", 1.0)
+    assert {r.reason for r in summary.results if r.id != "good"} == {"wall_time"}
+
+
+def answering_with_usage(calls: list[str]) -> ScriptedModel:
+    def script(request: ModelRequest) -> Any:
+        calls.append(task_of(request))
+        return ScriptedModel.reply("the answer", usage=Usage(input_tokens=100, output_tokens=7))
+
+    return ScriptedModel(script)
+
+
+async def test_a_task_answered_before_a_kill_is_not_asked_again(tmp_path: Path) -> None:
+    """SIGKILL after the final answer reached the transcript but before results.jsonl
+    (the same state: the result line never written): the resume asks no model."""
+    calls: list[str] = []
+    async with open_kernel(
+        home=tmp_path / "home", model=answering_with_usage(calls), plugins=[]
+    ) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            await run_batch(k, [BatchTask(id="t1", prompt="task t1")], ledger=ledger)
+        (tmp_path / RUN / RESULTS).write_bytes(b"")  # killed before the line was written
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            summary = await run_batch(k, None, ledger=ledger)
+    assert calls == ["t1"]
+    (result,) = summary.results
+    assert (result.reason, result.text, result.attempt) == ("final", "the answer", 2)
+
+
+async def test_a_task_answered_before_a_kill_keeps_its_usage(tmp_path: Path) -> None:
+    calls: list[str] = []
+    async with open_kernel(
+        home=tmp_path / "home", model=answering_with_usage(calls), plugins=[]
+    ) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            first = await run_batch(k, [BatchTask(id="t1", prompt="task t1")], ledger=ledger)
+        (tmp_path / RUN / RESULTS).write_bytes(b"")
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            again = await run_batch(k, None, ledger=ledger)
+    before, after = first.results[0], again.results[0]
+    assert (before.input_tokens, before.output_tokens, before.steps) == (100, 7, 1)
+    assert (after.input_tokens, after.output_tokens, after.steps) == (100, 7, 1)
+
+
+async def test_two_runs_on_one_ledger_in_one_process_run_each_task_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Two run_batch on the same DirectoryLedger at once: every task runs once, in
+    one of them or the other."""
+    summaries = await two_runs_on_one_ledger(tmp_path)
+    assert {r.worker for r in summaries[1].results} == {"w1", "w2"}
+
+
+async def two_runs_on_one_ledger(tmp_path: Path) -> list[Any]:
+    asked: list[str] = []
+
+    async def script(request: ModelRequest) -> Any:
+        asked.append(task_of(request))
+        await trio.sleep(1)
+        return "done"
+
+    work = [BatchTask(id=f"t{i:02d}", prompt=f"task t{i:02d}") for i in range(12)]
+    summaries: list[Any] = []
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+
+            async def one(worker: str) -> None:
+                summaries.append(
+                    await run_batch(k, work, ledger=ledger, max_concurrency=2, worker=worker)
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, "w1")
+                nursery.start_soon(one, "w2")
+    assert sorted(asked) == [t.id for t in work]
+    async with open_run_dir(tmp_path / RUN) as ledger:
+        assert [r.reason for r in await ledger.results()] == ["final"] * 12
+    return summaries
+
+
+async def test_odd_seeds_neither_hang_nor_leak(tmp_path: Path) -> None:
+    """A seed given as a link to a directory is copied; in it, a FIFO (whose open
+    would block a reader forever) and a link to a directory outside are left out;
+    a hard link to a file outside is copied as the data it is, not as a link."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    real = tmp_path / "real-seed"
+    real.mkdir()
+    (real / "question.txt").write_text("seeded")
+    os.mkfifo(real / "pipe")
+    os.symlink(outside, real / "out")
+    os.link(outside / "secret.txt", real / "hard.txt")
+    seed = tmp_path / "seed-link"
+    os.symlink(real, seed)
+
+    def script(request: ModelRequest) -> Any:
+        return "done"
+
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            summary = await run_batch(
+                k, [BatchTask(id="t1", prompt="p", workspace=str(seed))], ledger=ledger
+            )
+    (result,) = summary.results
+    assert result.reason == "final", result
+    workspace = tmp_path / RUN / "workspaces" / "t1"
+    assert (workspace / "question.txt").read_text() == "seeded"
+    assert not (workspace / "pipe").exists() and not (workspace / "out").exists()
+    assert (workspace / "hard.txt").read_text() == "secret"
+    assert os.stat(workspace / "hard.txt").st_nlink == 1  # a copy: editing it leaves the seed
+
+
+async def test_a_run_id_accepted_can_name_its_sessions(tmp_path: Path) -> None:
+    async with open_kernel(
+        home=tmp_path / "home", model=ScriptedModel(lambda r: "done"), plugins=[]
+    ) as k:
+        try:
+            async with open_run_dir(tmp_path / "run", run_id="r" * 128) as ledger:
+                summary = await run_batch(k, [BatchTask(id="t1", prompt="p")], ledger=ledger)
+        except UsageError:
+            return  # refused up front, saying so: as good as a fix
+    assert [(r.reason, r.error) for r in summary.results] == [("final", None)]
+
+
+@tool
+def stuck(marker: str) -> str:
+    """Block forever, as a sync tool stuck in a C call would.
+
+    Args:
+        marker: Which test's event to wait on.
+    """
+    STUCK[marker].wait()
+    return "released"
+
+
+STUCK: dict[str, threading.Event] = {}
+
+
+async def test_sync_tools_that_never_return_end_at_the_wall_time(
+    tmp_path: Path, thread_clock: trio.testing.MockClock
+) -> None:
+    """More hung sync-tool threads than Trio's default thread limiter holds: each task
+    ends at its wall time, and the rest of the run (seeding, result lines) goes on."""
+    marker = str(tmp_path)
+    STUCK[marker] = threading.Event()
+    hung = int(trio.to_thread.current_default_thread_limiter().total_tokens) + 1
+
+    def script(request: ModelRequest) -> Any:
+        if task_of(request).startswith("hang") and request.messages[-1].role == "user":
+            return ScriptedModel.reply(calls=[("stuck", {"marker": marker})])
+        return "done"
+
+    work = [BatchTask(id=f"hang{i:02d}", prompt=f"task hang{i:02d}") for i in range(hung)]
+    work.append(BatchTask(id="good", prompt="task good"))
+    try:
+        async with open_kernel(
+            home=tmp_path / "home", model=ScriptedModel(script), tools=[stuck], plugins=[]
+        ) as k:
+            async with open_run_dir(tmp_path / RUN) as ledger:
+                with trio.fail_after(3600):
+                    summary = await run_batch(
+                        k,
+                        work,
+                        ledger=ledger,
+                        max_concurrency=hung + 1,
+                        limits=TaskLimits(wall_time=10),
+                    )
+    finally:
+        STUCK.pop(marker).set()
+    results = {r.id: r.reason for r in summary.results}
+    assert results.pop("good") == "final"
+    assert set(results.values()) == {"wall_time"} and len(results) == hung
+
+
+async def test_plugin_calls_that_ignore_signals_end_at_the_wall_time(tmp_path: Path) -> None:
+    """A python or shell call that ignores SIGTERM and SIGINT (and a background
+    child) still ends at the task's wall time, and leaves no process behind."""
+    marker = f"brk{os.getpid()}x{abs(hash(str(tmp_path))) % 10**8}"
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "while True:\n"
+        "    try:\n"
+        f"        time.sleep(1000)  # {marker}\n"
+        "    except BaseException:\n"
+        "        pass\n"
+    )
+    shell = f"trap '' TERM INT; (exec -a {marker} sleep 1000) & wait; sleep 1000"
+
+    def script(request: ModelRequest) -> Any:
+        if request.messages[-1].role != "user":
+            return "over"
+        if task_of(request) == "py":
+            return ScriptedModel.reply(calls=[("run_python", {"code": code, "timeout": 300})])
+        return ScriptedModel.reply(calls=[("run_command", {"command": shell, "timeout": 300})])
+
+    (tmp_path / "kws").mkdir()
+    async with open_kernel(
+        home=tmp_path / "home", model=ScriptedModel(script), workspace=tmp_path / "kws"
+    ) as k:
+        try:
+            await k.check_run(tools=["run_command", "run_python"])
+        except UsageError:
+            pytest.skip("the shell and python built-ins did not load here")
+        async with open_run_dir(tmp_path / RUN) as ledger:
+            with trio.fail_after(120):
+                summary = await run_batch(
+                    k,
+                    [BatchTask(id="py", prompt="task py"), BatchTask(id="sh", prompt="task sh")],
+                    ledger=ledger,
+                    tools=["run_command", "run_python"],
+                    limits=TaskLimits(wall_time=3),
+                )
+    assert [(r.id, r.reason) for r in summary.results] == [("py", "wall_time"), ("sh", "wall_time")]
+    left = await trio.run_process(["pgrep", "-f", marker], capture_stdout=True, check=False)
+    assert left.stdout == b"", f"processes left behind: {left.stdout!r}"
+
+
+async def test_a_new_run_never_takes_an_old_runs_answers(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def script(request: ModelRequest) -> Any:
+        question = request.messages[0].text
+        asked.append(question)
+        return f"answer to {question}"
+
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        for project, question in (("project-a", "what is 2+2?"), ("project-b", "what is 3+3?")):
+            async with open_run_dir(tmp_path / project / "out") as ledger:
+                summary = await run_batch(k, [BatchTask(id="t1", prompt=question)], ledger=ledger)
+    assert asked == ["what is 2+2?", "what is 3+3?"]
+    assert summary.results[0].text == "answer to what is 3+3?"
+
+
+async def test_stopped_at_any_moment_and_resumed_every_task_ends_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, stress: bool
+) -> None:
+    """The run cancelled at each of 40 moments (a claim, a seed, a model request, a
+    tool call, a result being written), then resumed: every task ends ``final``,
+    with one prompt in its transcript and one final answer; the resume keeps to its
+    max_concurrency. ``make test`` takes every third moment (each phase of a step,
+    0.3 s apart, still falls in it); ``make stress`` all 40."""
+    for moment in range(1, 41, 1 if stress else 3):
+        await stopped_then_resumed(tmp_path / f"home{moment}", moment * 0.05)
+
+
+async def stopped_then_resumed(home: Path, stop_at: float) -> None:
+    finals: dict[str, int] = {}
+    running = most = 0
+
+    async def script(request: ModelRequest) -> Any:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        try:
+            await trio.sleep(0.3)
+        finally:
+            running -= 1
+        me = task_of(request)
+        if sum(m.role == "assistant" for m in request.messages) < 2:
+            return ScriptedModel.reply(calls=[("read_file", {"path": "q.txt"})])
+        finals[me] = finals.get(me, 0) + 1
+        return f"done {me}"
+
+    work = [BatchTask(id=f"t{i}", prompt=f"task t{i}", files={"q.txt": "q"}) for i in range(6)]
+    async with open_kernel(home=home, model=ScriptedModel(script), plugins=[]) as k:
+        async with open_run_dir(home / RUN) as ledger:
+            await ledger.add_tasks(work)
+            with trio.move_on_after(stop_at):
+                await run_batch(k, work, ledger=ledger, max_concurrency=3)
+        most = 0
+        async with open_run_dir(home / RUN) as ledger:
+            summary = await run_batch(k, None, ledger=ledger, max_concurrency=2)
+        prompts = []
+        for t in work:
+            messages = await k.session(t.id, project=ledger.session_project).messages()
+            prompts.append(sum(m.role == "user" for m in messages))
+    assert [r.reason for r in summary.results] == ["final"] * 6, stop_at
+    assert prompts == [1] * 6, stop_at
+    assert finals == {t.id: 1 for t in work}, stop_at
+    assert most <= 2, stop_at
+
+
+class SlowRenewal:
+    """A ledger whose renewals take longer than its lease (a slow or stalled database)."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay = inner, delay
+        self.lease_seconds = inner.lease_seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.inner.run_id)
+
+    async def renew(self, worker: str, task_ids: Any) -> Any:
+        await trio.sleep(self.delay)
+        return await self.inner.renew(worker, task_ids)
+
+
+async def test_a_lapsed_lease_does_not_turn_a_running_task_into_an_error(
+    tmp_path: Path,
+    db_url: str,
+) -> None:
+    from kernel.batch._postgres import open_postgres_ledger
+
+    async def script(request: ModelRequest) -> Any:
+        await trio.sleep(3)  # longer than the lease
+        return "done"
+
+    async with open_kernel(home=tmp_path / "home", model=ScriptedModel(script), plugins=[]) as k:
+        async with (
+            open_postgres_ledger(db_url, RUN, lease_seconds=1.0) as a,
+            open_postgres_ledger(db_url, RUN, lease_seconds=1.0) as b,
+        ):
+            await a.add_tasks([BatchTask(id="t1", prompt="task t1")])
+
+            async def second_worker() -> None:
+                await trio.sleep(0.5)  # the first has claimed t1 by now
+                await run_batch(k, None, ledger=b, worker="B")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(second_worker)
+                await run_batch(k, None, ledger=SlowRenewal(a, 5.0), worker="A")
+            results = await a.results()
+    assert [(r.reason, r.text) for r in results] == [("final", "done")], results

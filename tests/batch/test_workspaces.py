@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from kernel import ToolCall, open_kernel
+from kernel.batch._directory import open_run_dir
 from kernel.batch._records import BatchTask
+from kernel.batch._run import run_batch
 from kernel.batch._workspace import seed_workspace_sync
 from kernel.errors import SandboxError, UsageError
+from kernel.messages import Message
+from kernel.models import ModelRequest, ScriptedModel
 from kernel.plugin import use_context
 from sandbox import Workspace
 from tests.batch import ws_probe
@@ -132,3 +139,97 @@ def test_files_may_not_write_into_the_kernels_own_directory(tmp_path: Path) -> N
         with pytest.raises(UsageError, match=r"\.tak/ is the kernel's own"):
             seed_workspace_sync(root, task)
     assert sorted(os.listdir(root)) == []
+
+
+RUN = "run-1"
+
+
+def task_of(request: ModelRequest) -> str:
+    first = next(m for m in request.messages if m.role == "user")
+    return first.text.split()[-1]
+
+
+def observations(message: Message) -> list[str]:
+    return [
+        o.content if o.error is None else f"ERROR {o.error.message}" for o in message.observations
+    ]
+
+
+async def test_tasks_tools_never_reach_another_tasks_files(tmp_path: Path) -> None:
+    """The built-in shell and python workers and the in-process fs tools of one task
+    reach neither another task's workspace (by .., by absolute path, by a link or a
+    hard link made from inside) nor the run's own files (tasks.jsonl holds every
+    task's expected answer)."""
+    run = tmp_path / RUN
+    both = trio.Event()
+    arrived = 0
+
+    async def script(request: ModelRequest) -> Any:
+        nonlocal arrived
+        me = task_of(request)
+        other = "b" if me == "a" else "a"
+        step = sum(m.role == "assistant" for m in request.messages)
+        if step == 0:
+            arrived += 1
+            if arrived == 2:
+                both.set()
+            await both.wait()  # both workspaces exist and both tasks run
+            peek = (
+                f"cat ../{other}/secret.txt; cat {run}/workspaces/{other}/secret.txt; "
+                f"cat {run}/tasks.jsonl; ls {run}; ln ../{other}/secret.txt hard; "
+                f"ln -s ../{other}/secret.txt soft; echo mine=$(cat secret.txt)"
+            )
+            code = (
+                "for p in ['../OTHER/secret.txt', 'RUN/tasks.jsonl', 'RUN/workspaces/OTHER']:\n"
+                "    try:\n"
+                "        print(open(p).read())\n"
+                "    except OSError as e:\n"
+                "        print('denied', e.errno)\n"
+            )
+            code = code.replace("OTHER", other).replace("RUN", str(run))
+            return ScriptedModel.reply(
+                calls=[
+                    ("run_command", {"command": peek}),
+                    ("run_python", {"code": code}),
+                ]
+            )
+        if step == 1:
+            paths = [f"../{other}/secret.txt", f"{run}/tasks.jsonl", "soft", "hard"]
+            return ScriptedModel.reply(
+                calls=[("read_file", {"path": p}) for p in paths]
+                + [("list_dir", {"path": ".."}), ("grep", {"pattern": "SECRET", "path": ".."})]
+            )
+        seen = [o for m in request.messages if m.role == "tool" for o in observations(m)]
+        return json.dumps(seen)
+
+    work = [
+        BatchTask(id=i, prompt=f"task {i}", files={"secret.txt": f"SECRET-{i}"}, expected=i)
+        for i in ("a", "b")
+    ]
+    (tmp_path / "kws").mkdir()
+    async with open_kernel(
+        home=tmp_path / "home", model=ScriptedModel(script), workspace=tmp_path / "kws"
+    ) as k:
+        try:
+            await k.check_run(tools=["run_command", "run_python"])
+        except UsageError:
+            pytest.skip("the shell and python built-ins did not load here")
+        if any("unconfined" in p.isolation for p in k.plugins.plugins):
+            pytest.skip("plugin workers are not confined on this machine")
+        async with open_run_dir(run) as ledger:
+            summary = await run_batch(
+                k,
+                work,
+                ledger=ledger,
+                max_concurrency=2,
+                tools=["run_command", "run_python", "read_file", "list_dir", "grep"],
+            )
+    for result in summary.results:
+        assert result.reason == "final", result
+        other = "b" if result.id == "a" else "a"
+        seen = json.loads(result.text)
+        assert f"mine=SECRET-{result.id}" in seen[0]
+        assert all(f"SECRET-{other}" not in s and '"expected"' not in s for s in seen), seen
+        assert seen[2:] == [s for s in seen[2:] if s.startswith("ERROR")], seen[2:]
+        workspace = run / "workspaces" / result.id
+        assert not (workspace / "hard").exists()  # a link may be made; read through, refused
