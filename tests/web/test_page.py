@@ -7,7 +7,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -17,7 +17,7 @@ from kernel.wire import open_client
 from .web_kit import SCREENSHOT_ENV, Server, screenshot, start_server
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Page
+    from playwright.sync_api import Browser, Page
 
 #: How long a browser-side wait may take before the test fails (ms): generous, never reached.
 WAIT_MS = 15_000
@@ -371,3 +371,346 @@ def test_the_page_reconnects_by_itself_after_the_server_restarts(
         screenshot(page, tmp_path, "reconnected")
     finally:
         again.stop()
+
+
+# -- hostile data: a prompt-injected model, tool output, a session file, a broken server --
+
+
+#: Markup and URLs that must arrive as text; each would set window.__pwned if it ran.
+XSS = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+
+LINK = "javascript:window.__pwned=3"
+
+
+BIDI = "safe\u202etxt.exe"
+
+
+def _no_markup_ran(page: Page) -> None:
+    assert page.evaluate("window.__pwned") is None
+    found = page.evaluate(
+        """() => [...document.querySelectorAll(
+            '#transcript img, #transcript script, #transcript a, #transcript iframe,'
+            + '#sessions img, #sessions script, #sessions a, #tools img, #tools script,'
+            + '#notice img, #notice script')].map(e => e.outerHTML)"""
+    )
+    assert found == []
+
+
+def test_hostile_tool_names_arguments_output_and_model_text_stay_text(
+    page: Page, server: Server
+) -> None:
+    open_page(page, server)
+    prompt = "\n".join(
+        [
+            "/call <img/src=x/onerror=window.__pwned=4> {}",
+            '/call echo {"text": ' + json.dumps(XSS + LINK + BIDI + "x" * 100_000) + "}",
+            "/call add " + json.dumps({XSS: LINK}),
+            f"/call divide not-json {XSS}",
+        ]
+    )
+    page.fill("#session-id", "hostile")
+    page.fill("#prompt", prompt)
+    page.press("#prompt", "Enter")
+    turn = page.locator(".turn[data-state=final]")
+    turn.wait_for(timeout=WAIT_MS)
+    text = turn.inner_text()
+    assert "<img/src=x/onerror=window.__pwned=4>" in text  # the unknown tool's name, as text
+    assert "<script>window.__pwned=2</script>" in page.locator(".turn tr.call").nth(1).inner_text()
+    _no_markup_ran(page)
+    # An error message that quotes what it refuses.
+    page.click(".run-settings summary")
+    page.fill("#model", XSS)
+    page.fill("#prompt", "hello")
+    page.press("#prompt", "Enter")
+    page.locator(".turn[data-state=failed]", has_text="$.model").wait_for(timeout=WAIT_MS)
+    page.fill("#model", "")
+    _no_markup_ran(page)
+    # The same entries, persisted and drawn again from history; a hostile title too.
+    sessions = server.home / "data" / "sessions" / "default"
+    recorded = (sessions / "hostile" / "transcript.jsonl").read_text()
+    (sessions / "hostile-copy").mkdir()
+    (sessions / "hostile-copy" / "transcript.jsonl").write_text(
+        recorded
+        + _entry("title", "t-hostile", title=XSS + LINK)
+        + "\n"
+        + _entry(
+            "compaction",
+            "c-hostile",
+            summary=XSS,
+            through="t-hostile",
+            usage={"input_tokens": 1, "output_tokens": 1},
+            model=XSS,
+        )
+        + "\n"
+    )
+    open_page(page, server)
+    item = page.locator("li.session[data-session=hostile-copy]")
+    item.wait_for(timeout=WAIT_MS)
+    assert item.locator(".session-title").inner_text() == XSS + LINK
+    item.locator("button").click()
+    page.locator("#transcript[data-session=hostile-copy]").wait_for(timeout=WAIT_MS)
+    assert page.locator("#transcript .tool-call").count() == 4
+    assert "<script>window.__pwned=2</script>" in page.locator("#transcript").inner_text()
+    _no_markup_ran(page)
+
+
+def _own_page(browser: Browser) -> tuple[Any, Page, list[str]]:
+    """A context and page of our own, collecting page errors (the fixture fails on them)."""
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return context, page, errors
+
+
+def test_the_content_security_policy_blocks_injected_inline_script(
+    browser: Browser, server: Server
+) -> None:
+    context, page, _ = _own_page(browser)
+    try:
+        open_page(page, server)
+        blocked = page.evaluate(
+            """() => new Promise((resolve) => {
+                const seen = [];
+                document.addEventListener('securitypolicyviolation',
+                    (e) => seen.push(e.violatedDirective));
+                const s = document.createElement('script');
+                s.textContent = 'window.__pwned = 5';
+                document.body.append(s);
+                const d = document.createElement('div');
+                d.innerHTML = '<img src="data:," onerror="window.__pwned = 6">';
+                document.body.append(d);
+                const a = document.createElement('a');
+                a.href = 'javascript:window.__pwned = 7';
+                document.body.append(a);
+                a.click();
+                setTimeout(() => resolve(seen), 300);
+            })"""
+        )
+        assert page.evaluate("window.__pwned") is None
+        assert any(d.startswith("script-src") for d in blocked), blocked
+    finally:
+        context.close()
+
+
+def test_the_token_leaves_no_trace_in_the_page_its_requests_or_the_servers_log(
+    browser: Browser, server: Server
+) -> None:
+    context, page, _ = _own_page(browser)
+    sent: list[dict[str, str]] = []
+    page.on("request", lambda request: sent.append(request.headers))
+    try:
+        open_page(page, server)
+        page.fill("#session-id", "trace")
+        page.fill("#prompt", "hello")
+        page.press("#prompt", "Enter")
+        page.locator(".turn[data-state=final]").wait_for(timeout=WAIT_MS)
+        assert server.token not in page.url
+        assert server.token not in page.content()
+        assert server.token not in page.evaluate("document.documentElement.outerHTML")
+        assert page.evaluate("document.cookie") == ""
+        assert page.evaluate("localStorage.length + sessionStorage.length") == 0
+        assert len(sent) >= 5  # the page, its modules and style sheet
+        for headers in sent[1:]:
+            assert not headers.get("referer"), headers
+            assert all(server.token not in value for value in headers.values())
+        # Back to the page's entry in history: no token there either.
+        page.goto("about:blank")
+        page.go_back()
+        assert server.token not in page.url
+    finally:
+        context.close()
+    assert server.token not in (server.home / "serve.log").read_text()
+
+
+def test_malformed_frames_from_the_server_do_not_throw_in_the_page(
+    browser: Browser, server: Server
+) -> None:
+    from playwright.sync_api import WebSocketRoute
+
+    context, page, errors = _own_page(browser)
+
+    def fake_server(ws: WebSocketRoute) -> None:
+        def on_message(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "hello":
+                ws.send("null")
+                ws.send("[1, 2]")
+                ws.send(json.dumps({"type": "error", "re": frame["id"]}))
+                ws.close()
+
+        ws.on_message(on_message)
+
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.locator("#connection[data-state=retrying]").wait_for(timeout=WAIT_MS)
+        assert errors == []
+    finally:
+        context.close()
+
+
+def test_malformed_replies_and_events_do_not_throw_in_the_page(
+    browser: Browser, server: Server
+) -> None:
+    """Replies without their result and events without their fields, from a broken server."""
+    from playwright.sync_api import WebSocketRoute
+
+    context, page, errors = _own_page(browser)
+
+    def fake_server(ws: WebSocketRoute) -> None:
+        def reply(frame: dict[str, Any], result: object) -> None:
+            ws.send(
+                json.dumps({"type": "reply", "re": frame["id"], "status": "ok", "result": result})
+            )
+
+        def on_message(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "hello":
+                reply(frame, {"model": None, "protocol": 1})
+            elif frame.get("type") == "sessions":
+                reply(frame, {"sessions": [None, 3, {"session_id": 7, "data": None}]})
+            elif frame.get("type") == "tools":
+                reply(frame, None)
+            elif frame.get("type") == "history":
+                reply(frame, {"entries": [None, {"type": "assistant", "message": 3}]})
+            elif frame.get("type") == "run":
+                for event in [
+                    {"kind": "model_delta", "step": 1, "text": None},
+                    {"kind": "call_started", "index": 0},
+                    {"kind": "call_started", "index": 1, "call": {"id": None, "name": 5}},
+                    {"kind": "call_finished", "index": 0, "observation": None},
+                    {"kind": "call_finished", "index": 1, "observation": {"error": 3}},
+                    {"kind": "turn_finished", "reason": None, "error": "x"},
+                    None,
+                ]:
+                    ws.send(json.dumps({"type": "event", "re": frame["id"], **(event or {})}))
+                reply(frame, None)
+
+        ws.on_message(on_message)
+
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.locator("#connection[data-state=open]").wait_for(timeout=WAIT_MS)
+        page.fill("#session-id", "broken")
+        page.fill("#prompt", "hello")
+        page.press("#prompt", "Enter")
+        page.locator("body[data-running=no] .turn").wait_for(timeout=WAIT_MS)
+        page.wait_for_timeout(300)  # what the last frames set off
+        assert errors == []
+    finally:
+        context.close()
+
+
+#: Unicode's explicit direction controls: each reorders the text after it when shown raw.
+BIDI_CONTROLS = "/[\\u202a-\\u202e\\u2066-\\u2069]/"
+
+
+def test_bidi_controls_in_a_calls_name_arguments_and_output_are_shown_not_obeyed(
+    page: Page, server: Server
+) -> None:
+    # A prompt-injected model can make `rm -rf ~/work` read as something harmless in the
+    # row the operator watches ("Trojan Source"); the row should show the control itself.
+    open_page(page, server)
+    page.fill("#session-id", "bidi")
+    page.fill(
+        "#prompt",
+        '/call echo {"text": "keep \u202e~/krow/ fr- mr"}\n/call ech\u202eo {}',
+    )
+    page.press("#prompt", "Enter")
+    page.locator(".turn[data-state=final]").wait_for(timeout=WAIT_MS)
+    shown = page.evaluate(
+        f"""() => [...document.querySelectorAll('.turn tr.call')]
+            .map(row => row.querySelector('.call-name').textContent
+                 + ' ' + row.querySelector('.call-args').textContent)
+            .filter(text => {BIDI_CONTROLS}.test(text))"""
+    )
+    assert shown == []
+    assert "ech\\u202eo" in page.locator(".turn tr.call").nth(1).inner_text()
+    # Nowhere else either: the prompt, the output, the model's text; nor drawn from history.
+    raw = f"() => {BIDI_CONTROLS}.test(document.body.textContent)"
+    assert page.evaluate(raw) is False
+    open_page(page, server)
+    page.locator("li.session[data-session=bidi] button").click()
+    page.locator("#transcript[data-session=bidi] .tool-call").first.wait_for(timeout=WAIT_MS)
+    assert "keep \\u202e~/krow/" in page.locator("#transcript").inner_text()
+    assert page.evaluate(raw) is False
+
+
+def test_a_server_that_drops_the_page_after_hello_is_not_hammered(
+    browser: Browser, server: Server
+) -> None:
+    """E.g. a request that hits a bug closes the connection with 1011, again after each hello."""
+    from playwright.sync_api import WebSocketRoute
+
+    context, page, _ = _own_page(browser)
+    hellos: list[str] = []
+
+    def fake_server(ws: WebSocketRoute) -> None:
+        def on_message(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "hello":
+                hellos.append(frame["id"])
+                result = {"model": "scripted:demo", "protocol": 1}
+                ws.send(
+                    json.dumps(
+                        {"type": "reply", "re": frame["id"], "status": "ok", "result": result}
+                    )
+                )
+            else:
+                ws.close(code=1011, reason="internal error")
+
+        ws.on_message(on_message)
+
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
+        page.add_init_script(
+            """new MutationObserver(() => {
+                const badge = document.getElementById('connection');
+                if (badge && badge.dataset.state === 'retrying')
+                    (window.__retries ??= []).push(badge.textContent);
+            }).observe(document, {subtree: true, childList: true, characterData: true,
+                                   attributes: true})"""
+        )
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.wait_for_function("() => (window.__retries ?? []).length >= 4", timeout=WAIT_MS)
+        retries = page.evaluate("window.__retries")
+        assert len(hellos) >= 4  # each reconnection was accepted, then dropped
+        # A backoff: the fourth pause is longer than the first.
+        assert retries[3] != retries[0], retries
+    finally:
+        context.close()
+
+
+def test_a_server_that_keeps_refusing_the_socket_is_retried_with_a_growing_pause(
+    browser: Browser, server: Server
+) -> None:
+
+    context, page, _ = _own_page(browser)
+    try:
+        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", lambda ws: ws.close())
+        page.add_init_script(
+            """new MutationObserver(() => {
+                const badge = document.getElementById('connection');
+                if (badge && badge.dataset.state === 'retrying'
+                        && (window.__retries ?? []).at(-1) !== badge.textContent)
+                    (window.__retries ??= []).push(badge.textContent);
+            }).observe(document, {subtree: true, childList: true, characterData: true,
+                                   attributes: true})"""
+        )
+        response = page.goto(server.page_url)
+        assert response is not None and response.status == 200
+        page.wait_for_function("() => (window.__retries ?? []).length >= 4", timeout=WAIT_MS)
+        assert page.evaluate("window.__retries")[:4] == [
+            "reconnecting in 0.3 s…",
+            "reconnecting in 0.5 s…",
+            "reconnecting in 1.0 s…",
+            "reconnecting in 2.0 s…",
+        ]
+    finally:
+        context.close()

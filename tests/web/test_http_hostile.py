@@ -1,27 +1,22 @@
-"""Review of issue 17 (the page on the WebSocket's port): hostile clients and hostile data.
+"""Plain HTTP on the WebSocket's port (``kernel.wire._http``) against a hostile client or
+page (DESIGN §11), before any token: odd targets, smuggled bodies and pipelined
+requests, slow and flooding heads, ``Host`` and ``Origin`` tricks. Each is refused with
+the security headers, never an internal error, and the real client still gets in.
 
-What a hostile client or page (DESIGN §11) can send to ``kernel.wire._http``
-before any token: odd targets, smuggled bodies and pipelined requests, slow
-and flooding heads, ``Host`` and ``Origin`` tricks; and what hostile data (a
-prompt-injected model, tool output, a session file, a broken server) can do
-to the page in a real Chromium. The bugs the review found (targets and
-origins that raised, userinfo in ``Host``, absolute-form targets, bare
-refusals without the security headers, malformed frames that threw, bidi
-controls drawn raw, a backoff reset by every good ``hello``) each have a test
-here that failed before its fix.
+Requests are raw bytes on a socket (``raw_exchange``); tests/web/test_http.py reads what
+is served to a well-behaved client, and tests/web/test_page.py what hostile data does
+to the page in a real Chromium.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -30,16 +25,9 @@ from kernel import Kernel
 from kernel.wire import ServerLimits
 from tests.server.wsclient import TOKEN, connect, open_test_kernel, running_server
 
-from .web_kit import Server
-
-if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
-
 ROOT = Path(__file__).resolve().parents[2]
 #: Short deadlines for the attacks that wait them out (the default is 5 s).
 FAST = ServerLimits(handshake_timeout=0.6, close_grace=0.3, max_unauthenticated=16)
-#: How long a browser-side wait may take before the test fails (ms): generous, never reached.
-WAIT_MS = 15_000
 
 
 @pytest.fixture
@@ -115,7 +103,7 @@ async def closed_by_server(stream: trio.SocketStream) -> None:
         pass
 
 
-# --- bugs: the request target and the Host header --------------------------------------
+# --- the request target and the Host header --------------------------------------------
 
 
 async def test_a_target_urlsplit_refuses_gets_400_not_an_internal_error(
@@ -199,7 +187,7 @@ async def test_refused_websocket_handshakes_have_the_security_headers_too(url: s
         assert b"\r\nx-content-type-options: nosniff" in head, head
 
 
-# --- what held: targets ----------------------------------------------------------------
+# --- targets ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -300,7 +288,7 @@ async def test_the_pages_token_is_compared_in_constant_time(
     assert compared == [(b"guess-1", TOKEN.encode()), (TOKEN.encode(), TOKEN.encode())]
 
 
-# --- what held: smuggling ----------------------------------------------------------------
+# --- smuggling ----------------------------------------------------------------
 
 
 async def test_a_pipelined_request_after_a_get_is_not_answered(url: str) -> None:
@@ -361,7 +349,7 @@ async def test_many_small_headers_are_refused_like_one_big_one(url: str) -> None
     assert status_of(received) == 431
 
 
-# --- what held: Host and Origin ----------------------------------------------------------
+# --- Host and Origin ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -449,7 +437,7 @@ async def test_refusals_never_log_the_token_or_the_target(
     assert secret not in caplog.text and TOKEN not in caplog.text
 
 
-# --- what held: slow and flooding clients ------------------------------------------------
+# --- slow and flooding clients ------------------------------------------------
 
 
 async def test_a_page_request_one_byte_at_a_time_is_cut_at_the_handshake_deadline(
@@ -608,353 +596,3 @@ async def test_tak_serve_under_a_small_open_files_limit_survives_a_flood_of_page
     text = log.decode(errors="replace")
     assert process.returncode == 0, text[-2000:]
     assert "Traceback" not in text, text[-2000:]
-
-
-# --- the page in a browser: hostile data ------------------------------------------------
-
-#: Markup and URLs that must arrive as text; each would set window.__pwned if it ran.
-XSS = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
-LINK = "javascript:window.__pwned=3"
-BIDI = "safe\u202etxt.exe"
-
-
-def _open(page: Page, server: Server) -> None:
-    response = page.goto(server.page_url)
-    assert response is not None and response.status == 200
-    page.locator("#connection[data-state=open]").wait_for(timeout=WAIT_MS)
-
-
-def _no_markup_ran(page: Page) -> None:
-    assert page.evaluate("window.__pwned") is None
-    found = page.evaluate(
-        """() => [...document.querySelectorAll(
-            '#transcript img, #transcript script, #transcript a, #transcript iframe,'
-            + '#sessions img, #sessions script, #sessions a, #tools img, #tools script,'
-            + '#notice img, #notice script')].map(e => e.outerHTML)"""
-    )
-    assert found == []
-
-
-def _entry(kind: str, uuid: str, **fields: object) -> str:
-    return json.dumps(
-        {"type": kind, "uuid": uuid, "timestamp": "2026-01-02T03:04:05.000Z", **fields}
-    )
-
-
-def test_hostile_tool_names_arguments_output_and_model_text_stay_text(
-    page: Page, server: Server
-) -> None:
-    _open(page, server)
-    prompt = "\n".join(
-        [
-            "/call <img/src=x/onerror=window.__pwned=4> {}",
-            '/call echo {"text": ' + json.dumps(XSS + LINK + BIDI + "x" * 100_000) + "}",
-            "/call add " + json.dumps({XSS: LINK}),
-            f"/call divide not-json {XSS}",
-        ]
-    )
-    page.fill("#session-id", "hostile")
-    page.fill("#prompt", prompt)
-    page.press("#prompt", "Enter")
-    turn = page.locator(".turn[data-state=final]")
-    turn.wait_for(timeout=WAIT_MS)
-    text = turn.inner_text()
-    assert "<img/src=x/onerror=window.__pwned=4>" in text  # the unknown tool's name, as text
-    assert "<script>window.__pwned=2</script>" in page.locator(".turn tr.call").nth(1).inner_text()
-    _no_markup_ran(page)
-    # An error message that quotes what it refuses.
-    page.click(".run-settings summary")
-    page.fill("#model", XSS)
-    page.fill("#prompt", "hello")
-    page.press("#prompt", "Enter")
-    page.locator(".turn[data-state=failed]", has_text="$.model").wait_for(timeout=WAIT_MS)
-    page.fill("#model", "")
-    _no_markup_ran(page)
-    # The same entries, persisted and drawn again from history; a hostile title too.
-    sessions = server.home / "data" / "sessions" / "default"
-    recorded = (sessions / "hostile" / "transcript.jsonl").read_text()
-    (sessions / "hostile-copy").mkdir()
-    (sessions / "hostile-copy" / "transcript.jsonl").write_text(
-        recorded
-        + _entry("title", "t-hostile", title=XSS + LINK)
-        + "\n"
-        + _entry(
-            "compaction",
-            "c-hostile",
-            summary=XSS,
-            through="t-hostile",
-            usage={"input_tokens": 1, "output_tokens": 1},
-            model=XSS,
-        )
-        + "\n"
-    )
-    _open(page, server)
-    item = page.locator("li.session[data-session=hostile-copy]")
-    item.wait_for(timeout=WAIT_MS)
-    assert item.locator(".session-title").inner_text() == XSS + LINK
-    item.locator("button").click()
-    page.locator("#transcript[data-session=hostile-copy]").wait_for(timeout=WAIT_MS)
-    assert page.locator("#transcript .tool-call").count() == 4
-    assert "<script>window.__pwned=2</script>" in page.locator("#transcript").inner_text()
-    _no_markup_ran(page)
-
-
-def _own_page(browser: Browser) -> tuple[Any, Page, list[str]]:
-    """A context and page of our own, collecting page errors (the fixture fails on them)."""
-    context = browser.new_context()
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    return context, page, errors
-
-
-def test_the_content_security_policy_blocks_injected_inline_script(
-    browser: Browser, server: Server
-) -> None:
-    context, page, _ = _own_page(browser)
-    try:
-        _open(page, server)
-        blocked = page.evaluate(
-            """() => new Promise((resolve) => {
-                const seen = [];
-                document.addEventListener('securitypolicyviolation',
-                    (e) => seen.push(e.violatedDirective));
-                const s = document.createElement('script');
-                s.textContent = 'window.__pwned = 5';
-                document.body.append(s);
-                const d = document.createElement('div');
-                d.innerHTML = '<img src="data:," onerror="window.__pwned = 6">';
-                document.body.append(d);
-                const a = document.createElement('a');
-                a.href = 'javascript:window.__pwned = 7';
-                document.body.append(a);
-                a.click();
-                setTimeout(() => resolve(seen), 300);
-            })"""
-        )
-        assert page.evaluate("window.__pwned") is None
-        assert any(d.startswith("script-src") for d in blocked), blocked
-    finally:
-        context.close()
-
-
-def test_the_token_leaves_no_trace_in_the_page_its_requests_or_the_servers_log(
-    browser: Browser, server: Server
-) -> None:
-    context, page, _ = _own_page(browser)
-    sent: list[dict[str, str]] = []
-    page.on("request", lambda request: sent.append(request.headers))
-    try:
-        _open(page, server)
-        page.fill("#session-id", "trace")
-        page.fill("#prompt", "hello")
-        page.press("#prompt", "Enter")
-        page.locator(".turn[data-state=final]").wait_for(timeout=WAIT_MS)
-        assert server.token not in page.url
-        assert server.token not in page.content()
-        assert server.token not in page.evaluate("document.documentElement.outerHTML")
-        assert page.evaluate("document.cookie") == ""
-        assert page.evaluate("localStorage.length + sessionStorage.length") == 0
-        assert len(sent) >= 5  # the page, its modules and style sheet
-        for headers in sent[1:]:
-            assert not headers.get("referer"), headers
-            assert all(server.token not in value for value in headers.values())
-        # Back to the page's entry in history: no token there either.
-        page.goto("about:blank")
-        page.go_back()
-        assert server.token not in page.url
-    finally:
-        context.close()
-    assert server.token not in (server.home / "serve.log").read_text()
-
-
-def test_malformed_frames_from_the_server_do_not_throw_in_the_page(
-    browser: Browser, server: Server
-) -> None:
-    from playwright.sync_api import WebSocketRoute
-
-    context, page, errors = _own_page(browser)
-
-    def fake_server(ws: WebSocketRoute) -> None:
-        def on_message(message: str | bytes) -> None:
-            frame = json.loads(message)
-            if frame.get("type") == "hello":
-                ws.send("null")
-                ws.send("[1, 2]")
-                ws.send(json.dumps({"type": "error", "re": frame["id"]}))
-                ws.close()
-
-        ws.on_message(on_message)
-
-    try:
-        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
-        response = page.goto(server.page_url)
-        assert response is not None and response.status == 200
-        page.locator("#connection[data-state=retrying]").wait_for(timeout=WAIT_MS)
-        assert errors == []
-    finally:
-        context.close()
-
-
-def test_malformed_replies_and_events_do_not_throw_in_the_page(
-    browser: Browser, server: Server
-) -> None:
-    """Replies without their result and events without their fields, from a broken server."""
-    from playwright.sync_api import WebSocketRoute
-
-    context, page, errors = _own_page(browser)
-
-    def fake_server(ws: WebSocketRoute) -> None:
-        def reply(frame: dict[str, Any], result: object) -> None:
-            ws.send(
-                json.dumps({"type": "reply", "re": frame["id"], "status": "ok", "result": result})
-            )
-
-        def on_message(message: str | bytes) -> None:
-            frame = json.loads(message)
-            if frame.get("type") == "hello":
-                reply(frame, {"model": None, "protocol": 1})
-            elif frame.get("type") == "sessions":
-                reply(frame, {"sessions": [None, 3, {"session_id": 7, "data": None}]})
-            elif frame.get("type") == "tools":
-                reply(frame, None)
-            elif frame.get("type") == "history":
-                reply(frame, {"entries": [None, {"type": "assistant", "message": 3}]})
-            elif frame.get("type") == "run":
-                for event in [
-                    {"kind": "model_delta", "step": 1, "text": None},
-                    {"kind": "call_started", "index": 0},
-                    {"kind": "call_started", "index": 1, "call": {"id": None, "name": 5}},
-                    {"kind": "call_finished", "index": 0, "observation": None},
-                    {"kind": "call_finished", "index": 1, "observation": {"error": 3}},
-                    {"kind": "turn_finished", "reason": None, "error": "x"},
-                    None,
-                ]:
-                    ws.send(json.dumps({"type": "event", "re": frame["id"], **(event or {})}))
-                reply(frame, None)
-
-        ws.on_message(on_message)
-
-    try:
-        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
-        response = page.goto(server.page_url)
-        assert response is not None and response.status == 200
-        page.locator("#connection[data-state=open]").wait_for(timeout=WAIT_MS)
-        page.fill("#session-id", "broken")
-        page.fill("#prompt", "hello")
-        page.press("#prompt", "Enter")
-        page.locator("body[data-running=no] .turn").wait_for(timeout=WAIT_MS)
-        page.wait_for_timeout(300)  # what the last frames set off
-        assert errors == []
-    finally:
-        context.close()
-
-
-#: Unicode's explicit direction controls: each reorders the text after it when shown raw.
-BIDI_CONTROLS = "/[\\u202a-\\u202e\\u2066-\\u2069]/"
-
-
-def test_bidi_controls_in_a_calls_name_arguments_and_output_are_shown_not_obeyed(
-    page: Page, server: Server
-) -> None:
-    # A prompt-injected model can make `rm -rf ~/work` read as something harmless in the
-    # row the operator watches ("Trojan Source"); the row should show the control itself.
-    _open(page, server)
-    page.fill("#session-id", "bidi")
-    page.fill(
-        "#prompt",
-        '/call echo {"text": "keep \u202e~/krow/ fr- mr"}\n/call ech\u202eo {}',
-    )
-    page.press("#prompt", "Enter")
-    page.locator(".turn[data-state=final]").wait_for(timeout=WAIT_MS)
-    shown = page.evaluate(
-        f"""() => [...document.querySelectorAll('.turn tr.call')]
-            .map(row => row.querySelector('.call-name').textContent
-                 + ' ' + row.querySelector('.call-args').textContent)
-            .filter(text => {BIDI_CONTROLS}.test(text))"""
-    )
-    assert shown == []
-    assert "ech\\u202eo" in page.locator(".turn tr.call").nth(1).inner_text()
-    # Nowhere else either: the prompt, the output, the model's text; nor drawn from history.
-    raw = f"() => {BIDI_CONTROLS}.test(document.body.textContent)"
-    assert page.evaluate(raw) is False
-    _open(page, server)
-    page.locator("li.session[data-session=bidi] button").click()
-    page.locator("#transcript[data-session=bidi] .tool-call").first.wait_for(timeout=WAIT_MS)
-    assert "keep \\u202e~/krow/" in page.locator("#transcript").inner_text()
-    assert page.evaluate(raw) is False
-
-
-def test_a_server_that_drops_the_page_after_hello_is_not_hammered(
-    browser: Browser, server: Server
-) -> None:
-    """E.g. a request that hits a bug closes the connection with 1011, again after each hello."""
-    from playwright.sync_api import WebSocketRoute
-
-    context, page, _ = _own_page(browser)
-    hellos: list[str] = []
-
-    def fake_server(ws: WebSocketRoute) -> None:
-        def on_message(message: str | bytes) -> None:
-            frame = json.loads(message)
-            if frame.get("type") == "hello":
-                hellos.append(frame["id"])
-                result = {"model": "scripted:demo", "protocol": 1}
-                ws.send(
-                    json.dumps(
-                        {"type": "reply", "re": frame["id"], "status": "ok", "result": result}
-                    )
-                )
-            else:
-                ws.close(code=1011, reason="internal error")
-
-        ws.on_message(on_message)
-
-    try:
-        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", fake_server)
-        page.add_init_script(
-            """new MutationObserver(() => {
-                const badge = document.getElementById('connection');
-                if (badge && badge.dataset.state === 'retrying')
-                    (window.__retries ??= []).push(badge.textContent);
-            }).observe(document, {subtree: true, childList: true, characterData: true,
-                                   attributes: true})"""
-        )
-        response = page.goto(server.page_url)
-        assert response is not None and response.status == 200
-        page.wait_for_function("() => (window.__retries ?? []).length >= 4", timeout=WAIT_MS)
-        retries = page.evaluate("window.__retries")
-        assert len(hellos) >= 4  # each reconnection was accepted, then dropped
-        # A backoff: the fourth pause is longer than the first.
-        assert retries[3] != retries[0], retries
-    finally:
-        context.close()
-
-
-def test_a_server_that_keeps_refusing_the_socket_is_retried_with_a_growing_pause(
-    browser: Browser, server: Server
-) -> None:
-
-    context, page, _ = _own_page(browser)
-    try:
-        page.route_web_socket(f"ws://127.0.0.1:{server.port}/", lambda ws: ws.close())
-        page.add_init_script(
-            """new MutationObserver(() => {
-                const badge = document.getElementById('connection');
-                if (badge && badge.dataset.state === 'retrying'
-                        && (window.__retries ?? []).at(-1) !== badge.textContent)
-                    (window.__retries ??= []).push(badge.textContent);
-            }).observe(document, {subtree: true, childList: true, characterData: true,
-                                   attributes: true})"""
-        )
-        response = page.goto(server.page_url)
-        assert response is not None and response.status == 200
-        page.wait_for_function("() => (window.__retries ?? []).length >= 4", timeout=WAIT_MS)
-        assert page.evaluate("window.__retries")[:4] == [
-            "reconnecting in 0.3 s…",
-            "reconnecting in 0.5 s…",
-            "reconnecting in 1.0 s…",
-            "reconnecting in 2.0 s…",
-        ]
-    finally:
-        context.close()
