@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kernel import cli
 from tests.cli_kit import tak
 
 
@@ -284,3 +285,59 @@ def test_run_interrupted_says_where_its_transcript_is(tmp_path: Path) -> None:
             run.wait()
     assert run.returncode == 130
     assert "sessions show" in out + err, err
+
+
+def test_tak_run_set_stop_to_a_number_is_one_line_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["--home", str(tmp_path / "home"), "run", "hi", "--set", "stop=5"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("tak run: --set stop: ") and "internal error" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "start"),
+    [
+        (["--set", "temperature"], "tak run: --set: expected KEY=VALUE, got 'temperature'"),
+        (["--set", "=1"], "tak run: --set: expected KEY=VALUE, got '=1'"),
+        (["--set", "extra.=1"], "tak run: --set extra.: "),
+        (["--set", "bogus=1"], "tak run: --set bogus: unknown model setting"),
+        (["--temperature", "NaN"], "tak run: --temperature: expected a number from 0 to 2"),
+        (["--temperature", "Infinity"], "tak run: --temperature: expected a number"),
+        (["--max-tokens", "true"], "tak run: --max-tokens: expected a whole number"),
+        (["--max-tokens", "1e400"], "tak run: --max-tokens: expected a whole number"),
+        (["--seed", "1.5"], "tak run: --seed: expected a whole number"),
+        (["--tools", "["], "tak run: tools: no tool matches '['"),
+        (["--tools", "", "--tool-choice", "required"], "tak run: tool_choice 'required'"),
+    ],
+)
+def test_odd_flags_are_one_line_with_exit_2_and_nothing_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], start: str
+) -> None:
+    code = cli.main(["--home", str(tmp_path / "home"), "run", "hi", *argv])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith(start), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "transcript:" not in out
+
+
+def test_set_extra_with_a_dotted_key_is_one_flat_body_key(tmp_path: Path) -> None:
+    # --set extra.x.y=1 is documented as extra.KEY: the key is "x.y", not {"x": {"y": 1}}.
+    from kernel.cli.run import model_settings
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["run", "hi", "--set", "extra.x.y=1", "--set", 'extra.z={"a":1}'])
+    settings = model_settings(args)
+    assert settings is not None and settings.extra == {"x.y": 1, "z": {"a": 1}}
+
+
+def test_tools_empty_string_offers_no_tools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--tools ""` (an empty shell variable) is an empty allow-list: the turn runs with
+    # no tool schemas at all, as tools=[] does.
+    code = cli.main(["--home", str(tmp_path / "home"), "run", "list the files", "--tools", ""])
+    assert code == 0
+    assert "→" not in capsys.readouterr().out  # no call was made

@@ -14,8 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tool_types import Color, Item, Level, Order
 
+from kernel.agent import Agent
 from kernel.errors import UsageError
 from kernel.messages import converter
+from kernel.models import (
+    ScriptedModel,
+)
+from kernel.session import Session
+from kernel.store import MemoryStore, SessionKey
 from kernel.tools import ArgumentError, Tool, ToolFailure, ToolRegistry, tool
 
 
@@ -708,3 +714,27 @@ async def test_a_tool_failure_of_an_unknown_kind_is_not_silently_rewritten() -> 
         "exception",
         "NotFound",
     )
+
+
+reply = ScriptedModel.reply
+
+
+def session() -> Session:
+    return Session(MemoryStore(), SessionKey("p", "s1"))
+
+
+async def test_a_tool_failure_of_an_unknown_kind_is_an_exception_observation_saying_so() -> None:
+    @tool
+    async def find(name: str) -> str:
+        """Find a thing."""
+        from kernel.tools import ToolFailure
+
+        raise ToolFailure("not_found", f"{name} is not here")  # type: ignore[arg-type]
+
+    model = ScriptedModel([reply(calls=[("find", {"name": "x"})]), "done"])
+    s = session()
+    result = await Agent(model, [find]).run_turn(s, "q")
+    assert result.reason == "final"
+    (observation,) = [o for m in await s.messages() for o in m.observations]
+    assert observation.error is not None and observation.error.kind == "exception"
+    assert "'not_found' is not one of" in observation.content

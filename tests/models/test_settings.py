@@ -3,12 +3,15 @@ spells it on the wire — or refused before anything is sent."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import pytest
 
+from kernel import tool
 from kernel.errors import UsageError
+from kernel.messages import Message, Text
 from kernel.models import (
     AnthropicModel,
     FallbackModel,
@@ -107,6 +110,43 @@ def test_a_default_max_tokens_is_always_sent() -> None:
     assert OPENAI.build(legacy, stream=False)[2]["max_completion_tokens"] == 5
     both = ModelRequest((user("hi"),), max_tokens=5, settings=ModelSettings(max_tokens=9))
     assert OPENAI.build(both, stream=False)[2]["max_completion_tokens"] == 9
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('{"temperature": NaN}', "temperature"),
+        ('{"temperature": Infinity}', "temperature"),
+        ('{"temperature": 1e999}', "temperature"),
+        ('{"top_p": -Infinity}', "top_p"),
+        ('{"max_tokens": true}', "max_tokens"),
+        ('{"max_tokens": 64.0}', "max_tokens"),
+        ('{"seed": 9223372036854775808}', "seed"),
+        ('{"parallel_tool_calls": 1}', "parallel_tool_calls"),
+        ('{"tool_choice": " required"}', "tool_choice"),
+        ('{"stop": ["ok", ""]}', "stop"),
+        ('{"extra": {"": 1}}', "extra"),
+        ('{"extra": [1]}', "extra"),
+    ],
+)
+def test_non_finite_bool_as_int_and_out_of_range_values_are_refused_by_name(
+    text: str, field: str
+) -> None:
+    # json.loads (as the CLI's --set and a WebSocket frame read them) accepts NaN/Infinity.
+    with pytest.raises(UsageError, match=rf"^\$\.settings\.{field}: "):
+        settings_from_mapping(json.loads(text), "$.settings")
+
+
+def test_stop_given_as_an_object_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"^\$\.settings\.stop: "):
+        settings_from_mapping({"stop": {"a": 1}}, "$.settings")
+
+
+def test_stop_given_as_a_number_is_a_usage_error_naming_stop() -> None:
+    with pytest.raises(UsageError, match=r"^stop: "):
+        ModelSettings(stop=5)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"^\$\.settings\.stop: "):
+        settings_from_mapping({"stop": 5}, "$.settings")
 
 
 # -- each provider's wire names ----------------------------------------------------------
@@ -231,3 +271,56 @@ async def test_a_fallback_models_own_settings_go_under_the_requests() -> None:
     assert sent.settings == ModelSettings(max_tokens=5, temperature=0.1)  # the request's wins
     with pytest.raises(UsageError, match="settings has 1 entries for 2 models"):
         FallbackModel([Down(), backup], settings=[None])
+
+
+@tool
+async def lookup(term: str) -> str:
+    """Look a term up."""
+    return f"{term}: found"
+
+
+def openai_body(settings: ModelSettings, *, stream: bool = False) -> dict[str, Any]:
+    request = ModelRequest((Message("user", [Text("hi")]),), tools=[lookup], settings=settings)
+    _, _, body = LOCAL.build(request, stream=stream)
+    return body  # type: ignore[no-any-return]
+
+
+def test_a_huge_max_tokens_and_a_long_stop_string_go_on_the_wire_as_given() -> None:
+    # No upper bound is the kernel's to know (the server refuses what it cannot do);
+    # a 10 MB stop string is the caller's own business. Both reach the body unchanged.
+    long = "x" * 10_000_000
+    body = openai_body(ModelSettings(max_tokens=10**30, stop=long))
+    assert body["max_tokens"] == 10**30
+    assert body["stop"] == [long]
+
+
+def test_extra_cannot_put_a_non_finite_number_on_the_wire() -> None:
+    # tak run --set extra.temperature=NaN, or [model.settings] extra = {x = nan} in tak.toml.
+    with pytest.raises(UsageError, match="extra"):
+        body = openai_body(ModelSettings(extra={"temperature": float("nan")}))
+        json.dumps(body, allow_nan=False)  # what a provider can parse
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("messages", []), ("model", "another-model"), ("tools", []), ("stream", True)],
+)
+def test_extra_cannot_replace_the_keys_the_adapter_owns(key: str, value: object) -> None:
+    try:
+        body = openai_body(ModelSettings(extra={key: value}), stream=False)
+    except UsageError:
+        return  # refused before sending: fine
+    assert body[key] != value, f"extra replaced {key!r}"
+
+
+def test_extra_cannot_turn_a_streamed_request_into_a_plain_one() -> None:
+    with pytest.raises(UsageError, match="extra: stream is built from the request"):
+        openai_body(ModelSettings(extra={"stream": False}), stream=True)
+
+
+async def test_a_fallback_chains_settings_stay_under_the_requests_max_tokens() -> None:
+    inner = ScriptedModel(["ok"])
+    chain = FallbackModel([inner], settings=[ModelSettings(max_tokens=2000, temperature=0.5)])
+    await chain.complete(ModelRequest((Message("user", [Text("hi")]),), max_tokens=100))
+    sent = inner.requests[0].effective_settings()
+    assert (sent.max_tokens, sent.temperature) == (100, 0.5)

@@ -3,13 +3,21 @@ errors, and what reaches the model's request."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from kernel.models import ModelRequest, ScriptedModel
+import pytest
+
+from kernel.errors import UsageError
+from kernel.models import (
+    ModelRequest,
+    ScriptedModel,
+)
 from kernel.settings import ModelSettings
 from kernel.wire import Run
-from kernel.wire._codec import encode
+from kernel.wire._codec import decode_request, encode
+from kernel.wire._frames import FrameError
 
 from .wsclient import connect, open_test_client, open_test_kernel, running_server
 
@@ -127,3 +135,58 @@ def test_a_run_without_settings_or_tools_is_the_same_frame_as_before() -> None:
         '{"v":1,"type":"run","id":"r1","session":"s","prompt":"hi",'
         '"settings":{"max_tokens":64,"stop":["END"]},"tools":["read_*"]}'
     )
+
+
+RUN = {"type": "run", "id": "r1", "session": "s", "prompt": "hi", "v": 1}
+
+
+def run_request(fields: dict[str, Any]) -> Run:
+    request = decode_request(json.dumps({**RUN, **fields}))
+    assert isinstance(request, Run)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"settings": []}, "bad_message: $.settings: expected a mapping"),
+        (
+            {"settings": {"extra": {"a": {"b": [float("nan")]}}}},
+            "bad_message: $.settings.extra.a.b[0]: NaN is not a JSON number",
+        ),
+        ({"tools": "lookup"}, "bad_message: $.tools: "),
+        ({"tools": [1]}, "bad_message: $.tools[0]: "),
+        ({"settings": {"extra": {"a": [[[[[[[[1]]]]]]]]}}}, None),
+    ],
+)
+def test_a_ws_run_with_settings_or_tools_of_the_wrong_shape_is_refused_by_path(
+    fields: dict[str, Any], message: str | None
+) -> None:
+    if message is None:  # nested, but within the codec's depth: it decodes
+        assert run_request(fields).model_settings() is not None
+        return
+    with pytest.raises(FrameError) as caught:
+        decode_request(json.dumps({**RUN, **fields}))
+    assert str(caught.value).startswith(message)
+
+
+def test_a_ws_run_nested_past_the_codecs_depth_is_refused() -> None:
+    deep: Any = 1
+    for _ in range(200):
+        deep = [deep]
+    with pytest.raises(FrameError, match="nested deeper than"):
+        decode_request(json.dumps({**RUN, "settings": {"extra": {"a": deep}}}))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"temperature": "0.5"}, r"^\$\.settings\.temperature: expected a number"),
+        ({"extra": {"": 1}}, r"^\$\.settings\.extra: "),
+        ({"tool_choice": 3}, r"^\$\.settings\.tool_choice: "),
+    ],
+)
+def test_a_ws_runs_bad_setting_is_named_by_its_path(settings: dict[str, Any], message: str) -> None:
+    request = run_request({"settings": settings})
+    with pytest.raises(UsageError, match=message):
+        request.model_settings()
