@@ -263,7 +263,7 @@ def test_no_test_imports_from_conftest() -> None:
     found = []
     for path in _test_files():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            # (tests.store.conftest, by its package, is one module: not the collision)
+            # (a conftest named by its package, tests.x.conftest, is one module: not the collision)
             if isinstance(node, ast.ImportFrom) and node.module == "conftest":
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
             elif isinstance(node, ast.Import) and any(a.name == "conftest" for a in node.names):
