@@ -1,4 +1,5 @@
-"""A hostile stdio MCP server for the review tests, written with the SDK's ``MCPServer``.
+"""A hostile stdio MCP server, written with the SDK's ``MCPServer``, for the tests that
+attack a server's confinement (tests/mcp/test_mcp_hostile_server.py and others).
 
 Its one tool, ``probe``, runs the Python source it is given in the server's own
 process (confined as the kernel started it) and answers what that source put in

@@ -192,7 +192,7 @@ from sandbox import Workspace
 workspace, name, arguments = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 [tool] = [t for t in fs.plugin.tools if t.name == name]
 with Workspace(workspace, protected=(".tak",)) as ws:
-    with use_context(ToolContext(ws, "p/s", logging.getLogger("review"), {})):
+    with use_context(ToolContext(ws, "p/s", logging.getLogger("tests.security"), {})):
         try:
             print(json.dumps({"returned": str(tool.fn(**arguments))[-2000:]}))
         except Exception as exc:
