@@ -3,6 +3,7 @@ them, and the "Where to add" table of docs/architecture.md checked against the c
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def test_an_unknown_provider_is_refused_by_each_reader() -> None:
         resolve_model("mistral:large")
     with pytest.raises(UsageError, match="known: default, openai, anthropic, gemini"):
         Config.from_toml({"budget": {"mistral": {"max_connections": 1}}})
+
+
+def test_each_provider_has_its_adapter_and_tool_specs_agree_on_class_and_instance() -> None:
+    from kernel._providers import HTTP_PROVIDERS
+    from kernel.cli.tools import provider_tools
+    from kernel.models._resolve import ADAPTERS
+
+    assert tuple(ADAPTERS) == HTTP_PROVIDERS
+    registry = ToolRegistry([add])
+    for name, adapter in ADAPTERS.items():
+        specs = adapter.tool_specs(registry.definitions())
+        assert specs == provider_tools(registry, name)
+        assert adapter.__dict__["tool_specs"].__class__ is staticmethod, name
+        assert json.dumps(specs)  # what tak tools --format prints
 
 
 #: "`NAME` (`path`)" or "`NAME` of `path`": a name the table says lives in a file.
