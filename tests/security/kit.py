@@ -15,11 +15,13 @@ outside saw anything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import select
 import socket
+import subprocess
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -35,6 +37,22 @@ PLUGINS = Path(__file__).parent / "plugins"
 #: Refusals: EACCES (Landlock), EPERM (seccomp), ENOSYS (seccomp, so libc falls back),
 #: EXDEV (cross-directory links), or an attempt that ran and had no effect.
 DENIED_PREFIX = "denied:"
+
+
+@contextlib.contextmanager
+def own_file_system(path: Path, size: str = "64m") -> Iterator[None]:
+    """``path`` (an empty directory) on a tmpfs of its own while the block runs, as root
+    (else as it is): what frees space there is the test alone, so space other tests
+    free on /tmp meanwhile cannot hide what a worker holds (the free-space bound's
+    stated limit, which made the unlinked-file budget tests flake under load)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 class Listener:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import trio
-from kit import PLUGINS, Arena
+from kit import PLUGINS, Arena, own_file_system
 
 from kernel.errors import SandboxError
 from kernel.executor import run_tool_calls
@@ -331,6 +331,13 @@ print(line or p.stderr.read().decode()[-300:])
 
 async def _hidden_then_checks(arena: Arena, how: str) -> list[Observation]:
     config = {"workspace": {"max_bytes": 1 << 20}}
+    with own_file_system(arena.workspace):
+        return await _hidden_then_checks_on(arena, how, config)
+
+
+async def _hidden_then_checks_on(
+    arena: Arena, how: str, config: dict[str, Any]
+) -> list[Observation]:
     async with open_plugin_host(
         arena.workspace, plugins=["python"], config=config, home=_home(arena)
     ) as host:
@@ -349,7 +356,12 @@ def _assert_every_check_saw_it(arena: Arena, seen: list[Observation]) -> None:
     assert "Traceback" not in seen[0].content, seen[0].content
     # Counted, and the disk watchdog kills the holder with its worker: calls are
     # refused until it is gone, and then the 4 MiB are free and the next calls run.
-    assert "workspace over its budget" in seen[0].content, seen[0].content
+    # Or, the holder in its fsync past the freezer's wait: killed for that (as in
+    # tests/security/test_overlap.py); never "held", a pass.
+    assert (
+        "workspace over its budget" in seen[0].content
+        or "could not be stopped to measure the workspace" in seen[0].content
+    ), seen[0].content
     assert seen[-1].content == "stdout:\nnothing written", [o.content for o in seen]
     arena.assert_nothing_seen([o.content for o in seen])
 

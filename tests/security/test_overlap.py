@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from kit import Arena
+from kit import Arena, own_file_system
 
 import kernel
 from kernel.errors import SandboxError, StoreError
@@ -296,17 +296,19 @@ async def test_a_file_kept_open_after_unlinking_counts_against_the_budget(
     from kernel.plugin import use_context
 
     config = {"workspace": {"max_bytes": 1 << 20}}
-    async with open_plugin_host(
-        arena.workspace, plugins=["python"], config=config, home=_home(arena)
-    ) as host:
-        with use_context(host.context()):
-            seen = []
-            for i in range(4):
-                code = _HIDDEN if i == 0 else "print('nothing written')"
-                [obs] = await run_tool_calls(
-                    [ToolCall(str(i), "run_python", {"code": code})], host.tools
-                )
-                seen.append(obs)
+    # On a file system of its own: space other tests free on /tmp cannot hide the 4 MiB.
+    with own_file_system(arena.workspace):
+        async with open_plugin_host(
+            arena.workspace, plugins=["python"], config=config, home=_home(arena)
+        ) as host:
+            with use_context(host.context()):
+                seen = []
+                for i in range(4):
+                    code = _HIDDEN if i == 0 else "print('nothing written')"
+                    [obs] = await run_tool_calls(
+                        [ToolCall(str(i), "run_python", {"code": code})], host.tools
+                    )
+                    seen.append(obs)
     # Counted and over; or, on a machine so loaded that the writer (in its fsync) did
     # not stop within the watchdog's SUSPECT_FREEZE_S, killed for that: either way the
     # call fails and the holder is gone. What must never be seen is "held": a pass.
