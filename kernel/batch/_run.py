@@ -447,6 +447,12 @@ class _Runner:
     async def run_task(self, claim: Claim) -> None:
         task = claim.task
         lease = trio.CancelScope()
+        earlier = self.running.get(task.id)
+        if earlier is not None:
+            # This worker's earlier attempt, whose lease lapsed before a renewal could
+            # say so: the ledger gave the task out again (here), so that attempt is
+            # lost, stopped as a lost lease stops it, recording nothing.
+            earlier[1].cancel()
         self.running[task.id] = (claim.attempt, lease)
         self.progress()
         attributes = {"tak.batch.run_id": self.ledger.run_id, "tak.batch.task_id": task.id}
@@ -486,7 +492,8 @@ class _Runner:
                     span.set_error(result.reason)
                 span.set_attribute("tak.batch.reason", result.reason)
         finally:
-            del self.running[task.id]
+            if self.running.get(task.id, (0, None))[1] is lease:  # not a later attempt's
+                del self.running[task.id]
             if result is None:
                 self.progress()
         # Work done is recorded even when the run is being stopped meanwhile: a
