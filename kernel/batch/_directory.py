@@ -119,20 +119,20 @@ def _structure(value: Any, cls: type[Any], where: str) -> Any:
     except UsageError as exc:  # a record's own validator (a task id, a limit)
         raise UsageError(f"{where}: {exc}") from None
     except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
-        own = usage_error_in(exc)
+        own = _usage_error_in(exc)
         if own is not None:
             raise UsageError(f"{where}: {own}") from None
         raise UsageError(f"{where}: {describe_structure_error(exc, '$')}") from None
 
 
-def usage_error_in(exc: BaseException) -> UsageError | None:
+def _usage_error_in(exc: BaseException) -> UsageError | None:
     """The record's own validation error (a task id, a limit) cattrs wrapped, if any:
     it already says what was wrong, in the record's words."""
     if isinstance(exc, UsageError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = usage_error_in(inner)
+            found = _usage_error_in(inner)
             if found is not None:
                 return found
     return None

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import cattrs
 
 from kernel.errors import UsageError
 
@@ -100,22 +99,18 @@ class RunSettings:
                 in a program, say): its settings say nothing of a model; or they do,
                 and a field is wrong (a hand-edited manifest): ``$.path: reason``.
         """
-        from kernel.messages import describe_structure_error
-
-        from ._directory import usage_error_in
+        from ._directory import _structure
 
         settings = ledger.settings
-        try:
-            run_settings: RunSettings = converter.structure(settings, cls)
-        except (cattrs.BaseValidationError, TypeError, ValueError, KeyError, UsageError) as exc:
-            if not (isinstance(settings, dict) and isinstance(settings.get("model"), str)):
-                raise UsageError(
-                    f"run {ledger.run_id!r} was not started by `tak batch run` (its settings "
-                    "name no model and tools); resume it from the program that started it"
-                ) from None
-            own = usage_error_in(exc)
-            detail = str(own) if own is not None else describe_structure_error(exc, "$")
-            raise UsageError(f"run {ledger.run_id!r}: its settings: {detail}") from None
+        if not (isinstance(settings, dict) and isinstance(settings.get("model"), str)):
+            raise UsageError(
+                f"run {ledger.run_id!r} was not started by `tak batch run` (its settings "
+                "name no model and tools); resume it from the program that started it"
+            )
+        # A hand-edited manifest: the record's own words, or the $.path that is wrong.
+        run_settings: RunSettings = _structure(
+            settings, cls, f"run {ledger.run_id!r}: its settings"
+        )
         return run_settings
 
     def differences(self, other: RunSettings) -> list[str]:
