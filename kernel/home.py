@@ -53,6 +53,7 @@ __all__ = [
     "StoreConfig",
     "TakHome",
     "WorkspaceConfig",
+    "env_store_url",
     "store_request_timeout_s",
     "store_url",
     "workspace_max_bytes",
@@ -203,9 +204,18 @@ def store_url(config: Mapping[str, Any], source: str | os.PathLike[str] = "tak.t
             ``$TAK_STORE_URL`` is not a ``postgresql://`` URL (one line naming it).
     """
     url = _section(config, "store", source).store.url
+    return env_store_url() or url
+
+
+def env_store_url() -> str | None:
+    """``$TAK_STORE_URL`` (which wins over ``[store] url``), ``None`` when unset or empty.
+
+    Raises:
+        UsageError: not a ``postgresql://`` URL (one line naming the variable).
+    """
     env = os.environ.get(STORE_URL_ENV)
     if not env:
-        return url
+        return None
     try:
         _check_url(env)
     except _BadValue as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ..home import Config, StoreConfig, TakHome, store_url
+from ..home import Config, StoreConfig, TakHome, env_store_url
 from ._file import FileStore
 from ._postgres import PostgresStore
 
@@ -34,8 +34,7 @@ def open_store(
         section = config
     else:
         section = Config.from_toml(config, source=home.config_file).store
-    # The environment's URL, shape-checked as the file's was (no file section given).
-    url = store_url({}, home.config_file) or section.url
+    url = env_store_url() or section.url
     if url is None:
         return FileStore(home.sessions, durability=durability)
     return PostgresStore(url, request_timeout_s=section.request_timeout_s)
