@@ -536,12 +536,12 @@ class Agent:
                 if message.tool_calls:
                     error = _cut_calls(message, request.effective_settings().max_tokens)
                     message = Message("assistant", [Text(message.text)] if message.text else [])
-                recorded: list[Message] = []
-                await _persist_whole(self._record(session, response, message, recorded, cut=cut))
-                history += recorded  # nothing when the write was abandoned, as in the transcript
+                recorded = await self._record(session, response, message, cut=cut)
+                if recorded is not None:  # else abandoned: not in the transcript either
+                    history.append(recorded)
                 # The text the user gets is the recorded form's; a write abandoned (the
                 # turn cancelled past its grace) gives it as it would have been recorded.
-                shown = recorded[0] if recorded else recordable(message)
+                shown = recorded if recorded is not None else recordable(message)
                 state.text = shown.text or state.text
                 return state.finish("max_tokens" if cut else "final", error=error)
 
@@ -636,20 +636,25 @@ class Agent:
         session: Session,
         response: ModelResponse,
         message: Message,
-        recorded: list[Message],
         *,
         cut: bool,
-    ) -> None:
-        """``session.record_turn``; the message as recorded is put in ``recorded``."""
-        recorded += [
-            await session.record_turn(
+    ) -> Message | None:
+        """``session.record_turn`` under ``_persist_whole``: the message as recorded,
+        ``None`` when the write was abandoned (the turn cancelled past its grace)."""
+        recorded: Message | None = None
+
+        async def record() -> None:
+            nonlocal recorded
+            recorded = await session.record_turn(
                 message,
                 usage=usage_entry_fields(response.usage),
                 model=response.model or self.model.name,
                 cost_usd=response.usage.cost_usd,
                 stop_reason="max_tokens" if cut else None,
             )
-        ]
+
+        await _persist_whole(record())
+        return recorded
 
     def _prepare(
         self, settings: ModelSettings | None, tools: Sequence[str] | None
