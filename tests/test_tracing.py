@@ -30,6 +30,7 @@ from kernel.batch._run import run_batch
 from kernel.models import ModelRequest, ModelResponse, ProviderError, ScriptedModel, Usage
 from kernel.session import Session
 from kernel.store import MemoryStore, SessionKey
+from tests.tracing_kit import collected_spans
 
 reply = ScriptedModel.reply
 
@@ -61,15 +62,8 @@ TOOLS = [lookup, explode, hang]
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_tracer_provider(provider)
-    try:
+    with collected_spans() as exporter:
         yield exporter
-    finally:
-        tracing.use_tracer_provider(None)
-        provider.shutdown()
 
 
 def session(session_id: str = "s1") -> Session:

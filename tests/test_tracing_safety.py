@@ -32,6 +32,7 @@ from kernel.models import ModelRequest, ModelResponse, ScriptedModel
 from kernel.session import Session
 from kernel.store import MemoryStore, SessionKey
 from tests.crashed_turn_kit import KEY, RUNS, TOOLS, crash_while_calls_run, memory_copy
+from tests.tracing_kit import collected_spans
 
 reply = ScriptedModel.reply
 
@@ -43,15 +44,8 @@ def fresh_runs() -> None:
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_tracer_provider(provider)
-    try:
+    with collected_spans() as exporter:
         yield exporter
-    finally:
-        tracing.use_tracer_provider(None)
-        provider.shutdown()
 
 
 def named(finished: Sequence[ReadableSpan], name: str) -> list[ReadableSpan]:
